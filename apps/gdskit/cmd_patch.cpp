@@ -1,0 +1,15 @@
+#include <fmt/format.h>
+
+#include "commands.hpp"
+
+namespace gdskit::cli {
+
+void add_patch_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("patch", "(not built yet)");
+  cmd->callback([] {
+    fmt::print(stderr, "gdskit patch: not available in this build\n");
+    exit_code() = 2;
+  });
+}
+
+}  // namespace gdskit::cli

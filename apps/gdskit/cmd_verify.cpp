@@ -1,0 +1,15 @@
+#include <fmt/format.h>
+
+#include "commands.hpp"
+
+namespace gdskit::cli {
+
+void add_verify_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("verify", "(not built yet)");
+  cmd->callback([] {
+    fmt::print(stderr, "gdskit verify: not available in this build\n");
+    exit_code() = 2;
+  });
+}
+
+}  // namespace gdskit::cli

@@ -1,0 +1,90 @@
+// Files: open once, then read and write host memory in parallel, with O_DIRECT where the file system allows it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <future>
+#include <memory>
+#include <string>
+
+#include "gdskit/settings.hpp"
+
+namespace gdskit {
+
+enum class open_mode { read, write, read_write };
+
+/// How a file is opened. Nothing is created or truncated unless asked for.
+struct open_options {
+  bool create = false;     ///< O_CREAT
+  bool truncate = false;   ///< O_TRUNC (needs write or read_write)
+  bool exclusive = false;  ///< O_EXCL (with create: fail if the file exists)
+  unsigned permissions = 0644;
+};
+
+/// What the engine decided for a handle, and why.
+struct io_choice {
+  bool direct = false;          ///< O_DIRECT in use
+  std::string direct_reason;    ///< e.g. "O_DIRECT accepted", "tmpfs refuses O_DIRECT", "GDSKIT_DIRECT=off"
+  engine_kind engine = engine_kind::threads;  ///< io_uring or threads (never automatic)
+  std::string engine_reason;    ///< e.g. "io_uring available", "io_uring_setup: Operation not permitted"
+  std::size_t alignment = 4096; ///< O_DIRECT offset and memory alignment used
+};
+
+/// An open file. Thread-safe: any number of reads and writes may run at once on one handle.
+/// Move-only; the destructor closes the file (it waits for nothing: do not destroy a handle that has
+/// asynchronous operations in flight).
+class file_handle {
+ public:
+  file_handle() noexcept;
+  /// Opens `path`. Throws gdskit::error (errno category) naming the path when it cannot be opened, and
+  /// EINVAL when settings.direct is `on` but the file system refuses O_DIRECT.
+  file_handle(const std::filesystem::path& path, open_mode mode, open_options options = {},
+              const settings& config = default_settings());
+  ~file_handle();
+  file_handle(file_handle&&) noexcept;
+  file_handle& operator=(file_handle&&) noexcept;
+
+  /// Reads up to `nbytes` at `offset_bytes` into host memory `buf` (any alignment). Returns the bytes read:
+  /// fewer than asked only when the file ends first. Throws gdskit::error on any I/O error, naming the
+  /// failing range; nothing is reported as read unless every byte before it was read.
+  std::size_t pread(void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const;
+  /// Like pread but the whole range must exist: throws short_read_error with the counts otherwise.
+  void read_exact(void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const;
+  /// Writes all `nbytes` from `buf` at `offset_bytes`; returns nbytes or throws (ENOSPC included: a
+  /// full device is never a short success).
+  std::size_t pwrite(const void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const;
+
+  /// Asynchronous forms: the work runs on gdskit's thread pool; `buf` must stay valid until the future is
+  /// ready. The future throws what the blocking form would.
+  std::future<std::size_t> pread_async(void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const;
+  std::future<std::size_t> pwrite_async(const void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const;
+
+  /// Current size of the file (fstat).
+  std::uint64_t size() const;
+  /// Sets the size of the file (ftruncate).
+  void truncate(std::uint64_t nbytes) const;
+  /// fdatasync.
+  void sync() const;
+  /// Drops this file's pages from the page cache (posix_fadvise DONTNEED; dirty pages are written first).
+  void drop_cache() const;
+
+  bool is_open() const noexcept;
+  const std::filesystem::path& path() const noexcept;
+  open_mode mode() const noexcept;
+  const io_choice& choice() const noexcept;
+  const settings& config() const noexcept;
+  /// The buffered descriptor (always valid while open) and the O_DIRECT one (-1 when not in use).
+  int fd() const noexcept;
+  int direct_fd() const noexcept;
+
+  struct impl;
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+/// Why io_uring can or cannot be used in this process (probed once): empty when it can.
+const std::string& io_uring_unavailable_reason();
+
+}  // namespace gdskit

@@ -1,0 +1,289 @@
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "engine/file_impl.hpp"
+#include "engine/io_engine.hpp"
+#include "engine/thread_pool.hpp"
+#include "gdskit/error.hpp"
+#include "gdskit/file.hpp"
+#include "posix/fs_info.hpp"
+#include "posix/syscalls.hpp"
+
+namespace gdskit {
+
+using engine::io_task;
+
+namespace {
+
+std::uint64_t align_down(std::uint64_t v, std::size_t a) { return v / a * a; }
+std::uint64_t align_up(std::uint64_t v, std::size_t a) { return (v + a - 1) / a * a; }
+
+int access_flags(open_mode m) {
+  switch (m) {
+    case open_mode::read: return O_RDONLY;
+    case open_mode::write: return O_WRONLY;
+    default: return O_RDWR;
+  }
+}
+
+// Splits [offset, offset+nbytes) at absolute multiples of `chunk` so that every chunk but the ends is aligned.
+void add_chunks(std::vector<io_task>& out, const io_task& proto, std::byte* buf, std::uint64_t offset,
+                std::uint64_t end, std::size_t chunk) {
+  std::uint64_t pos = offset;
+  while (pos < end) {
+    std::uint64_t stop = std::min(end, align_down(pos, chunk) + chunk);
+    io_task t = proto;
+    t.buf = buf + (pos - offset);
+    t.offset = pos;
+    t.nbytes = static_cast<std::size_t>(stop - pos);
+    out.push_back(t);
+    pos = stop;
+  }
+}
+
+}  // namespace
+
+std::vector<io_task> file_handle::impl::plan(bool write, std::byte* buf, std::size_t nbytes,
+                                             std::uint64_t offset) const {
+  std::vector<io_task> tasks;
+  const std::uint64_t end = offset + nbytes;
+  io_task proto;
+  proto.write = write;
+  proto.alignment = choice.alignment;
+  if (!choice.direct) {
+    proto.fd = fd.get();
+    add_chunks(tasks, proto, buf, offset, end, config.chunk_bytes);
+    return tasks;
+  }
+  const std::size_t a = choice.alignment;
+  const std::uint64_t body_begin = std::min(align_up(offset, a), end);
+  const std::uint64_t body_end = std::max(align_down(end, a), body_begin);
+  // Partial blocks: reads go through an aligned bounce on the O_DIRECT fd; writes go through the buffered fd,
+  // which the kernel merges with the block's other bytes (the alignment is at least a page, so those pages
+  // never overlap an O_DIRECT range of the same request).
+  io_task edge = proto;
+  if (write) {
+    edge.fd = fd.get();
+  } else {
+    edge.fd = direct_fd.get();
+    edge.direct = true;
+    edge.bounce = true;
+  }
+  if (body_begin > offset) {
+    edge.buf = buf;
+    edge.offset = offset;
+    edge.nbytes = static_cast<std::size_t>(body_begin - offset);
+    tasks.push_back(edge);
+  }
+  if (body_end > body_begin) {
+    io_task body = proto;
+    body.fd = direct_fd.get();
+    body.direct = true;
+    std::byte* body_buf = buf + (body_begin - offset);
+    body.bounce = reinterpret_cast<std::uintptr_t>(body_buf) % a != 0;
+    add_chunks(tasks, body, body_buf, body_begin, body_end, config.chunk_bytes);
+  }
+  if (end > body_end) {
+    edge.buf = buf + (body_end - offset);
+    edge.offset = body_end;
+    edge.nbytes = static_cast<std::size_t>(end - body_end);
+    tasks.push_back(edge);
+  }
+  return tasks;
+}
+
+void file_handle::impl::execute(std::vector<io_task>& tasks, std::size_t nbytes) const {
+  if (tasks.size() <= 1 || nbytes <= config.inline_bytes) {
+    for (auto& t : tasks) {
+      engine::run_task(t);
+      if (t.ec) break;
+    }
+    return;
+  }
+  if (choice.engine == engine_kind::io_uring && engine::run_uring(tasks, config.threads)) return;
+  engine::run_threads(tasks, config.threads);
+}
+
+void file_handle::impl::throw_first_error(const std::vector<io_task>& tasks, const char* op) const {
+  for (const auto& t : tasks) {
+    if (t.ec) throw error(t.ec, op, path.string(), static_cast<std::int64_t>(t.offset), t.nbytes);
+  }
+}
+
+std::uint64_t file_handle::impl::current_size() const {
+  struct stat st {};
+  if (posix::sys().fstat(fd.get(), &st) != 0) throw error(errno_code(errno), "fstat", path.string(), -1, 0);
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+std::size_t file_handle::impl::read(void* buf, std::size_t nbytes, std::uint64_t offset) const {
+  if (nbytes == 0) return 0;
+  if (buf == nullptr) throw error(errno_code(EFAULT), "pread", path.string(), static_cast<std::int64_t>(offset), nbytes);
+  if (mode == open_mode::write) {
+    throw error(errno_code(EBADF), "pread", path.string(), static_cast<std::int64_t>(offset), nbytes,
+                "file opened for writing only");
+  }
+  // Reads past the end return what exists: clip to the size now, and let short reads catch a shrinking file.
+  const std::uint64_t size = current_size();
+  if (offset >= size) return 0;
+  const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(nbytes, size - offset));
+  auto tasks = plan(false, static_cast<std::byte*>(buf), want, offset);
+  execute(tasks, want);
+  throw_first_error(tasks, "pread");
+  std::size_t total = 0;
+  for (const auto& t : tasks) {
+    total += t.done;
+    if (t.done < t.nbytes) break;  // the file ended here; nothing after it counts
+  }
+  return total;
+}
+
+std::size_t file_handle::impl::write(const void* buf, std::size_t nbytes, std::uint64_t offset) const {
+  if (nbytes == 0) return 0;
+  if (buf == nullptr) throw error(errno_code(EFAULT), "pwrite", path.string(), static_cast<std::int64_t>(offset), nbytes);
+  if (mode == open_mode::read) {
+    throw error(errno_code(EBADF), "pwrite", path.string(), static_cast<std::int64_t>(offset), nbytes,
+                "file opened for reading only");
+  }
+  auto tasks = plan(true, const_cast<std::byte*>(static_cast<const std::byte*>(buf)), nbytes, offset);
+  execute(tasks, nbytes);
+  throw_first_error(tasks, "pwrite");
+  return nbytes;
+}
+
+file_handle::file_handle() noexcept = default;
+file_handle::~file_handle() = default;
+file_handle::file_handle(file_handle&&) noexcept = default;
+file_handle& file_handle::operator=(file_handle&&) noexcept = default;
+
+file_handle::file_handle(const std::filesystem::path& path, open_mode mode, open_options options, const settings& config)
+    : impl_(std::make_unique<impl>()) {
+  config.validate();
+  impl& m = *impl_;
+  m.path = path;
+  m.mode = mode;
+  m.config = config;
+  int flags = access_flags(mode);
+  if (options.create) flags |= O_CREAT;
+  if (options.exclusive) flags |= O_EXCL;
+  if (options.truncate) {
+    if (mode == open_mode::read) {
+      throw error(errno_code(EINVAL), "open", path.string(), -1, 0, "truncate needs a writable mode");
+    }
+    flags |= O_TRUNC;
+  }
+  std::error_code ec;
+  m.fd.reset(posix::open_retry(path.c_str(), flags, options.permissions, ec));
+  if (ec) throw error(ec, "open", path.string(), -1, 0);
+  struct stat st {};
+  if (posix::sys().fstat(m.fd.get(), &st) != 0) throw error(errno_code(errno), "fstat", path.string(), -1, 0);
+  if (S_ISDIR(st.st_mode)) throw error(errno_code(EISDIR), "open", path.string(), -1, 0);
+
+  const std::string fs = posix::fs_type_of(m.fd.get());
+  if (config.direct == direct_mode::off) {
+    m.choice.direct_reason = "GDSKIT_DIRECT=off";
+  } else if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+    m.choice.direct_reason = "not a regular file or block device";
+  } else {
+    // The second descriptor carries O_DIRECT; creation and truncation happened on the first.
+    m.direct_fd.reset(posix::open_retry(path.c_str(), access_flags(mode) | O_DIRECT, 0, ec));
+    if (m.direct_fd) {
+      m.choice.direct = true;
+      m.choice.alignment = posix::direct_alignment(m.direct_fd.get());
+      m.choice.direct_reason = fmt::format("O_DIRECT accepted by {}", fs);
+    } else {
+      m.choice.direct_reason = fmt::format("{} refuses O_DIRECT ({})", fs, ec.message());
+      if (config.direct == direct_mode::on) {
+        throw error(ec, "open O_DIRECT", path.string(), -1, 0, "GDSKIT_DIRECT=on but " + m.choice.direct_reason);
+      }
+    }
+  }
+
+  const std::string& uring_reason = engine::uring_unavailable_reason();
+  switch (config.engine) {
+    case engine_kind::threads:
+      m.choice.engine = engine_kind::threads;
+      m.choice.engine_reason = "GDSKIT_ENGINE=threads";
+      break;
+    case engine_kind::io_uring:
+      if (!uring_reason.empty()) {
+        throw error(errno_code(ENOTSUP), "open", path.string(), -1, 0, "GDSKIT_ENGINE=io_uring but " + uring_reason);
+      }
+      m.choice.engine = engine_kind::io_uring;
+      m.choice.engine_reason = "GDSKIT_ENGINE=io_uring";
+      break;
+    default:
+      if (uring_reason.empty()) {
+        m.choice.engine = engine_kind::io_uring;
+        m.choice.engine_reason = "io_uring available";
+      } else {
+        m.choice.engine = engine_kind::threads;
+        m.choice.engine_reason = "thread pool: " + uring_reason;
+      }
+  }
+}
+
+std::size_t file_handle::pread(void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  return impl_->read(buf, nbytes, offset_bytes);
+}
+
+void file_handle::read_exact(void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  std::size_t got = impl_->read(buf, nbytes, offset_bytes);
+  if (got != nbytes) throw short_read_error(impl_->path.string(), static_cast<std::int64_t>(offset_bytes), nbytes, got);
+}
+
+std::size_t file_handle::pwrite(const void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  return impl_->write(buf, nbytes, offset_bytes);
+}
+
+std::future<std::size_t> file_handle::pread_async(void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  auto task = std::make_shared<std::packaged_task<std::size_t()>>(
+      [m = impl_.get(), buf, nbytes, offset_bytes] { return m->read(buf, nbytes, offset_bytes); });
+  auto fut = task->get_future();
+  engine::shared_pool(1).submit([task] { (*task)(); });
+  return fut;
+}
+
+std::future<std::size_t> file_handle::pwrite_async(const void* buf, std::size_t nbytes,
+                                                   std::uint64_t offset_bytes) const {
+  auto task = std::make_shared<std::packaged_task<std::size_t()>>(
+      [m = impl_.get(), buf, nbytes, offset_bytes] { return m->write(buf, nbytes, offset_bytes); });
+  auto fut = task->get_future();
+  engine::shared_pool(1).submit([task] { (*task)(); });
+  return fut;
+}
+
+std::uint64_t file_handle::size() const { return impl_->current_size(); }
+
+void file_handle::truncate(std::uint64_t nbytes) const {
+  if (posix::sys().ftruncate(impl_->fd.get(), static_cast<off_t>(nbytes)) != 0) {
+    throw error(errno_code(errno), "ftruncate", impl_->path.string(), static_cast<std::int64_t>(nbytes), 0);
+  }
+}
+
+void file_handle::sync() const {
+  if (posix::sys().fdatasync(impl_->fd.get()) != 0) throw error(errno_code(errno), "fdatasync", impl_->path.string(), -1, 0);
+}
+
+void file_handle::drop_cache() const {
+  if (impl_->mode != open_mode::read) posix::sys().fdatasync(impl_->fd.get());
+  int r = posix::sys().fadvise(impl_->fd.get(), 0, 0, POSIX_FADV_DONTNEED);
+  if (r != 0) throw error(errno_code(r), "posix_fadvise DONTNEED", impl_->path.string(), -1, 0);
+}
+
+bool file_handle::is_open() const noexcept { return impl_ && impl_->fd; }
+const std::filesystem::path& file_handle::path() const noexcept { return impl_->path; }
+open_mode file_handle::mode() const noexcept { return impl_->mode; }
+const io_choice& file_handle::choice() const noexcept { return impl_->choice; }
+const settings& file_handle::config() const noexcept { return impl_->config; }
+int file_handle::fd() const noexcept { return impl_ ? impl_->fd.get() : -1; }
+int file_handle::direct_fd() const noexcept { return impl_ ? impl_->direct_fd.get() : -1; }
+
+const std::string& io_uring_unavailable_reason() { return engine::uring_unavailable_reason(); }
+
+}  // namespace gdskit

@@ -1,0 +1,107 @@
+#include "engine/thread_pool.hpp"
+
+#include <atomic>
+#include <exception>
+#include <memory>
+
+namespace gdskit::engine {
+
+thread_pool::thread_pool(unsigned nthreads) { ensure_threads(nthreads); }
+
+thread_pool::~thread_pool() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void thread_pool::submit(std::function<void()> job) {
+  {
+    std::lock_guard lock(mutex_);
+    jobs_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+}
+
+void thread_pool::ensure_threads(unsigned nthreads) {
+  std::lock_guard lock(mutex_);
+  while (workers_.size() < nthreads) workers_.emplace_back([this] { work(); });
+}
+
+unsigned thread_pool::size() const {
+  std::lock_guard lock(mutex_);
+  return static_cast<unsigned>(workers_.size());
+}
+
+void thread_pool::work() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stopping and drained
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job();
+  }
+}
+
+thread_pool& shared_pool(unsigned min_threads) {
+  static thread_pool pool(0);
+  if (pool.size() < min_threads) pool.ensure_threads(min_threads);
+  return pool;
+}
+
+void parallel_for(std::size_t n, unsigned parallelism, const std::function<void(std::size_t)>& body) {
+  if (n == 0) return;
+  if (parallelism <= 1 || n == 1) {
+    for (std::size_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+  struct state {
+    std::atomic<std::size_t> next{0};
+    std::atomic<std::size_t> finished{0};
+    std::atomic<bool> failed{false};
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::exception_ptr error;
+    std::size_t n = 0;
+    const std::function<void(std::size_t)>* body = nullptr;
+  };
+  auto st = std::make_shared<state>();
+  st->n = n;
+  st->body = &body;
+  // Helpers hold the state alive; they only touch `body` while an index remains, and the caller does not
+  // return before every index has finished, so `body` outlives every call.
+  auto drain = [](const std::shared_ptr<state>& s) {
+    for (;;) {
+      std::size_t i = s->next.fetch_add(1);
+      if (i >= s->n) return;
+      if (!s->failed.load(std::memory_order_relaxed)) {
+        try {
+          (*s->body)(i);
+        } catch (...) {
+          std::lock_guard lock(s->mutex);
+          if (!s->error) s->error = std::current_exception();
+          s->failed = true;
+        }
+      }
+      if (s->finished.fetch_add(1) + 1 == s->n) {
+        std::lock_guard lock(s->mutex);
+        s->cv.notify_all();
+      }
+    }
+  };
+  unsigned helpers = static_cast<unsigned>(std::min<std::size_t>(parallelism, n)) - 1;
+  auto& pool = shared_pool(helpers);
+  for (unsigned h = 0; h < helpers; ++h) pool.submit([st, drain] { drain(st); });
+  drain(st);
+  std::unique_lock lock(st->mutex);
+  st->cv.wait(lock, [&] { return st->finished.load() == st->n; });
+  if (st->error) std::rethrow_exception(st->error);
+}
+
+}  // namespace gdskit::engine

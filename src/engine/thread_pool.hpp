@@ -1,0 +1,44 @@
+// A process-wide pool of worker threads. Jobs never wait on other jobs: callers that fan work out also run
+// it themselves (see parallel_for), so a job submitted from a worker cannot deadlock the pool.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace gdskit::engine {
+
+class thread_pool {
+ public:
+  explicit thread_pool(unsigned nthreads);
+  ~thread_pool();
+  thread_pool(const thread_pool&) = delete;
+  thread_pool& operator=(const thread_pool&) = delete;
+
+  void submit(std::function<void()> job);
+  /// Grows the pool to at least `nthreads` workers (it never shrinks).
+  void ensure_threads(unsigned nthreads);
+  unsigned size() const;
+
+ private:
+  void work();
+
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> workers_;
+  bool stopping_ = false;
+};
+
+/// The shared pool, grown on demand.
+thread_pool& shared_pool(unsigned min_threads);
+
+/// Runs body(i) for i in [0, n) on up to `parallelism` threads, the caller being one of them. Returns when
+/// every index has run. The first exception thrown stops handing out new indices and is rethrown.
+void parallel_for(std::size_t n, unsigned parallelism, const std::function<void(std::size_t)>& body);
+
+}  // namespace gdskit::engine

@@ -1,0 +1,20 @@
+// What the kernel says about the file system and alignment of an open file.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace gdskit::posix {
+
+/// Name of a file system from its statfs magic ("ext4", "xfs", "tmpfs", ...), or "0x<magic>".
+std::string fs_type_name(std::int64_t magic);
+
+/// File system type of an open file ("unknown" when fstatfs fails).
+std::string fs_type_of(int fd);
+
+/// O_DIRECT alignment for offsets and memory: the kernel's STATX_DIOALIGN where reported, never below the
+/// page size (so a buffered write of a partial block never shares a page with an O_DIRECT write).
+std::size_t direct_alignment(int fd);
+
+}  // namespace gdskit::posix

@@ -1,0 +1,92 @@
+#include "posix/syscalls.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace gdskit::posix {
+namespace {
+
+syscall_table make_real() {
+  syscall_table t;
+  t.open = [](const char* p, int f, mode_t m) { return ::open(p, f, m); };
+  t.close = [](int fd) { return ::close(fd); };
+  t.pread = [](int fd, void* b, std::size_t n, off_t o) { return ::pread(fd, b, n, o); };
+  t.pwrite = [](int fd, const void* b, std::size_t n, off_t o) { return ::pwrite(fd, b, n, o); };
+  t.fstat = [](int fd, struct stat* st) { return ::fstat(fd, st); };
+  t.fstatfs = [](int fd, struct statfs* st) { return ::fstatfs(fd, st); };
+  t.ftruncate = [](int fd, off_t n) { return ::ftruncate(fd, n); };
+  t.fdatasync = [](int fd) { return ::fdatasync(fd); };
+  t.fadvise = [](int fd, off_t o, off_t n, int advice) { return ::posix_fadvise(fd, o, n, advice); };
+  t.uring_result = [](bool, int, std::uint64_t, std::size_t, int result) { return result; };
+  return t;
+}
+
+}  // namespace
+
+const syscall_table& real_syscalls() noexcept {
+  static const syscall_table table = make_real();
+  return table;
+}
+
+syscall_table& sys() noexcept {
+  static syscall_table table = real_syscalls();
+  return table;
+}
+
+int open_retry(const char* path, int flags, mode_t mode, std::error_code& ec) noexcept {
+  for (;;) {
+    int fd = sys().open(path, flags | O_CLOEXEC, mode);
+    if (fd >= 0) {
+      ec.clear();
+      return fd;
+    }
+    if (errno == EINTR) continue;
+    ec = std::error_code(errno, std::generic_category());
+    return -1;
+  }
+}
+
+std::size_t pread_full(int fd, void* buf, std::size_t nbytes, std::uint64_t offset, std::error_code& ec) noexcept {
+  auto* p = static_cast<std::byte*>(buf);
+  std::size_t done = 0;
+  ec.clear();
+  while (done < nbytes) {
+    ssize_t r = sys().pread(fd, p + done, nbytes - done, static_cast<off_t>(offset + done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      ec = std::error_code(errno, std::generic_category());
+      return done;
+    }
+    if (r == 0) break;  // end of file
+    done += static_cast<std::size_t>(r);
+  }
+  return done;
+}
+
+std::size_t pwrite_full(int fd, const void* buf, std::size_t nbytes, std::uint64_t offset, std::error_code& ec) noexcept {
+  const auto* p = static_cast<const std::byte*>(buf);
+  std::size_t done = 0;
+  ec.clear();
+  while (done < nbytes) {
+    ssize_t r = sys().pwrite(fd, p + done, nbytes - done, static_cast<off_t>(offset + done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      ec = std::error_code(errno, std::generic_category());
+      return done;
+    }
+    if (r == 0) {  // no progress: the device is full (never report it as written)
+      ec = std::error_code(ENOSPC, std::generic_category());
+      return done;
+    }
+    done += static_cast<std::size_t>(r);
+  }
+  return done;
+}
+
+void unique_fd::reset(int fd) noexcept {
+  if (fd_ >= 0) sys().close(fd_);
+  fd_ = fd;
+}
+
+}  // namespace gdskit::posix

@@ -1,0 +1,87 @@
+// The one seam through which gdskit makes its file system calls. Tests replace entries to inject EINTR,
+// short transfers, EIO and ENOSPC; production code never bypasses it.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <system_error>
+#include <utility>
+
+namespace gdskit::posix {
+
+struct syscall_table {
+  std::function<int(const char*, int, mode_t)> open;
+  std::function<int(int)> close;
+  std::function<ssize_t(int, void*, std::size_t, off_t)> pread;
+  std::function<ssize_t(int, const void*, std::size_t, off_t)> pwrite;
+  std::function<int(int, struct stat*)> fstat;
+  std::function<int(int, struct statfs*)> fstatfs;
+  std::function<int(int, off_t)> ftruncate;
+  std::function<int(int)> fdatasync;
+  std::function<int(int, off_t, off_t, int)> fadvise;
+  /// io_uring completions pass through here: given what the kernel returned for an operation, returns what the
+  /// engine sees. Identity in production; tests return -EINTR, -EIO, short counts.
+  std::function<int(bool is_write, int fd, std::uint64_t offset, std::size_t nbytes, int result)> uring_result;
+};
+
+/// The table in force. Replace entries only while no I/O is in flight (tests use scoped_syscalls).
+syscall_table& sys() noexcept;
+/// The table of the real system calls.
+const syscall_table& real_syscalls() noexcept;
+
+/// Installs a modified table for its lifetime and restores the previous one (tests only).
+class scoped_syscalls {
+ public:
+  explicit scoped_syscalls(syscall_table table) : saved_(sys()) { sys() = std::move(table); }
+  ~scoped_syscalls() { sys() = std::move(saved_); }
+  scoped_syscalls(const scoped_syscalls&) = delete;
+  scoped_syscalls& operator=(const scoped_syscalls&) = delete;
+
+ private:
+  syscall_table saved_;
+};
+
+/// open(2) retried on EINTR. Returns the fd or -1 with `ec` set.
+int open_retry(const char* path, int flags, mode_t mode, std::error_code& ec) noexcept;
+
+/// Reads until `nbytes` are in or the file ends; EINTR retried, short reads looped. Returns the bytes read
+/// (fewer only at end of file); on error returns the bytes read so far with `ec` set.
+std::size_t pread_full(int fd, void* buf, std::size_t nbytes, std::uint64_t offset, std::error_code& ec) noexcept;
+
+/// Writes all `nbytes`; EINTR retried, short writes looped, a write that makes no progress is ENOSPC.
+/// On error returns the bytes written so far with `ec` set.
+std::size_t pwrite_full(int fd, const void* buf, std::size_t nbytes, std::uint64_t offset, std::error_code& ec) noexcept;
+
+/// Move-only owner of a file descriptor; close is never retried (EINTR on close leaves the fd closed).
+class unique_fd {
+ public:
+  unique_fd() noexcept = default;
+  explicit unique_fd(int fd) noexcept : fd_(fd) {}
+  unique_fd(unique_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  unique_fd& operator=(unique_fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  ~unique_fd() { reset(); }
+  unique_fd(const unique_fd&) = delete;
+  unique_fd& operator=(const unique_fd&) = delete;
+
+  int get() const noexcept { return fd_; }
+  explicit operator bool() const noexcept { return fd_ >= 0; }
+  int release() noexcept { return std::exchange(fd_, -1); }
+  void reset(int fd = -1) noexcept;
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace gdskit::posix

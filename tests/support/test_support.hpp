@@ -1,0 +1,50 @@
+// Shared test fixtures: a temporary folder, random data, a settings guard.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gdskit/settings.hpp"
+
+namespace gdskit::test {
+
+/// A fresh folder under $TMPDIR (or `parent`), removed with its contents at destruction.
+class temp_dir {
+ public:
+  explicit temp_dir(const std::filesystem::path& parent = {});
+  ~temp_dir();
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// Deterministic random bytes (seeded) so a failure can be replayed.
+std::vector<std::uint8_t> random_bytes(std::size_t n, std::uint64_t seed);
+/// Writes `data` to `path` with plain stdio (the reference, independent of gdskit).
+void write_file(const std::filesystem::path& path, const std::vector<std::uint8_t>& data);
+/// Reads the whole file with plain pread (the reference).
+std::vector<std::uint8_t> read_file(const std::filesystem::path& path);
+
+/// Restores gdskit::default_settings() at destruction.
+class settings_guard {
+ public:
+  settings_guard() : saved_(default_settings()) {}
+  ~settings_guard() { default_settings() = saved_; }
+
+ private:
+  settings saved_;
+};
+
+/// A folder on a file system that accepts O_DIRECT (tests' temp folder), and one that refuses it (/dev/shm),
+/// empty when none exists here.
+std::filesystem::path direct_capable_parent();
+std::filesystem::path direct_refusing_parent();
+
+}  // namespace gdskit::test
