@@ -8,6 +8,8 @@
 #include <memory>
 #include <string>
 
+#include "gdskit/buffer.hpp"
+#include "gdskit/path.hpp"
 #include "gdskit/settings.hpp"
 
 namespace gdskit {
@@ -59,6 +61,16 @@ class file_handle {
   /// ready. The future throws what the blocking form would.
   std::future<std::size_t> pread_async(void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const;
   std::future<std::size_t> pwrite_async(const void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const;
+
+  /// Reads into host or GPU memory through the path the planner picks for this buffer (see plan()).
+  /// `dst.nbytes` must be at least `nbytes`. Same contract as pread: fewer bytes only at end of file.
+  std::size_t read(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const;
+  /// read() that throws short_read_error when the file ends first.
+  void read_exact(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const;
+  /// Writes from host or GPU memory; returns nbytes or throws.
+  std::size_t write(buffer_view src, std::size_t nbytes, std::uint64_t offset_bytes) const;
+  /// The path read()/write() take for this buffer, and the reasons (cheap; cached per device).
+  path_decision plan(buffer_view buf) const;
 
   /// Current size of the file (fstat).
   std::uint64_t size() const;
