@@ -1,14 +1,133 @@
+// gdskit patch: check / apply / revert / diff the GeForce BAR1 P2P edits on a driver source tree, and print the
+// NVreg_RegistryDwords alternative. The work is in src/patch; this file parses flags and prints.
 #include <fmt/format.h>
 
+#include <map>
+#include <memory>
+
 #include "commands.hpp"
+#include "patch/patch.hpp"
+#include "patch/report.hpp"
 
 namespace gdskit::cli {
+namespace {
+
+struct patch_flags {
+  std::string src;
+  std::string atomics = "default";
+  std::string only = "all";
+  std::string driver_version;
+  bool force = false;
+  bool json = false;
+};
+
+patch::patch_options to_options(const patch_flags& f) {
+  patch::patch_options o;
+  o.atomics = f.atomics == "off" ? patch::atomics_mode::off : patch::atomics_mode::default_atomics;
+  o.only = f.only == "bif" ? patch::edit_group::bif : f.only == "hal" ? patch::edit_group::hal : patch::edit_group::all;
+  o.force = f.force;
+  return o;
+}
+
+void add_common(CLI::App* cmd, patch_flags& f, bool with_json) {
+  cmd->add_option("--src", f.src, "checkout of NVIDIA/open-gpu-kernel-modules (the folder with version.mk)")
+      ->required();
+  cmd->add_option("--atomics", f.atomics,
+                  "ForceP2P value: default = 0x211 (P2P atomics at chipset default), off = 0x11 (forced off, as "
+                  "in the field log)")
+      ->check(CLI::IsMember({"default", "off"}));
+  cmd->add_option("--only", f.only, "edit only the BIF overrides (kernel_bif.c) or the HAL renames (g_kern_bus_nvoc.c)")
+      ->check(CLI::IsMember({"all", "bif", "hal"}));
+  cmd->add_flag("--force", f.force,
+                "accept a driver version gdskit has not checked (edits taken from the files as found; a wrong "
+                "enum can silently select another P2P type), and let revert restore a backup over later changes");
+  if (with_json) cmd->add_flag("--json", f.json, "print the report as JSON");
+}
+
+void finish(const patch::tree_report& r, const patch_flags& f, std::string_view op) {
+  if (f.json) {
+    fmt::print("{}", patch::render_json(r));
+  } else {
+    fmt::print("{}", patch::render_text(r, op));
+    if (op == "diff" && !r.refused) fmt::print("\n{}", r.diff.empty() ? "(no change: already applied)\n" : r.diff);
+    fmt::print("\n{}", patch::honesty_note());
+  }
+  exit_code() = r.refused ? 1 : 0;
+}
+
+}  // namespace
 
 void add_patch_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("patch", "(not built yet)");
-  cmd->callback([] {
-    fmt::print(stderr, "gdskit patch: not available in this build\n");
-    exit_code() = 2;
+  auto* cmd = app.add_subcommand(
+      "patch",
+      "the GeForce BAR1 P2P edits of NVIDIA's open kernel module: check, apply, revert, diff; registry-dwords");
+  cmd->require_subcommand(1);
+  auto flags = std::make_shared<patch_flags>();
+
+  auto* check = cmd->add_subcommand("check", "report each edit: original / applied / unknown (writes nothing)");
+  add_common(check, *flags, true);
+  check->callback([flags] {
+    finish(patch::check_tree(flags->src, to_options(*flags)), *flags, "check");
+  });
+
+  auto* apply = cmd->add_subcommand("apply", "apply all edits, atomically, keeping FILE.gdskit-orig backups");
+  add_common(apply, *flags, true);
+  apply->callback([flags] { finish(patch::apply_tree(flags->src, to_options(*flags)), *flags, "apply"); });
+
+  auto* revert = cmd->add_subcommand("revert", "restore the original files byte for byte");
+  add_common(revert, *flags, true);
+  revert->callback([flags] { finish(patch::revert_tree(flags->src, to_options(*flags)), *flags, "revert"); });
+
+  auto* diff = cmd->add_subcommand("diff", "print the unified diff apply would write (writes nothing)");
+  add_common(diff, *flags, true);
+  diff->callback([flags] {
+    auto r = patch::diff_tree(flags->src, to_options(*flags));
+    if (!flags->json && !r.refused) {
+      // Plain diff on stdout so it can be piped to `patch -p1`; the report goes to stderr.
+      fmt::print(stderr, "{}", patch::render_text(r, "diff"));
+      fmt::print("{}", r.diff);
+      exit_code() = 0;
+      return;
+    }
+    finish(r, *flags, "diff");
+  });
+
+  auto* rd = cmd->add_subcommand(
+      "registry-dwords",
+      "print the NVreg_RegistryDwords value that sets the three BIF overrides with no source change");
+  rd->add_option("--driver-version", flags->driver_version, "driver version (default: from --src, else the loaded driver)");
+  rd->add_option("--src", flags->src, "driver source tree to read the version from");
+  rd->add_option("--atomics", flags->atomics, "default = 0x211, off = 0x11")->check(CLI::IsMember({"default", "off"}));
+  rd->callback([flags] {
+    patch::driver_version v;
+    std::string from = "assumed";
+    if (!flags->driver_version.empty()) {
+      auto p = patch::parse_version(flags->driver_version);
+      if (!p) {
+        fmt::print(stderr, "gdskit patch registry-dwords: \"{}\" is not a driver version (like 580.142)\n",
+                   flags->driver_version);
+        exit_code() = 2;
+        return;
+      }
+      v = *p;
+      from = "--driver-version";
+    } else if (!flags->src.empty()) {
+      v = patch::check_tree(flags->src, {}).facts.version;
+      from = "version.mk";
+    } else {
+      auto sys = patch::read_system_facts("/");
+      if (auto p = patch::parse_version(sys.loaded_driver_version)) {
+        v = *p;
+        from = "loaded module";
+      }
+    }
+    auto r = patch::make_registry_dwords(
+        v, flags->atomics == "off" ? patch::atomics_mode::off : patch::atomics_mode::default_atomics);
+    fmt::print("# driver {} ({})\n", v.known() ? v.text : "unknown", from);
+    fmt::print("NVreg_RegistryDwords=\"{}\"\n\n", r.value);
+    for (const auto& n : r.notes) fmt::print("# note: {}\n", n);
+    fmt::print("\n{}\n", r.modprobe_conf);
+    fmt::print("{}", patch::honesty_note());
   });
 }
 

@@ -1,0 +1,192 @@
+// The steps after the source patch, as a plan a person reads before anything runs.
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "patch/patch.hpp"
+
+namespace gdskit::patch {
+namespace fs = std::filesystem;
+namespace {
+
+std::string read_small(const fs::path& p, std::size_t limit = 1 << 20) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return {};
+  std::string s(limit, '\0');
+  in.read(s.data(), static_cast<std::streamsize>(limit));
+  s.resize(static_cast<std::size_t>(in.gcount()));
+  return s;
+}
+
+std::string first_line(std::string s) {
+  if (auto nl = s.find('\n'); nl != std::string::npos) s.resize(nl);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\r')) s.pop_back();
+  return s;
+}
+
+std::string quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+}  // namespace
+
+system_facts read_system_facts(const fs::path& root) {
+  system_facts f;
+  f.kernel_release = first_line(read_small(root / "proc/sys/kernel/osrelease"));
+  f.loaded_driver_version = first_line(read_small(root / "sys/module/nvidia/version"));
+  const std::string drv = read_small(root / "proc/driver/nvidia/version");
+  f.open_module = drv.find("Open Kernel Module") != std::string::npos;
+  f.nvidia_fs_loaded = fs::exists(root / "sys/module/nvidia_fs");
+  // kallsyms is large; scanning it line by line keeps memory flat.
+  std::ifstream ks(root / "proc/kallsyms");
+  for (std::string line; std::getline(ks, line);) {
+    for (const char* sym : {"nvme_v2_register_nvfs_dma_ops", "nvme_v1_register_nvfs_dma_ops"}) {
+      const auto at = line.rfind(sym);
+      if (at != std::string::npos && at > 0 && line[at - 1] == ' ' &&
+          (at + std::string_view(sym).size() == line.size() || line[at + std::string_view(sym).size()] == '\t' ||
+           line[at + std::string_view(sym).size()] == ' ')) {
+        f.nvfs_symbol = sym;
+      }
+    }
+    if (!f.nvfs_symbol.empty()) break;
+  }
+  std::istringstream os(read_small(root / "etc/os-release"));
+  for (std::string line; std::getline(os, line);) {
+    if (line.rfind("ID=", 0) == 0) {
+      f.distro_id = line.substr(3);
+      if (f.distro_id.size() >= 2 && f.distro_id.front() == '"') f.distro_id = f.distro_id.substr(1, f.distro_id.size() - 2);
+    }
+  }
+  return f;
+}
+
+std::vector<plan_step> make_setup_plan(const system_facts& sys, const plan_options& opts) {
+  std::vector<plan_step> steps;
+  const std::string src = opts.src.empty() ? std::string("\"$GDSKIT_DRIVER_SRC\"") : quote(opts.src.string());
+  const std::string krel = "\"$(uname -r)\"";
+  const std::string atomics = opts.atomics == atomics_mode::off ? "off" : "default";
+  const std::string backup_dir = "/var/backups/gdskit/nvidia-$(uname -r)";
+  const bool debian_like = sys.distro_id == "ubuntu" || sys.distro_id == "debian" || sys.distro_id.empty();
+
+  if (sys.nvfs_symbol.empty()) {
+    steps.push_back({"Install a kernel whose NVMe driver carries the nvfs hook",
+                     "nvidia-fs can only route NVMe reads to the GPU when nvme.ko exports "
+                     "nvme_v1_register_nvfs_dma_ops or nvme_v2_register_nvfs_dma_ops; stock kernels do not. On "
+                     "Ubuntu the linux-nvidia flavour does. Pick the package from the list, install it, then reboot "
+                     "into it and run this plan again.",
+                     debian_like ? "apt-cache search --names-only '^linux-image-.*nvidia' | sort" : "",
+                     "", true});
+  }
+  steps.push_back({"Verify the nvfs hook of the running kernel",
+                   "the name must appear in /proc/kallsyms (addresses read as 0 without root; the name is enough)",
+                   "grep -wE 'nvme_v[12]_register_nvfs_dma_ops' /proc/kallsyms", "", false});
+  steps.push_back({"Check the driver source matches the loaded driver",
+                   fmt::format("the module you build must be the version libcuda expects (loaded now: {})",
+                               sys.loaded_driver_version.empty() ? "none" : sys.loaded_driver_version),
+                   fmt::format("grep '^NVIDIA_VERSION' {}/version.mk && cat /sys/module/nvidia/version", src), "",
+                   false});
+  steps.push_back({"Patch the driver source",
+                   opts.use_registry_dwords
+                       ? "only the HAL half: the BIF overrides come from NVreg_RegistryDwords (a later step)"
+                       : "BIF overrides and HAL renames; check first, apply refuses unknown layouts",
+                   fmt::format("gdskit patch check --src {0} && gdskit patch apply --src {0} --atomics {1}{2}", src,
+                               atomics, opts.use_registry_dwords ? " --only hal" : ""),
+                   fmt::format("gdskit patch revert --src {}", src), false});
+  steps.push_back({"Build the modules for the running kernel", "the build must use this kernel's headers",
+                   fmt::format("make -C {} modules -j\"$(nproc)\" SYSSRC=/lib/modules/{}/build", src, krel),
+                   fmt::format("make -C {} clean", src), false});
+  steps.push_back({"Back up the installed nvidia modules",
+                   "rollback copies them back; the folder is the one modinfo reports for the nvidia module",
+                   fmt::format("d=\"$(dirname \"$(modinfo -n nvidia)\")\" && sudo mkdir -p {0} && "
+                               "echo \"$d\" | sudo tee {0}/FROM >/dev/null && sudo cp -a \"$d\"/nvidia*.ko* {0}/",
+                               backup_dir),
+                   "", false});
+  steps.push_back({"Install the patched modules",
+                   "into the same folder, so DKMS or distribution modules elsewhere do not shadow them; compressed "
+                   "originals are removed (they are in the backup) so only one copy of each module remains",
+                   fmt::format("d=\"$(cat {0}/FROM)\" && sudo rm -f \"$d\"/nvidia*.ko.zst \"$d\"/nvidia*.ko.xz "
+                               "\"$d\"/nvidia*.ko.gz && sudo install -m 0644 {1}/kernel-open/nvidia*.ko \"$d\"/",
+                               backup_dir, src),
+                   fmt::format("d=\"$(cat {0}/FROM)\" && sudo rm -f \"$d\"/nvidia*.ko && "
+                               "sudo cp -a {0}/nvidia*.ko* \"$d\"/",
+                               backup_dir),
+                   false});
+  if (opts.use_registry_dwords) {
+    const auto rd = make_registry_dwords(parse_version(sys.loaded_driver_version).value_or(driver_version{}),
+                                         opts.atomics);
+    steps.push_back({"Set the BIF overrides as module options", "same effect as the three kernel_bif.c edits",
+                     fmt::format("printf '%s\\n' {} | sudo tee /etc/modprobe.d/gdskit-p2p.conf >/dev/null",
+                                 quote(fmt::format("options nvidia NVreg_RegistryDwords=\"{}\"", rd.value))),
+                     "sudo rm -f /etc/modprobe.d/gdskit-p2p.conf", false});
+  }
+  steps.push_back({"Rebuild the module index and the initramfs",
+                   "the initramfs may carry its own copy of the nvidia modules and modprobe options",
+                   debian_like ? fmt::format("sudo depmod -a {0} && sudo update-initramfs -u -k {0}", krel)
+                               : fmt::format("sudo depmod -a {0} && sudo dracut -f --kver {0}", krel),
+                   debian_like ? fmt::format("sudo depmod -a {0} && sudo update-initramfs -u -k {0}", krel)
+                               : fmt::format("sudo depmod -a {0} && sudo dracut -f --kver {0}", krel),
+                   false});
+  steps.push_back({"Reboot", "loads the new modules (and the new kernel, if one was installed)", "", "", true});
+  steps.push_back({"Load nvidia-fs and judge", "doctor pins GPU memory through the real GDS path; only that proves it",
+                   "sudo modprobe nvidia-fs && gdskit doctor", "", false});
+  return steps;
+}
+
+std::string render_plan(const std::vector<plan_step>& steps, const system_facts& sys) {
+  std::string out = "#!/bin/sh\n";
+  out += fmt::format("# gdskit setup plan. Kernel {}, loaded nvidia driver {} ({}), nvfs hook: {}.\n",
+                     sys.kernel_release.empty() ? "unknown" : sys.kernel_release,
+                     sys.loaded_driver_version.empty() ? "none" : sys.loaded_driver_version,
+                     sys.open_module ? "open kernel module" : "open module not detected",
+                     sys.nvfs_symbol.empty() ? "MISSING" : sys.nvfs_symbol);
+  out += "# Review every step. Nothing has run. `gdskit setup plan --execute` asks before each step and stops\n"
+         "# at the first failure. Steps marked MANUAL are for you to do.\n";
+  out += "#\n";
+  std::string note(honesty_note());
+  for (std::size_t pos = 0; pos < note.size();) {
+    auto nl = note.find('\n', pos);
+    if (nl == std::string::npos) nl = note.size();
+    out += fmt::format("# {}\n", note.substr(pos, nl - pos));
+    pos = nl + 1;
+  }
+  out += "set -eu\n";
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const auto& s = steps[i];
+    out += fmt::format("\n# --- Step {}: {}{}\n# {}\n", i + 1, s.title, s.manual ? " (MANUAL)" : "", s.why);
+    if (!s.command.empty()) out += s.manual ? fmt::format("# suggested: {}\n", s.command) : s.command + "\n";
+  }
+  out += "\n# === Rollback plan (run from the last step done backwards) ===\n";
+  for (std::size_t i = steps.size(); i-- > 0;) {
+    if (steps[i].rollback.empty()) continue;
+    out += fmt::format("# undo step {} ({}):\n#   {}\n", i + 1, steps[i].title, steps[i].rollback);
+  }
+  out += "# then reboot, and run `gdskit doctor` to confirm the stock driver is back.\n";
+  return out;
+}
+
+plan_run_result execute_plan(const std::vector<plan_step>& steps, const std::function<bool(const plan_step&)>& ask,
+                             const std::function<int(const std::string&)>& run) {
+  plan_run_result r;
+  for (const auto& s : steps) {
+    if (!ask(s)) {
+      r.stopped_by_user = true;
+      return r;
+    }
+    if (!s.manual && !s.command.empty()) {
+      const int status = run(s.command);
+      if (status != 0) {
+        r.failed = true;
+        r.failed_step = s.title;
+        r.failed_status = status;
+        return r;
+      }
+    }
+    ++r.steps_done;
+  }
+  return r;
+}
+
+}  // namespace gdskit::patch
