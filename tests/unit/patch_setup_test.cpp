@@ -1,0 +1,75 @@
+// gdskit patch registry-dwords and gdskit setup plan on captured system roots.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "patch/patch.hpp"
+#include "test_support.hpp"
+
+using namespace gdskit::patch;
+namespace fs = std::filesystem;
+
+TEST(patch_setup, RegistryDwordsPerVersion) {
+  EXPECT_EQ(make_registry_dwords(*parse_version("580.142"), atomics_mode::default_atomics).value,
+            "ForceP2P=0x211;RMForceP2PType=1;RMPcieP2PType=1");
+  EXPECT_EQ(make_registry_dwords(*parse_version("580.142"), atomics_mode::off).value,
+            "ForceP2P=0x11;RMForceP2PType=1;RMPcieP2PType=1");
+  EXPECT_EQ(make_registry_dwords(*parse_version("570.211.01"), atomics_mode::default_atomics).value,
+            "ForceP2P=0x211;RMForceP2PType=2");
+  EXPECT_EQ(make_registry_dwords(*parse_version("550.163.01"), atomics_mode::default_atomics).value,
+            "ForceP2P=0x11;RMForceP2PType=2");
+  auto r = make_registry_dwords(*parse_version("580.142"), atomics_mode::default_atomics);
+  EXPECT_NE(r.modprobe_conf.find("options nvidia NVreg_RegistryDwords=\"ForceP2P=0x211;"), std::string::npos);
+}
+
+TEST(patch_setup, PlanForCapturedSystem) {
+  gdskit::test::temp_dir root;
+  fs::create_directories(root.path() / "proc/sys/kernel");
+  fs::create_directories(root.path() / "sys/module/nvidia");
+  fs::create_directories(root.path() / "etc");
+  std::ofstream(root.path() / "proc/sys/kernel/osrelease") << "6.8.0-1020-nvidia\n";
+  std::ofstream(root.path() / "sys/module/nvidia/version") << "580.142\n";
+  std::ofstream(root.path() / "etc/os-release") << "NAME=\"Ubuntu\"\nID=ubuntu\n";
+  std::ofstream(root.path() / "proc/kallsyms") << "0000000000000000 T nvme_v1_register_nvfs_dma_ops\t[nvme]\n";
+  auto sys = read_system_facts(root.path());
+  EXPECT_EQ(sys.kernel_release, "6.8.0-1020-nvidia");
+  EXPECT_EQ(sys.nvfs_symbol, "nvme_v1_register_nvfs_dma_ops");
+  plan_options o;
+  o.src = "/opt/ogkm";
+  auto steps = make_setup_plan(sys, o);
+  auto text = render_plan(steps, sys);
+  EXPECT_NE(text.find("gdskit patch apply --src '/opt/ogkm'"), std::string::npos);
+  EXPECT_NE(text.find("update-initramfs"), std::string::npos);
+  EXPECT_NE(text.find("Rollback plan"), std::string::npos);
+  EXPECT_NE(text.find("gdskit doctor"), std::string::npos);
+  EXPECT_EQ(text.find("Install a kernel"), std::string::npos);  // the hook is there
+
+  std::ofstream(root.path() / "proc/kallsyms") << "0000000000000000 T nvme_setup_cmd\t[nvme]\n";
+  auto no_hook = read_system_facts(root.path());
+  EXPECT_TRUE(no_hook.nvfs_symbol.empty());
+  EXPECT_NE(render_plan(make_setup_plan(no_hook, o), no_hook).find("Install a kernel"), std::string::npos);
+}
+
+TEST(patch_setup, ExecuteAsksAndStopsAtFirstFailure) {
+  std::vector<plan_step> steps{{"a", "", "true", "", false}, {"b", "", "false", "", false},
+                               {"c", "", "true", "", false}};
+  std::vector<std::string> ran;
+  auto r = execute_plan(
+      steps, [](const plan_step&) { return true; },
+      [&](const std::string& c) {
+        ran.push_back(c);
+        return c == "false" ? 1 : 0;
+      });
+  EXPECT_TRUE(r.failed);
+  EXPECT_EQ(r.failed_step, "b");
+  EXPECT_EQ(r.steps_done, 1u);
+  EXPECT_EQ(ran.size(), 2u);
+
+  ran.clear();
+  auto no = execute_plan(steps, [](const plan_step&) { return false; }, [&](const std::string& c) {
+    ran.push_back(c);
+    return 0;
+  });
+  EXPECT_TRUE(no.stopped_by_user);
+  EXPECT_TRUE(ran.empty());
+}
