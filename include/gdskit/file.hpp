@@ -91,6 +91,8 @@ class file_handle {
   int direct_fd() const noexcept;
 
   struct impl;
+  /// For gdskit's own data paths (src/gpu): the handle's internals.
+  const impl* impl_for_paths() const noexcept { return impl_.get(); }
 
  private:
   std::unique_ptr<impl> impl_;

@@ -8,6 +8,7 @@
 
 #include "engine/file_impl.hpp"
 #include "engine/io_engine.hpp"
+#include "engine/residency.hpp"
 #include "engine/thread_pool.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
@@ -93,6 +94,15 @@ std::vector<io_task> file_handle::impl::plan(bool write, std::byte* buf, std::si
     edge.offset = body_end;
     edge.nbytes = static_cast<std::size_t>(end - body_end);
     tasks.push_back(edge);
+  }
+  if (!write) {
+    for (auto& t : tasks) {
+      if (engine::prefer_page_cache(*this, t.offset, t.nbytes)) {
+        t.fd = fd.get();
+        t.direct = false;
+        t.bounce = false;
+      }
+    }
   }
   return tasks;
 }
@@ -185,6 +195,8 @@ file_handle::file_handle(const std::filesystem::path& path, open_mode mode, open
   if (S_ISDIR(st.st_mode)) throw error(errno_code(EISDIR), "open", path.string(), -1, 0);
 
   const std::string fs = posix::fs_type_of(m.fd.get());
+  m.st_dev = st.st_dev;
+  m.fs_type = fs;
   if (config.direct == direct_mode::off) {
     m.choice.direct_reason = "GDSKIT_DIRECT=off";
   } else if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {

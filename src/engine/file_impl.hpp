@@ -2,11 +2,15 @@
 #pragma once
 
 #include <filesystem>
+#include <mutex>
+#include <optional>
 #include <vector>
 
 #include "engine/io_engine.hpp"
 #include "gdskit/file.hpp"
+#include "engine/planner.hpp"
 #include "posix/syscalls.hpp"
+#include "shim/cufile.hpp"
 
 namespace gdskit {
 
@@ -17,6 +21,17 @@ struct file_handle::impl {
   io_choice choice;
   posix::unique_fd fd;         // buffered
   posix::unique_fd direct_fd;  // O_DIRECT, or -1
+  dev_t st_dev = 0;
+  std::string fs_type;
+
+  // State of the GPU paths, created on first use.
+  struct gpu_state {
+    std::mutex mutex;
+    std::optional<engine::system_facts> facts;
+    bool cufile_registered = false;
+    shim::cufile_handle cufile;
+  };
+  mutable gpu_state gpu;
 
   /// Splits a request into tasks: aligned O_DIRECT chunks, bounce or buffered pieces at the edges.
   std::vector<engine::io_task> plan(bool write, std::byte* buf, std::size_t nbytes, std::uint64_t offset) const;

@@ -77,7 +77,7 @@ static bool accepts_direct(const std::filesystem::path& dir) {
 }
 
 std::filesystem::path direct_capable_parent() {
-  for (const char* c : {std::getenv("TMPDIR"), "/var/tmp", "/tmp"}) {
+  for (const char* c : {static_cast<const char*>(std::getenv("TMPDIR")), "/var/tmp", "/tmp"}) {
     if (c != nullptr && *c != '\0' && accepts_direct(c)) return c;
   }
   return {};

@@ -1,0 +1,209 @@
+// safetensors: parse and validate headers, and load tensors (whole files, sharded checkpoints, subsets and
+// tensor-parallel slices) into host or GPU memory through file_handle::read. Format notes: docs/safetensors.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gdskit/buffer.hpp"
+#include "gdskit/path.hpp"
+#include "gdskit/settings.hpp"
+
+namespace gdskit {
+
+class file_handle;
+
+namespace safetensors {
+
+/// Element types of the format. F4 (4 bits) and F6_* (6 bits) are packed: a tensor of them must hold a whole
+/// number of bytes.
+enum class dtype {
+  BOOL, U8, I8, F8_E5M2, F8_E4M3, F8_E8M0, F4, F6_E2M3, F6_E3M2,
+  I16, U16, F16, BF16, I32, U32, F32, C64, F64, I64, U64
+};
+
+/// "BF16", ...
+std::string_view to_string(dtype t) noexcept;
+/// The dtype named `text` exactly as the format spells it, or nullopt.
+std::optional<dtype> parse_dtype(std::string_view text) noexcept;
+/// Bits per element: 4 (F4), 6 (F6_*), 8 .. 64.
+unsigned bits_of(dtype t) noexcept;
+
+/// Largest JSON header accepted (the 8-byte length field above this is rejected): 100 MiB.
+inline constexpr std::uint64_t max_header_bytes = std::uint64_t{100} << 20;
+/// Largest number of dimensions accepted for one tensor.
+inline constexpr std::size_t max_rank = 64;
+
+/// One tensor of a file as its header describes it. Offsets are 64-bit everywhere.
+struct tensor_info {
+  std::string name;
+  safetensors::dtype dtype = safetensors::dtype::U8;
+  std::vector<std::uint64_t> shape;  ///< empty for a 0-dim (scalar) tensor
+  std::uint64_t begin_bytes = 0;     ///< data_offsets[0], relative to the start of the data section
+  std::uint64_t end_bytes = 0;       ///< data_offsets[1]
+  std::uint64_t file_offset_bytes = 0;  ///< absolute offset of the first byte in the file
+
+  std::uint64_t nbytes() const noexcept { return end_bytes - begin_bytes; }
+  /// Product of the shape (1 for a 0-dim tensor, 0 when a dimension is 0).
+  std::uint64_t numel() const noexcept;
+};
+
+/// A parsed, validated header.
+struct header {
+  std::uint64_t json_nbytes = 0;        ///< the 8-byte length field
+  std::uint64_t data_offset_bytes = 0;  ///< 8 + json_nbytes: where the data section starts
+  std::uint64_t file_nbytes = 0;        ///< size of the whole file
+  std::vector<tensor_info> tensors;     ///< sorted by begin_bytes (then name)
+  std::map<std::string, std::string> metadata;  ///< "__metadata__" (string -> string), may be empty
+
+  /// The tensor called `name`, or nullptr.
+  const tensor_info* find(std::string_view name) const noexcept;
+};
+
+/// Parses and validates a header held in memory. `bytes` starts at the beginning of the file and holds at least
+/// the 8-byte length and the JSON (more is allowed: it may be the whole file); `file_nbytes` is the size of the
+/// whole file (offsets are checked against it). `source` names the file in error messages.
+/// Throws gdskit::error with EBADMSG when the header is malformed: too short, length field above
+/// max_header_bytes or past the end of the file, invalid UTF-8, JSON syntax errors or trailing bytes other than
+/// spaces, duplicate names (at any level), an unknown dtype, a dimension that is negative, not an integer or
+/// overflows, data_offsets that are not two ordered integers, a span that differs from numel x dtype size, a
+/// packed tensor that is not a whole number of bytes, offsets past the end of the file, or two tensors sharing
+/// bytes. Gaps between tensors are allowed.
+header parse_header(const void* bytes, std::size_t nbytes, std::uint64_t file_nbytes, std::string_view source);
+/// Reads and parses the header of an open file (two small reads). Throws as parse_header, and I/O errors.
+header read_header(const file_handle& file);
+/// Opens `path` and reads its header.
+header read_header(const std::filesystem::path& path);
+
+/// A tensor-parallel slice: rank `rank` of `world` takes its part of dimension `dim`. A dimension of size n
+/// is split like numpy.array_split: the first n % world ranks get one more row. Tensors with `dim` or fewer
+/// dimensions are loaded whole on every rank (biases, norms, scalars).
+struct slice_spec {
+  unsigned rank = 0;
+  unsigned world = 1;
+  unsigned dim = 0;
+};
+
+/// What to load and where.
+struct load_options {
+  /// -1: host memory; >= 0: the CUDA device ordinal (one device_buffer holds every tensor).
+  int device = -1;
+  /// Names to load. An entry matches a tensor with exactly that name; an entry ending in '.' or '*' matches
+  /// every name that starts with it (the '*' removed). Empty: every tensor. An entry that matches nothing
+  /// is an error (EINVAL), so typos do not pass silently.
+  std::vector<std::string> only;
+  std::optional<slice_spec> slice;
+  /// Host memory the loader may use beyond the tensors, for gathering strided slices (rows of a slice along a
+  /// dimension other than 0 that are too small to read one by one). The engine's pinned staging slots for the
+  /// GPU path come on top (settings: threads x staging_slots x staging_slot_bytes).
+  std::size_t staging_budget_bytes = std::size_t{64} << 20;
+  /// Selected tensors closer than this in the file are read in one request together with the gap between
+  /// them (the gap lands in the allocation and is never exposed).
+  std::size_t coalesce_gap_bytes = std::size_t{64} << 10;
+  /// Settings for opening the files.
+  settings config = default_settings();
+};
+
+/// A loaded tensor: a view into the model's allocation (or the caller's destination).
+struct loaded_tensor {
+  std::string name;
+  safetensors::dtype dtype = safetensors::dtype::U8;
+  std::vector<std::uint64_t> shape;       ///< shape as loaded (the slice's shape when sliced)
+  std::vector<std::uint64_t> full_shape;  ///< shape in the file
+  buffer_view data;                       ///< data.nbytes is the loaded byte count
+  std::filesystem::path file;             ///< the file it came from
+};
+
+/// What a load did.
+struct load_stats {
+  std::uint64_t bytes_read = 0;    ///< bytes requested from files (including coalesced gaps)
+  std::uint64_t tensor_bytes = 0;  ///< bytes of tensors delivered
+  std::size_t files = 0;
+  std::size_t read_requests = 0;
+  double seconds = 0;              ///< wall time of the reads (header parsing and allocation excluded)
+  double header_seconds = 0;       ///< wall time spent reading and parsing headers
+  path_decision path;              ///< the planner's path for the destination memory
+  double gib_per_s() const noexcept { return seconds > 0 ? static_cast<double>(tensor_bytes) / seconds / 1073741824.0 : 0; }
+};
+
+/// The result of load(): owns one allocation (host or GPU) that every tensor views. Move-only; the views are
+/// valid while it lives.
+class model {
+ public:
+  model() noexcept;
+  ~model();
+  model(model&&) noexcept;
+  model& operator=(model&&) noexcept;
+
+  const std::vector<loaded_tensor>& tensors() const noexcept { return tensors_; }
+  /// The tensor called `name`, or nullptr.
+  const loaded_tensor* find(std::string_view name) const noexcept;
+  /// "__metadata__" of the file (of the first shard for a sharded checkpoint).
+  const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
+  const load_stats& stats() const noexcept { return stats_; }
+  /// The allocation every tensor views.
+  buffer_view storage() const noexcept;
+  /// Copies a tensor's bytes to host memory (from the GPU when it lives there).
+  std::vector<std::uint8_t> to_host(const loaded_tensor& t) const;
+  /// sha256 of a tensor's raw bytes as 64 hex digits.
+  std::string sha256_hex(const loaded_tensor& t) const;
+
+  struct storage_impl;
+
+ private:
+  friend model load(const std::filesystem::path&, const load_options&);
+  std::shared_ptr<storage_impl> storage_;
+  std::vector<loaded_tensor> tensors_;
+  std::map<std::string, std::string> metadata_;
+  load_stats stats_;
+
+ public:
+  /// Shared ownership of the allocation, for bindings that hand views to other runtimes (DLPack).
+  std::shared_ptr<void> keep_alive() const noexcept { return std::static_pointer_cast<void>(storage_); }
+};
+
+/// Loads a .safetensors file, a sharded checkpoint's index (*.safetensors.index.json, "weight_map"), or a
+/// folder (its model.safetensors.index.json if present, else every *.safetensors in it). Adjacent selected
+/// tensors are read in one request; every tensor is a view into one allocation on options.device.
+/// Throws gdskit::error: EBADMSG for malformed headers or indexes (and a tensor name present in two shards),
+/// EINVAL for bad options (an `only` entry that matches nothing, a slice with rank >= world or world 0, a slice
+/// of a packed dtype that does not fall on byte boundaries), ENOENT when nothing loadable is found, and I/O,
+/// CUDA or allocation errors from the engine.
+model load(const std::filesystem::path& path, const load_options& options = {});
+
+/// The files a path stands for (see load()), in load order, each with the names the index assigns to it
+/// (empty: every tensor of the file).
+struct shard {
+  std::filesystem::path file;
+  std::vector<std::string> names;
+};
+std::vector<shard> resolve_shards(const std::filesystem::path& path);
+
+/// Reads the named tensors into caller-provided memory: `destinations` maps a tensor name to a buffer (host or
+/// GPU) of at least the tensor's (or its slice's) size. options.only is ignored; options.slice applies.
+/// Throws EINVAL for a name the file lacks or a buffer that is too small, and what load() throws.
+load_stats load_into(const std::filesystem::path& file, const std::map<std::string, buffer_view>& destinations,
+                     const load_options& options = {});
+
+/// The byte ranges of a tensor that a slice needs, relative to the tensor's first byte, and the slice's shape.
+/// Exposed for tests and tools. Throws EINVAL as load() does for a bad slice.
+struct slice_plan {
+  std::vector<std::uint64_t> shape;
+  std::uint64_t segment_bytes = 0;   ///< bytes of each contiguous segment
+  std::uint64_t first_offset = 0;    ///< offset of the first segment
+  std::uint64_t stride_bytes = 0;    ///< distance between segment starts
+  std::uint64_t segments = 1;        ///< number of segments
+  std::uint64_t nbytes() const noexcept { return segment_bytes * segments; }
+};
+slice_plan plan_slice(const tensor_info& t, const std::optional<slice_spec>& slice);
+
+}  // namespace safetensors
+}  // namespace gdskit

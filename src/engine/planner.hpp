@@ -1,0 +1,45 @@
+// The planner: which data path serves a (file, buffer) pair, and why. Facts come from a system root (/ on a
+// live system, a captured folder in tests) so every decision can be replayed on a fixture.
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <string>
+
+#include "gdskit/buffer.hpp"
+#include "gdskit/path.hpp"
+#include "gdskit/settings.hpp"
+
+namespace gdskit::engine {
+
+/// What the system offers a file on a given device.
+struct system_facts {
+  bool nvidia_fs_loaded = false;   ///< /proc/driver/nvidia-fs/version exists
+  std::string nvidia_fs_version;
+  bool nvme_nvfs_hook = false;     ///< nvme_v1/v2_register_nvfs_dma_ops in /proc/kallsyms
+  bool p2pdma_requested = false;   ///< cufile.json properties.use_pci_p2pdma (or CUFILE_USE_PCIP2PDMA)
+  bool run_udev = false;           ///< /run/udev is a folder
+  bool udev_entry = false;         ///< /run/udev/data/b<maj>:<min> exists for the file's device
+  std::string block_device;        ///< "nvme0n1", "vda", "" when not on a block device
+  bool on_nvme = false;
+  std::string fs_type;             ///< "ext4", "tmpfs", ...
+};
+
+/// Reads the facts for a file on device `dev` (st_dev) with file system `fs_type` under `root`.
+system_facts gather_facts(const std::filesystem::path& root, dev_t dev, const std::string& fs_type);
+
+/// What the process can load.
+struct runtime_facts {
+  bool gpu_ok = false;
+  std::string gpu_reason;      ///< why not, when !gpu_ok
+  bool cufile_ok = false;
+  std::string cufile_reason;   ///< why not, when !cufile_ok
+  bool direct_ok = false;      ///< O_DIRECT accepted for this file
+  std::string direct_reason;
+};
+
+/// The decision for a buffer of `kind` under `mode` (GDSKIT_MODE). Pure: tested on fixture facts.
+path_decision decide(const system_facts& sys, const runtime_facts& rt, memory_kind kind, path_mode mode);
+
+}  // namespace gdskit::engine

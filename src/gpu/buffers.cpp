@@ -1,0 +1,177 @@
+// device_buffer, pinned_buffer, cufile_registration and pointer classification over the driver shim.
+#include <cerrno>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "gdskit/buffer.hpp"
+#include "gdskit/error.hpp"
+#include "shim/cuda_driver.hpp"
+#include "shim/cufile.hpp"
+
+namespace gdskit {
+
+using namespace shim;
+
+namespace {
+const cuda_api& need_cuda() {
+  std::string reason;
+  const cuda_api* a = cuda(&reason);
+  if (a == nullptr) throw error(errno_code(ENODEV), "no usable GPU: " + reason);
+  return *a;
+}
+}  // namespace
+
+std::string_view to_string(memory_kind k) noexcept {
+  switch (k) {
+    case memory_kind::pinned: return "pinned";
+    case memory_kind::device: return "device";
+    case memory_kind::managed: return "managed";
+    default: return "host";
+  }
+}
+
+buffer_view buffer_view::sub(std::size_t offset_bytes, std::size_t n) const {
+  if (offset_bytes > nbytes || n > nbytes - offset_bytes) {
+    throw error(errno_code(EINVAL), fmt::format("buffer view {}+{} outside a buffer of {} bytes", offset_bytes, n, nbytes));
+  }
+  return {static_cast<std::byte*>(data) + offset_bytes, n, kind, device};
+}
+
+bool gpu_available(std::string* reason) { return cuda(reason) != nullptr; }
+
+int gpu_count() {
+  const cuda_api* a = cuda();
+  if (a == nullptr) return 0;
+  int n = 0;
+  return a->cuDeviceGetCount(&n) == CUDA_SUCCESS ? n : 0;
+}
+
+buffer_view describe_pointer(void* ptr, std::size_t nbytes) {
+  if (ptr == nullptr) throw error(errno_code(EFAULT), "describe_pointer: null pointer");
+  const cuda_api* a = cuda();
+  if (a == nullptr) return buffer_view::host(ptr, nbytes);
+  const auto addr = reinterpret_cast<CUdeviceptr>(ptr);
+  unsigned type = 0;
+  CUresult r = a->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr);
+  if (r != CUDA_SUCCESS) return buffer_view::host(ptr, nbytes);  // pageable memory the driver never saw
+  int managed = 0;
+  a->cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, addr);
+  int ordinal = -1;
+  a->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, addr);
+  // The allocation must hold the whole range: a too-small foreign buffer is an error, never an overrun.
+  CUdeviceptr start = 0;
+  std::size_t range = 0;
+  if (a->cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, addr) == CUDA_SUCCESS &&
+      a->cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, addr) == CUDA_SUCCESS && range != 0) {
+    if (addr - start + nbytes > range) {
+      throw error(errno_code(EINVAL), fmt::format("buffer of {} bytes at offset {} of an allocation of {} bytes: too small",
+                                                  nbytes, addr - start, range));
+    }
+  }
+  if (managed != 0) return {ptr, nbytes, memory_kind::managed, ordinal};
+  if (type == CU_MEMORYTYPE_HOST) return {ptr, nbytes, memory_kind::pinned, -1};
+  if (type == CU_MEMORYTYPE_DEVICE) return {ptr, nbytes, memory_kind::device, ordinal};
+  return {ptr, nbytes, memory_kind::managed, ordinal};
+}
+
+device_buffer::device_buffer(std::size_t nbytes, int device) : nbytes_(nbytes), device_(device) {
+  const cuda_api& a = need_cuda();
+  use_device(device);
+  CUdeviceptr p = 0;
+  check_cuda(a.cuMemAlloc(&p, nbytes == 0 ? 1 : nbytes), "cuMemAlloc");
+  ptr_ = reinterpret_cast<void*>(p);
+}
+
+device_buffer::~device_buffer() {
+  if (ptr_ != nullptr) {
+    if (const cuda_api* a = cuda()) {
+      use_device(device_);
+      a->cuMemFree(reinterpret_cast<CUdeviceptr>(ptr_));
+    }
+  }
+}
+
+device_buffer::device_buffer(device_buffer&& o) noexcept
+    : ptr_(std::exchange(o.ptr_, nullptr)), nbytes_(std::exchange(o.nbytes_, 0)), device_(std::exchange(o.device_, -1)) {}
+
+device_buffer& device_buffer::operator=(device_buffer&& o) noexcept {
+  if (this != &o) {
+    device_buffer tmp(std::move(*this));
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    nbytes_ = std::exchange(o.nbytes_, 0);
+    device_ = std::exchange(o.device_, -1);
+  }
+  return *this;
+}
+
+void device_buffer::copy_from_host(const void* src, std::size_t nbytes, std::size_t offset_bytes) {
+  view().sub(offset_bytes, nbytes);
+  use_device(device_);
+  check_cuda(need_cuda().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(ptr_) + offset_bytes, src, nbytes), "cuMemcpyHtoD");
+}
+
+void device_buffer::copy_to_host(void* dst, std::size_t nbytes, std::size_t offset_bytes) const {
+  view().sub(offset_bytes, nbytes);
+  use_device(device_);
+  check_cuda(need_cuda().cuMemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(ptr_) + offset_bytes, nbytes), "cuMemcpyDtoH");
+}
+
+void device_buffer::fill(unsigned char value) {
+  use_device(device_);
+  check_cuda(need_cuda().cuMemsetD8(reinterpret_cast<CUdeviceptr>(ptr_), value, nbytes_), "cuMemsetD8");
+}
+
+pinned_buffer::pinned_buffer(std::size_t nbytes) : nbytes_(nbytes) {
+  const cuda_api& a = need_cuda();
+  use_device(0);
+  check_cuda(a.cuMemHostAlloc(&ptr_, nbytes == 0 ? 1 : nbytes, CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc");
+}
+
+pinned_buffer::~pinned_buffer() {
+  if (ptr_ != nullptr) {
+    if (const cuda_api* a = cuda()) a->cuMemFreeHost(ptr_);
+  }
+}
+
+pinned_buffer::pinned_buffer(pinned_buffer&& o) noexcept
+    : ptr_(std::exchange(o.ptr_, nullptr)), nbytes_(std::exchange(o.nbytes_, 0)) {}
+
+pinned_buffer& pinned_buffer::operator=(pinned_buffer&& o) noexcept {
+  if (this != &o) {
+    pinned_buffer tmp(std::move(*this));
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    nbytes_ = std::exchange(o.nbytes_, 0);
+  }
+  return *this;
+}
+
+cufile_registration::cufile_registration(buffer_view device_memory) {
+  std::string reason;
+  const cufile_api* f = cufile(&reason);
+  if (f == nullptr) throw error(errno_code(ENOTSUP), "cuFileBufRegister: " + reason);
+  int open_status = cufile_driver_open();
+  if (open_status != CU_FILE_SUCCESS) throw error(cufile_code(open_status), "cuFileDriverOpen");
+  if (device_memory.device >= 0) use_device(device_memory.device);
+  CUfileError_t st = f->cuFileBufRegister(device_memory.data, device_memory.nbytes, 0);
+  if (st.err != CU_FILE_SUCCESS) throw error(cufile_status_code(st), "cuFileBufRegister");
+  ptr_ = device_memory.data;
+}
+
+cufile_registration::~cufile_registration() {
+  if (ptr_ != nullptr) {
+    if (const cufile_api* f = cufile()) f->cuFileBufDeregister(ptr_);
+  }
+}
+
+cufile_registration::cufile_registration(cufile_registration&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)) {}
+
+cufile_registration& cufile_registration::operator=(cufile_registration&& o) noexcept {
+  if (this != &o) {
+    cufile_registration tmp(std::move(*this));
+    ptr_ = std::exchange(o.ptr_, nullptr);
+  }
+  return *this;
+}
+
+}  // namespace gdskit

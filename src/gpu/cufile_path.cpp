@@ -1,0 +1,91 @@
+#include "gpu/cufile_path.hpp"
+
+#include <cerrno>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "engine/thread_pool.hpp"
+#include "gdskit/error.hpp"
+#include "shim/cufile.hpp"
+
+namespace gdskit::gpu {
+
+using namespace shim;
+
+namespace {
+
+// cuFile handles are registered once per file_handle, on first use.
+CUfileHandle_t registered_handle(const file_handle::impl& f) {
+  std::lock_guard lock(f.gpu.mutex);
+  if (f.gpu.cufile_registered) return f.gpu.cufile.get();
+  std::string reason;
+  const cufile_api* api = cufile(&reason);
+  if (api == nullptr) throw error(errno_code(ENOTSUP), "cuFile", f.path.string(), -1, 0, reason);
+  int open_status = cufile_driver_open();
+  if (open_status != CU_FILE_SUCCESS) throw error(cufile_code(open_status), "cuFileDriverOpen", f.path.string(), -1, 0);
+  CUfileError_t st{};
+  cufile_handle h(f.direct_fd ? f.direct_fd.get() : f.fd.get(), st);
+  if (st.err != CU_FILE_SUCCESS) {
+    throw error(cufile_status_code(st), "cuFileHandleRegister", f.path.string(), -1, 0,
+                st.err == CU_FILE_HANDLE_NOT_REGISTERED ? "no udev data for the file's device? see gdskit doctor" : "");
+  }
+  f.gpu.cufile = std::move(h);
+  f.gpu.cufile_registered = true;
+  return f.gpu.cufile.get();
+}
+
+}  // namespace
+
+std::size_t cufile_transfer(const file_handle::impl& f, bool write, buffer_view buf, std::size_t nbytes,
+                            std::uint64_t offset) {
+  if (nbytes == 0) return 0;
+  if (!write) {
+    const std::uint64_t size = f.current_size();
+    if (offset >= size) return 0;
+    nbytes = static_cast<std::size_t>(std::min<std::uint64_t>(nbytes, size - offset));
+  }
+  CUfileHandle_t h = registered_handle(f);
+  const cufile_api& api = *cufile();
+  const int device = buf.device < 0 ? 0 : buf.device;
+  // Chunks at absolute multiples of the chunk size, like the host engine.
+  const std::size_t chunk = f.config.chunk_bytes;
+  std::vector<std::pair<std::uint64_t, std::size_t>> pieces;
+  for (std::uint64_t pos = offset, end = offset + nbytes; pos < end;) {
+    std::uint64_t stop = std::min(end, pos / chunk * chunk + chunk);
+    pieces.emplace_back(pos, static_cast<std::size_t>(stop - pos));
+    pos = stop;
+  }
+  std::vector<std::size_t> done(pieces.size(), 0);
+  const char* op = write ? "cuFileWrite" : "cuFileRead";
+  engine::parallel_for(pieces.size(), f.config.threads, [&](std::size_t i) {
+    use_device(device);
+    auto [pos, len] = pieces[i];
+    std::size_t got = 0;
+    while (got < len) {
+      const off_t buf_off = static_cast<off_t>(pos - offset + got);
+      errno = 0;
+      ssize_t r = write ? api.cuFileWrite(h, buf.data, len - got, static_cast<off_t>(pos + got), buf_off)
+                        : api.cuFileRead(h, buf.data, len - got, static_cast<off_t>(pos + got), buf_off);
+      if (r < 0) {
+        std::error_code ec = decode_cufile_ssize(r, errno);
+        if (ec == std::errc::interrupted) continue;
+        throw error(ec, op, f.path.string(), static_cast<std::int64_t>(pos + got), len - got);
+      }
+      if (r == 0) {
+        if (write) throw error(errno_code(ENOSPC), op, f.path.string(), static_cast<std::int64_t>(pos + got), len - got);
+        break;  // end of file
+      }
+      got += static_cast<std::size_t>(r);
+    }
+    done[i] = got;
+  });
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    total += done[i];
+    if (done[i] < pieces[i].second) break;
+  }
+  return total;
+}
+
+}  // namespace gdskit::gpu

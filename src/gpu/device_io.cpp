@@ -1,0 +1,108 @@
+// file_handle's buffer_view entry points: the planner picks the path, the path moves the bytes.
+#include <cerrno>
+
+#include <fmt/format.h>
+
+#include "engine/file_impl.hpp"
+#include "engine/planner.hpp"
+#include "gdskit/error.hpp"
+#include "gdskit/file.hpp"
+#include "gpu/cuda_copier.hpp"
+#include "gpu/cufile_path.hpp"
+#include "gpu/staged.hpp"
+#include "shim/cufile.hpp"
+
+namespace gdskit {
+
+std::string_view to_string(data_path p) noexcept {
+  switch (p) {
+    case data_path::gds: return "gds";
+    case data_path::staged: return "staged";
+    case data_path::compat: return "compat";
+    default: return "host";
+  }
+}
+
+std::string path_decision::summary() const {
+  std::string out(to_string(path));
+  if (!reasons.empty()) {
+    out += " (";
+    for (std::size_t i = 0; i < reasons.size(); ++i) {
+      if (i != 0) out += "; ";
+      out += reasons[i];
+    }
+    out += ")";
+  }
+  return out;
+}
+
+namespace {
+
+void check_range(const file_handle::impl& f, const char* op, buffer_view buf, std::size_t nbytes, std::uint64_t offset) {
+  if (buf.data == nullptr && nbytes > 0) {
+    throw error(errno_code(EFAULT), op, f.path.string(), static_cast<std::int64_t>(offset), nbytes, "null buffer");
+  }
+  if (buf.nbytes < nbytes) {
+    throw error(errno_code(EINVAL), op, f.path.string(), static_cast<std::int64_t>(offset), nbytes,
+                fmt::format("buffer holds only {} bytes", buf.nbytes));
+  }
+}
+
+std::size_t device_transfer(const file_handle& file, bool write, buffer_view buf, std::size_t nbytes, std::uint64_t offset) {
+  const file_handle::impl& f = *file.impl_for_paths();
+  const path_decision d = file.plan(buf);
+  const char* op = write ? "pwrite" : "pread";
+  std::string gpu_reason;
+  if (!gpu_available(&gpu_reason)) {
+    throw error(errno_code(ENODEV), op, f.path.string(), static_cast<std::int64_t>(offset), nbytes,
+                "device buffer but no usable GPU: " + gpu_reason);
+  }
+  switch (d.path) {
+    case data_path::gds:
+    case data_path::compat:
+      return gpu::cufile_transfer(f, write, buf, nbytes, offset);
+    default: {
+      const int device = buf.device < 0 ? 0 : buf.device;
+      gpu::staging_lease lease(device, f.config.threads, f.config.staging_slots, f.config.staging_slot_bytes);
+      const auto far = reinterpret_cast<std::uintptr_t>(buf.data);
+      return write ? gpu::staged_write(file, lease.get(), far, nbytes, offset)
+                   : gpu::staged_read(file, lease.get(), far, nbytes, offset);
+    }
+  }
+}
+
+}  // namespace
+
+path_decision file_handle::plan(buffer_view buf) const {
+  const impl& f = *impl_;
+  engine::runtime_facts rt;
+  rt.direct_ok = f.choice.direct;
+  rt.direct_reason = f.choice.direct_reason;
+  if (buf.kind == memory_kind::host || buf.kind == memory_kind::pinned) {
+    return engine::decide({}, rt, buf.kind, f.config.mode);
+  }
+  rt.gpu_ok = gpu_available(&rt.gpu_reason);
+  rt.cufile_ok = shim::cufile(&rt.cufile_reason) != nullptr;
+  std::lock_guard lock(f.gpu.mutex);
+  if (!f.gpu.facts) f.gpu.facts = engine::gather_facts("/", f.st_dev, f.fs_type);
+  return engine::decide(*f.gpu.facts, rt, buf.kind, f.config.mode);
+}
+
+std::size_t file_handle::read(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  check_range(*impl_, "pread", dst, nbytes, offset_bytes);
+  if (dst.kind == memory_kind::host || dst.kind == memory_kind::pinned) return impl_->read(dst.data, nbytes, offset_bytes);
+  return device_transfer(*this, false, dst, nbytes, offset_bytes);
+}
+
+void file_handle::read_exact(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  std::size_t got = read(dst, nbytes, offset_bytes);
+  if (got != nbytes) throw short_read_error(impl_->path.string(), static_cast<std::int64_t>(offset_bytes), nbytes, got);
+}
+
+std::size_t file_handle::write(buffer_view src, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  check_range(*impl_, "pwrite", src, nbytes, offset_bytes);
+  if (src.kind == memory_kind::host || src.kind == memory_kind::pinned) return impl_->write(src.data, nbytes, offset_bytes);
+  return device_transfer(*this, true, src, nbytes, offset_bytes);
+}
+
+}  // namespace gdskit

@@ -1,0 +1,275 @@
+#include "gpu/staged.hpp"
+
+#include <cerrno>
+#include <mutex>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "engine/file_impl.hpp"
+#include "engine/residency.hpp"
+#include "engine/thread_pool.hpp"
+#include "gdskit/error.hpp"
+#include "posix/syscalls.hpp"
+
+namespace gdskit::gpu {
+namespace {
+
+std::uint64_t align_down(std::uint64_t v, std::size_t a) { return v / a * a; }
+std::uint64_t align_up(std::uint64_t v, std::size_t a) { return (v + a - 1) / a * a; }
+
+struct piece {
+  std::uint64_t offset;  // file offset of the first byte
+  std::size_t nbytes;
+};
+
+// Pieces end at absolute multiples of the slot size, so a piece's aligned cover always fits one slot.
+std::vector<piece> split(std::uint64_t offset, std::size_t nbytes, std::size_t slot_bytes) {
+  std::vector<piece> out;
+  const std::uint64_t end = offset + nbytes;
+  for (std::uint64_t pos = offset; pos < end;) {
+    std::uint64_t stop = std::min(end, align_down(pos, slot_bytes) + slot_bytes);
+    out.push_back({pos, static_cast<std::size_t>(stop - pos)});
+    pos = stop;
+  }
+  return out;
+}
+
+// Shared state of one transfer: the first error wins and stops every lane.
+struct transfer {
+  transfer(const file_handle::impl& f, copier& c, const staged_options& o, std::vector<piece> p)
+      : file(f), cp(c), options(o), pieces(std::move(p)), done(pieces.size(), 0) {}
+  const file_handle::impl& file;
+  copier& cp;
+  const staged_options& options;
+  std::vector<piece> pieces;
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex mutex;
+  std::exception_ptr first_error;
+  std::uint64_t first_error_offset = UINT64_MAX;
+  std::vector<std::size_t> done;  // bytes moved per piece (reads)
+  staged_stats stats;
+
+  void fail(std::uint64_t at) {
+    std::lock_guard lock(mutex);
+    // Keep the error of the lowest file offset: the one a sequential reader would have met first.
+    if (!first_error || at < first_error_offset) {
+      first_error = std::current_exception();
+      first_error_offset = at;
+    }
+    failed = true;
+  }
+  bool stopped() const {
+    return failed.load(std::memory_order_relaxed) || (options.cancel != nullptr && options.cancel->load());
+  }
+  void count(std::size_t direct, std::size_t buffered, std::size_t waits) {
+    std::lock_guard lock(mutex);
+    ++stats.pieces;
+    stats.direct_bytes += direct;
+    stats.buffered_bytes += buffered;
+    stats.slot_waits += waits;
+  }
+};
+
+// Reads a piece's aligned cover into slot memory so that the piece starts at slot + (offset - cover start).
+// Returns the number of the piece's bytes that exist (short only at end of file).
+std::size_t read_piece(const file_handle::impl& f, const piece& p, std::byte* slot, bool& direct_used) {
+  std::error_code ec;
+  const bool direct = f.choice.direct && !engine::prefer_page_cache(f, p.offset, p.nbytes);
+  direct_used = direct;
+  if (direct) {
+    const std::size_t a = f.choice.alignment;
+    const std::uint64_t a0 = align_down(p.offset, a);
+    const std::uint64_t a1 = align_up(p.offset + p.nbytes, a);
+    std::size_t got = posix::pread_full(f.direct_fd.get(), slot, a1 - a0, a0, ec);
+    if (ec) throw error(ec, "pread", f.path.string(), static_cast<std::int64_t>(a0), a1 - a0);
+    const std::size_t head = p.offset - a0;
+    return got > head ? std::min(got - head, p.nbytes) : 0;
+  }
+  const std::size_t head = p.offset % f.choice.alignment;
+  std::size_t got = posix::pread_full(f.fd.get(), slot + head, p.nbytes, p.offset, ec);
+  if (ec) throw error(ec, "pread", f.path.string(), static_cast<std::int64_t>(p.offset), p.nbytes);
+  return got;
+}
+
+// Writes a piece that sits in slot memory at its aligned position: the aligned middle through O_DIRECT, the
+// partial blocks at either end through the buffered descriptor.
+void write_piece(const file_handle::impl& f, const piece& p, std::byte* slot, bool& direct_used) {
+  std::error_code ec;
+  const std::size_t a = f.choice.alignment;
+  const std::uint64_t a0 = align_down(p.offset, a);
+  const std::uint64_t end = p.offset + p.nbytes;
+  auto put = [&](int fd, std::uint64_t from, std::uint64_t to) {
+    if (to <= from) return;
+    posix::pwrite_full(fd, slot + (from - a0), to - from, from, ec);
+    if (ec) throw error(ec, "pwrite", f.path.string(), static_cast<std::int64_t>(from), to - from);
+  };
+  if (!f.choice.direct) {
+    direct_used = false;
+    put(f.fd.get(), p.offset, end);
+    return;
+  }
+  direct_used = true;
+  const std::uint64_t mid0 = std::min(align_up(p.offset, a), end);
+  const std::uint64_t mid1 = std::max(align_down(end, a), mid0);
+  put(f.fd.get(), p.offset, mid0);
+  put(f.direct_fd.get(), mid0, mid1);
+  put(f.fd.get(), mid1, end);
+}
+
+void check_cancel(const transfer& t) {
+  if (t.options.cancel != nullptr && t.options.cancel->load()) {
+    throw error(errno_code(ECANCELED), "staged transfer", t.file.path.string(), -1, 0, "cancelled");
+  }
+}
+
+void read_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t base_offset) {
+  copier& cp = t.cp;
+  const unsigned nslots = cp.slots_per_lane();
+  std::vector<bool> pending(nslots, false);
+  unsigned k = 0;
+  try {
+    cp.begin_lane(lane);
+    while (!t.stopped()) {
+      const std::size_t i = t.next.fetch_add(1);
+      if (i >= t.pieces.size()) break;
+      const piece& p = t.pieces[i];
+      const unsigned s = k++ % nslots;
+      std::size_t waits = 0;
+      if (pending[s]) {
+        cp.wait(lane, s);  // the slot's previous copy must finish before the file overwrites it
+        pending[s] = false;
+        ++waits;
+      }
+      if (t.options.on_piece) t.options.on_piece(p.offset);
+      try {
+        bool direct = false;
+        std::byte* mem = cp.slot(lane, s);
+        const std::size_t got = read_piece(t.file, p, mem, direct);
+        t.done[i] = got;
+        if (got > 0) {
+          const std::size_t at = p.offset % t.file.choice.alignment;
+          cp.to_far(lane, s, at, far + (p.offset - base_offset), got);
+          pending[s] = true;
+        }
+        t.count(direct ? got : 0, direct ? 0 : got, waits);
+      } catch (...) {
+        t.fail(p.offset);
+      }
+    }
+  } catch (...) {
+    t.fail(0);
+  }
+  // Drain: no copy may still read a slot after the transfer returns.
+  for (unsigned s = 0; s < nslots; ++s) {
+    if (!pending[s]) continue;
+    try {
+      cp.wait(lane, s);
+    } catch (...) {
+      t.fail(UINT64_MAX - 1);
+    }
+  }
+}
+
+void write_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t base_offset) {
+  copier& cp = t.cp;
+  const unsigned nslots = cp.slots_per_lane();
+  const std::size_t a = t.file.choice.alignment;
+  // Copies into the next slot are started before the current slot is written, so the device->host copy of
+  // piece i+1 overlaps the file write of piece i.
+  struct staged_piece {
+    std::size_t index;
+    unsigned slot;
+  };
+  std::vector<staged_piece> queue;
+  std::vector<bool> pending(nslots, false);
+  unsigned k = 0;
+  auto start_next = [&]() -> bool {
+    if (t.stopped()) return false;
+    const std::size_t i = t.next.fetch_add(1);
+    if (i >= t.pieces.size()) return false;
+    const piece& p = t.pieces[i];
+    const unsigned s = k++ % nslots;
+    cp.from_far(lane, s, p.offset % a, far + (p.offset - base_offset), p.nbytes);
+    pending[s] = true;
+    queue.push_back({i, s});
+    return true;
+  };
+  try {
+    cp.begin_lane(lane);
+    for (unsigned s = 0; s + 1 < nslots && start_next(); ++s) {
+    }
+    while (!queue.empty()) {
+      staged_piece cur = queue.front();
+      queue.erase(queue.begin());
+      start_next();
+      const piece& p = t.pieces[cur.index];
+      try {
+        cp.wait(lane, cur.slot);
+        pending[cur.slot] = false;
+        check_cancel(t);
+        if (t.options.on_piece) t.options.on_piece(p.offset);
+        bool direct = false;
+        write_piece(t.file, p, cp.slot(lane, cur.slot), direct);
+        t.count(direct ? p.nbytes : 0, direct ? 0 : p.nbytes, 0);
+      } catch (...) {
+        t.fail(p.offset);
+        break;
+      }
+    }
+  } catch (...) {
+    t.fail(0);
+  }
+  for (unsigned s = 0; s < nslots; ++s) {
+    if (!pending[s]) continue;
+    try {
+      cp.wait(lane, s);
+    } catch (...) {
+    }
+  }
+}
+
+void finish(transfer& t, staged_stats* stats) {
+  if (stats != nullptr) *stats = t.stats;
+  if (t.first_error) std::rethrow_exception(t.first_error);
+  check_cancel(t);
+}
+
+}  // namespace
+
+std::size_t staged_read(const file_handle& file, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,
+                        const staged_options& options, staged_stats* stats) {
+  if (nbytes == 0) return 0;
+  const file_handle::impl& f = *file.impl_for_paths();
+  const std::uint64_t size = f.current_size();
+  if (offset >= size) return 0;
+  nbytes = static_cast<std::size_t>(std::min<std::uint64_t>(nbytes, size - offset));
+  transfer t(f, cp, options, split(offset, nbytes, cp.slot_bytes()));
+  const unsigned lanes = static_cast<unsigned>(std::min<std::size_t>(cp.lanes(), t.pieces.size()));
+  engine::parallel_for(lanes, lanes, [&](std::size_t lane) { read_lane(t, static_cast<unsigned>(lane), far, offset); });
+  finish(t, stats);
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < t.pieces.size(); ++i) {
+    total += t.done[i];
+    if (t.done[i] < t.pieces[i].nbytes) break;
+  }
+  return total;
+}
+
+std::size_t staged_write(const file_handle& file, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,
+                         const staged_options& options, staged_stats* stats) {
+  if (nbytes == 0) return 0;
+  const file_handle::impl& f = *file.impl_for_paths();
+  if (f.mode == open_mode::read) {
+    throw error(errno_code(EBADF), "pwrite", f.path.string(), static_cast<std::int64_t>(offset), nbytes,
+                "file opened for reading only");
+  }
+  transfer t(f, cp, options, split(offset, nbytes, cp.slot_bytes()));
+  const unsigned lanes = static_cast<unsigned>(std::min<std::size_t>(cp.lanes(), t.pieces.size()));
+  engine::parallel_for(lanes, lanes, [&](std::size_t lane) { write_lane(t, static_cast<unsigned>(lane), far, offset); });
+  finish(t, stats);
+  return nbytes;
+}
+
+}  // namespace gdskit::gpu

@@ -1,0 +1,60 @@
+// The staged path: file <-> pinned host slots <-> destination, with reads running ahead of copies.
+// The copier is an interface so that CI (no GPU) tests ordering, slot reuse, errors and cancellation with a
+// host-memory copier; the CUDA copier (cuda_copier.hpp) issues asynchronous copies on per-lane streams.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "gdskit/file.hpp"
+
+namespace gdskit::gpu {
+
+/// Moves bytes between staging slots and the far side (device memory). One lane per worker thread; a lane's
+/// calls all come from one thread. Methods throw gdskit::error on failure.
+class copier {
+ public:
+  virtual ~copier() = default;
+  virtual unsigned lanes() const = 0;
+  virtual unsigned slots_per_lane() const = 0;
+  virtual std::size_t slot_bytes() const = 0;
+  /// Called on the worker thread before it uses `lane` (the CUDA copier makes its context current here).
+  virtual void begin_lane(unsigned lane) = 0;
+  /// Start of the slot's memory (aligned to at least 4 KiB).
+  virtual std::byte* slot(unsigned lane, unsigned slot) = 0;
+  /// Starts copying `nbytes` from slot memory at `slot_offset` to `far` (asynchronous).
+  virtual void to_far(unsigned lane, unsigned slot, std::size_t slot_offset, std::uintptr_t far, std::size_t nbytes) = 0;
+  /// Starts copying `nbytes` from `far` into slot memory at `slot_offset` (asynchronous).
+  virtual void from_far(unsigned lane, unsigned slot, std::size_t slot_offset, std::uintptr_t far, std::size_t nbytes) = 0;
+  /// Waits until every copy started on this slot has finished (no-op when none is pending).
+  virtual void wait(unsigned lane, unsigned slot) = 0;
+};
+
+/// Observations of one staged transfer (for tests and reports).
+struct staged_stats {
+  std::size_t pieces = 0;
+  std::size_t direct_bytes = 0;    ///< bytes that went through the O_DIRECT descriptor
+  std::size_t buffered_bytes = 0;  ///< bytes that went through the page cache
+  std::size_t slot_waits = 0;      ///< times a worker had to wait for a slot's copy before reusing it
+};
+
+struct staged_options {
+  /// Checked between pieces; when set the transfer stops and throws ECANCELED.
+  const std::atomic<bool>* cancel = nullptr;
+  /// Test hook, called before each piece's file I/O with the piece's file offset.
+  std::function<void(std::uint64_t)> on_piece;
+};
+
+/// Reads [offset, offset+nbytes) of `file` to `far` (+0 .. +nbytes). Returns the bytes moved: fewer only at
+/// end of file. Throws gdskit::error naming the failing file range on any read or copy error; every copy
+/// has finished (or failed) before it returns or throws.
+std::size_t staged_read(const file_handle& file, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,
+                        const staged_options& options = {}, staged_stats* stats = nullptr);
+
+/// Writes `nbytes` from `far` to [offset, offset+nbytes) of `file`. Returns nbytes or throws.
+std::size_t staged_write(const file_handle& file, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,
+                         const staged_options& options = {}, staged_stats* stats = nullptr);
+
+}  // namespace gdskit::gpu

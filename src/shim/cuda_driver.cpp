@@ -1,0 +1,145 @@
+#include "shim/cuda_driver.hpp"
+
+#include <dlfcn.h>
+
+#include <cerrno>
+#include <mutex>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "gdskit/error.hpp"
+
+namespace gdskit::shim {
+namespace {
+
+struct loaded {
+  cuda_api api{};
+  bool ok = false;
+  std::string reason;
+};
+
+template <class F>
+bool bind(void* lib, F& slot, std::initializer_list<const char*> names, std::string& missing) {
+  for (const char* n : names) {
+    if (void* p = ::dlsym(lib, n)) {
+      slot = reinterpret_cast<F>(p);
+      return true;
+    }
+  }
+  missing = *names.begin();
+  return false;
+}
+
+loaded load() {
+  loaded out;
+  void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    const char* e = ::dlerror();
+    out.reason = fmt::format("libcuda.so.1 not found (no NVIDIA driver): {}", e != nullptr ? e : "dlopen failed");
+    return out;
+  }
+  cuda_api& a = out.api;
+  std::string missing;
+  // _v2 entry points are the ones cuda.h maps the plain names to.
+  bool ok = bind(lib, a.cuInit, {"cuInit"}, missing) && bind(lib, a.cuDriverGetVersion, {"cuDriverGetVersion"}, missing) &&
+            bind(lib, a.cuDeviceGetCount, {"cuDeviceGetCount"}, missing) && bind(lib, a.cuDeviceGet, {"cuDeviceGet"}, missing) &&
+            bind(lib, a.cuDeviceGetName, {"cuDeviceGetName"}, missing) &&
+            bind(lib, a.cuDeviceGetAttribute, {"cuDeviceGetAttribute"}, missing) &&
+            bind(lib, a.cuDeviceTotalMem, {"cuDeviceTotalMem_v2"}, missing) &&
+            bind(lib, a.cuDevicePrimaryCtxRetain, {"cuDevicePrimaryCtxRetain"}, missing) &&
+            bind(lib, a.cuDevicePrimaryCtxRelease, {"cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"}, missing) &&
+            bind(lib, a.cuCtxSetCurrent, {"cuCtxSetCurrent"}, missing) && bind(lib, a.cuCtxGetCurrent, {"cuCtxGetCurrent"}, missing) &&
+            bind(lib, a.cuCtxGetDevice, {"cuCtxGetDevice"}, missing) && bind(lib, a.cuMemAlloc, {"cuMemAlloc_v2"}, missing) &&
+            bind(lib, a.cuMemFree, {"cuMemFree_v2"}, missing) && bind(lib, a.cuMemHostAlloc, {"cuMemHostAlloc"}, missing) &&
+            bind(lib, a.cuMemFreeHost, {"cuMemFreeHost"}, missing) &&
+            bind(lib, a.cuMemHostRegister, {"cuMemHostRegister_v2", "cuMemHostRegister"}, missing) &&
+            bind(lib, a.cuMemHostUnregister, {"cuMemHostUnregister"}, missing) &&
+            bind(lib, a.cuMemcpyHtoD, {"cuMemcpyHtoD_v2"}, missing) && bind(lib, a.cuMemcpyDtoH, {"cuMemcpyDtoH_v2"}, missing) &&
+            bind(lib, a.cuMemcpyHtoDAsync, {"cuMemcpyHtoDAsync_v2"}, missing) &&
+            bind(lib, a.cuMemcpyDtoHAsync, {"cuMemcpyDtoHAsync_v2"}, missing) &&
+            bind(lib, a.cuMemsetD8, {"cuMemsetD8_v2"}, missing) && bind(lib, a.cuStreamCreate, {"cuStreamCreate"}, missing) &&
+            bind(lib, a.cuStreamDestroy, {"cuStreamDestroy_v2"}, missing) &&
+            bind(lib, a.cuStreamSynchronize, {"cuStreamSynchronize"}, missing) &&
+            bind(lib, a.cuEventCreate, {"cuEventCreate"}, missing) && bind(lib, a.cuEventDestroy, {"cuEventDestroy_v2"}, missing) &&
+            bind(lib, a.cuEventRecord, {"cuEventRecord"}, missing) && bind(lib, a.cuEventSynchronize, {"cuEventSynchronize"}, missing) &&
+            bind(lib, a.cuEventQuery, {"cuEventQuery"}, missing) && bind(lib, a.cuEventElapsedTime, {"cuEventElapsedTime_v2", "cuEventElapsedTime"}, missing) &&
+            bind(lib, a.cuPointerGetAttribute, {"cuPointerGetAttribute"}, missing) &&
+            bind(lib, a.cuGetErrorName, {"cuGetErrorName"}, missing) &&
+            bind(lib, a.cuDeviceGetPCIBusId, {"cuDeviceGetPCIBusId"}, missing);
+  if (!ok) {
+    out.reason = fmt::format("libcuda.so.1 lacks {} (driver too old or a stub library)", missing);
+    return out;
+  }
+  CUresult r = a.cuInit(0);
+  if (r != CUDA_SUCCESS) {
+    const char* name = nullptr;
+    a.cuGetErrorName(r, &name);
+    out.reason = fmt::format("cuInit failed: {} ({})", name != nullptr ? name : "unknown", r);
+    return out;
+  }
+  int count = 0;
+  if (a.cuDeviceGetCount(&count) != CUDA_SUCCESS || count == 0) {
+    out.reason = "the driver reports no CUDA device";
+    return out;
+  }
+  out.ok = true;
+  return out;
+}
+
+const loaded& state() {
+  static const loaded s = load();
+  return s;
+}
+
+}  // namespace
+
+const cuda_api* cuda(std::string* reason) {
+  const loaded& s = state();
+  if (!s.ok) {
+    if (reason != nullptr) *reason = s.reason;
+    return nullptr;
+  }
+  return &s.api;
+}
+
+std::string cuda_error_name(CUresult r) {
+  if (const cuda_api* a = cuda()) {
+    const char* name = nullptr;
+    if (a->cuGetErrorName(r, &name) == CUDA_SUCCESS && name != nullptr) return name;
+  }
+  return fmt::format("CUresult {}", r);
+}
+
+void check_cuda(CUresult r, const char* what) {
+  if (r != CUDA_SUCCESS) throw error(cuda_code(r), fmt::format("{}: {}", what, cuda_error_name(r)));
+}
+
+void use_device(int device) {
+  std::string reason;
+  const cuda_api* a = cuda(&reason);
+  if (a == nullptr) throw error(errno_code(ENODEV), "no usable GPU: " + reason);
+  static std::mutex mutex;
+  static std::vector<CUcontext> contexts;
+  CUcontext ctx = nullptr;
+  {
+    std::lock_guard lock(mutex);
+    int count = 0;
+    a->cuDeviceGetCount(&count);
+    if (device < 0 || device >= count) {
+      throw error(errno_code(ENODEV), fmt::format("GPU {} does not exist ({} visible)", device, count));
+    }
+    if (contexts.size() < static_cast<std::size_t>(count)) contexts.resize(static_cast<std::size_t>(count), nullptr);
+    if (contexts[static_cast<std::size_t>(device)] == nullptr) {
+      CUdevice dev = 0;
+      check_cuda(a->cuDeviceGet(&dev, device), "cuDeviceGet");
+      check_cuda(a->cuDevicePrimaryCtxRetain(&contexts[static_cast<std::size_t>(device)], dev), "cuDevicePrimaryCtxRetain");
+    }
+    ctx = contexts[static_cast<std::size_t>(device)];
+  }
+  CUcontext cur = nullptr;
+  a->cuCtxGetCurrent(&cur);
+  if (cur != ctx) check_cuda(a->cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+}
+
+}  // namespace gdskit::shim

@@ -1,0 +1,96 @@
+// The CUDA driver API (libcuda.so.1), loaded at run time. Declarations are our own: the build needs no CUDA
+// header; tests/gpu/abi_test.cpp compares them with cuda.h where it exists.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace gdskit::shim {
+
+using CUresult = int;
+using CUdevice = int;
+using CUdeviceptr = unsigned long long;
+struct CUctx_st;
+struct CUstream_st;
+struct CUevent_st;
+using CUcontext = CUctx_st*;
+using CUstream = CUstream_st*;
+using CUevent = CUevent_st*;
+
+inline constexpr CUresult CUDA_SUCCESS = 0;
+inline constexpr CUresult CUDA_ERROR_NOT_READY = 600;
+inline constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 0x01;
+inline constexpr unsigned CU_EVENT_BLOCKING_SYNC = 0x1;
+inline constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
+inline constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
+// CUpointer_attribute values.
+inline constexpr int CU_POINTER_ATTRIBUTE_CONTEXT = 1;
+inline constexpr int CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2;
+inline constexpr int CU_POINTER_ATTRIBUTE_IS_MANAGED = 8;
+inline constexpr int CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9;
+inline constexpr int CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11;
+inline constexpr int CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12;
+// CUmemorytype values.
+inline constexpr unsigned CU_MEMORYTYPE_HOST = 1;
+inline constexpr unsigned CU_MEMORYTYPE_DEVICE = 2;
+inline constexpr unsigned CU_MEMORYTYPE_UNIFIED = 4;
+// CUdevice_attribute values.
+inline constexpr int CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33;
+inline constexpr int CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID = 34;
+inline constexpr int CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID = 50;
+
+/// Function table of libcuda.so.1. Every pointer is non-null once load() succeeded, except those marked
+/// optional.
+struct cuda_api {
+  CUresult (*cuInit)(unsigned);
+  CUresult (*cuDriverGetVersion)(int*);
+  CUresult (*cuDeviceGetCount)(int*);
+  CUresult (*cuDeviceGet)(CUdevice*, int);
+  CUresult (*cuDeviceGetName)(char*, int, CUdevice);
+  CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice);
+  CUresult (*cuDeviceTotalMem)(std::size_t*, CUdevice);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
+  CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
+  CUresult (*cuCtxSetCurrent)(CUcontext);
+  CUresult (*cuCtxGetCurrent)(CUcontext*);
+  CUresult (*cuCtxGetDevice)(CUdevice*);
+  CUresult (*cuMemAlloc)(CUdeviceptr*, std::size_t);
+  CUresult (*cuMemFree)(CUdeviceptr);
+  CUresult (*cuMemHostAlloc)(void**, std::size_t, unsigned);
+  CUresult (*cuMemFreeHost)(void*);
+  CUresult (*cuMemHostRegister)(void*, std::size_t, unsigned);
+  CUresult (*cuMemHostUnregister)(void*);
+  CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, std::size_t);
+  CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, std::size_t);
+  CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void*, std::size_t, CUstream);
+  CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, std::size_t, CUstream);
+  CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, std::size_t);
+  CUresult (*cuStreamCreate)(CUstream*, unsigned);
+  CUresult (*cuStreamDestroy)(CUstream);
+  CUresult (*cuStreamSynchronize)(CUstream);
+  CUresult (*cuEventCreate)(CUevent*, unsigned);
+  CUresult (*cuEventDestroy)(CUevent);
+  CUresult (*cuEventRecord)(CUevent, CUstream);
+  CUresult (*cuEventSynchronize)(CUevent);
+  CUresult (*cuEventQuery)(CUevent);
+  CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent);
+  CUresult (*cuPointerGetAttribute)(void*, int, CUdeviceptr);
+  CUresult (*cuGetErrorName)(CUresult, const char**);
+  CUresult (*cuDeviceGetPCIBusId)(char*, int, CUdevice);
+};
+
+/// The loaded driver API, or nullptr with `reason` set ("libcuda.so.1 not found: ...", "cuInit: ...").
+/// Loads and calls cuInit(0) once per process; thread-safe.
+const cuda_api* cuda(std::string* reason = nullptr);
+
+/// "CUDA_ERROR_OUT_OF_MEMORY" etc. via cuGetErrorName, or the number.
+std::string cuda_error_name(CUresult r);
+
+/// Throws gdskit::error (cuda category) naming `what` when r != CUDA_SUCCESS.
+void check_cuda(CUresult r, const char* what);
+
+/// Makes the primary context of `device` current on the calling thread (retained for the process lifetime).
+/// Throws gdskit::error when the device does not exist or no driver is usable.
+void use_device(int device);
+
+}  // namespace gdskit::shim

@@ -1,0 +1,172 @@
+#include "shim/cufile.hpp"
+
+#include <dlfcn.h>
+
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "gdskit/error.hpp"
+
+namespace gdskit::shim {
+namespace {
+
+struct loaded {
+  cufile_api api{};
+  bool ok = false;
+  std::string reason;
+  int version = 0;
+};
+
+template <class F>
+void find(void* lib, F& slot, std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    if (void* p = ::dlsym(lib, n)) {
+      slot = reinterpret_cast<F>(p);
+      return;
+    }
+  }
+  slot = nullptr;
+}
+
+loaded load() {
+  loaded out;
+  // libcufile loads libcuda itself; we make sure the driver is usable first so the reason is the driver's.
+  std::string why;
+  if (cuda(&why) == nullptr) {
+    out.reason = "no usable CUDA driver: " + why;
+    return out;
+  }
+  void* lib = ::dlopen("libcufile.so.0", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    const char* e = ::dlerror();
+    out.reason = fmt::format("libcufile.so.0 not found: {}", e != nullptr ? e : "dlopen failed");
+    return out;
+  }
+  cufile_api& a = out.api;
+  find(lib, a.cuFileDriverOpen, {"cuFileDriverOpen"});
+  find(lib, a.cuFileDriverClose, {"cuFileDriverClose_v2", "cuFileDriverClose"});
+  find(lib, a.cuFileDriverGetProperties, {"cuFileDriverGetProperties"});
+  find(lib, a.cuFileHandleRegister, {"cuFileHandleRegister"});
+  find(lib, a.cuFileHandleDeregister, {"cuFileHandleDeregister"});
+  find(lib, a.cuFileBufRegister, {"cuFileBufRegister"});
+  find(lib, a.cuFileBufDeregister, {"cuFileBufDeregister"});
+  find(lib, a.cuFileRead, {"cuFileRead"});
+  find(lib, a.cuFileWrite, {"cuFileWrite"});
+  find(lib, a.cuFileGetVersion, {"cuFileGetVersion"});
+  find(lib, a.cuFileSetParameterBool, {"cuFileSetParameterBool"});
+  find(lib, a.cuFileGetParameterBool, {"cuFileGetParameterBool"});
+  find(lib, a.cuFileSetStatsLevel, {"cuFileSetStatsLevel"});
+  find(lib, a.cuFileStatsStart, {"cuFileStatsStart"});
+  find(lib, a.cuFileStatsReset, {"cuFileStatsReset"});
+  find(lib, a.cuFileGetStatsL3, {"cuFileGetStatsL3"});
+  if (!a.cuFileDriverOpen || !a.cuFileDriverClose || !a.cuFileDriverGetProperties || !a.cuFileHandleRegister ||
+      !a.cuFileHandleDeregister || !a.cuFileBufRegister || !a.cuFileBufDeregister || !a.cuFileRead || !a.cuFileWrite) {
+    out.reason = "libcufile.so.0 lacks a core symbol (cuFileDriverOpen..cuFileWrite)";
+    return out;
+  }
+  if (a.cuFileGetVersion != nullptr) {
+    int v = 0;
+    if (a.cuFileGetVersion(&v).err == CU_FILE_SUCCESS) out.version = v;
+  }
+  out.ok = true;
+  return out;
+}
+
+const loaded& state() {
+  static const loaded s = load();
+  return s;
+}
+
+std::uint64_t read_u64(const std::vector<unsigned char>& buf, std::size_t off) {
+  std::uint64_t v = 0;
+  std::memcpy(&v, buf.data() + off, sizeof v);
+  return v;
+}
+
+}  // namespace
+
+const cufile_api* cufile(std::string* reason) {
+  const loaded& s = state();
+  if (!s.ok) {
+    if (reason != nullptr) *reason = s.reason;
+    return nullptr;
+  }
+  return &s.api;
+}
+
+int cufile_version() { return state().version; }
+
+int cufile_driver_open() {
+  static std::once_flag once;
+  static int status = CU_FILE_DRIVER_NOT_INITIALIZED;
+  std::call_once(once, [] {
+    const cufile_api* a = cufile();
+    if (a == nullptr) return;
+    status = a->cuFileDriverOpen().err;
+  });
+  return status;
+}
+
+bool cufile_enable_stats() {
+  const cufile_api* a = cufile();
+  if (a == nullptr || a->cuFileSetStatsLevel == nullptr || a->cuFileGetStatsL3 == nullptr) return false;
+  if (a->cuFileSetStatsLevel(3).err != CU_FILE_SUCCESS) return false;
+  if (a->cuFileStatsStart != nullptr) a->cuFileStatsStart();
+  return true;
+}
+
+cufile_path_counters cufile_read_counters() {
+  cufile_path_counters c;
+  const cufile_api* a = cufile();
+  if (a == nullptr || a->cuFileGetStatsL3 == nullptr) return c;
+  std::vector<unsigned char> buf(kStatsL3BufferBytes, 0);
+  if (a->cuFileGetStatsL3(buf.data()).err != CU_FILE_SUCCESS) return c;
+  c.available = true;
+  c.read_bytes = read_u64(buf, kStatsL1ReadBytesOffset);
+  std::uint32_t ngpus = 0;
+  std::memcpy(&ngpus, buf.data() + kStatsL3NumGpusOffset, sizeof ngpus);
+  ngpus = std::min<std::uint32_t>(ngpus, 16);
+  for (std::uint32_t g = 0; g < ngpus; ++g) {
+    std::size_t base = kStatsL3PerGpuOffset + g * kStatsPerGpuBytes;
+    c.reads += read_u64(buf, base + kPerGpuNTotalReads);
+    c.p2p_reads += read_u64(buf, base + kPerGpuNP2pReads);
+    c.nvfs_reads += read_u64(buf, base + kPerGpuNNvfsReads);
+    c.posix_reads += read_u64(buf, base + kPerGpuNPosixReads);
+    c.writes += read_u64(buf, base + kPerGpuNTotalWrites);
+    c.p2p_writes += read_u64(buf, base + kPerGpuNP2pWrites);
+    c.nvfs_writes += read_u64(buf, base + kPerGpuNNvfsWrites);
+    c.posix_writes += read_u64(buf, base + kPerGpuNPosixWrites);
+  }
+  return c;
+}
+
+std::error_code cufile_status_code(CUfileError_t e) {
+  if (e.err == CU_FILE_CUDA_DRIVER_ERROR && e.cu_err != 0) return cuda_code(e.cu_err);
+  return cufile_code(e.err);
+}
+
+cufile_handle::cufile_handle(int fd, CUfileError_t& status) noexcept {
+  status = {CU_FILE_DRIVER_NOT_INITIALIZED, 0};
+  const cufile_api* a = cufile();
+  if (a == nullptr) return;
+  CUfileDescr_t d;
+  std::memset(&d, 0, sizeof d);
+  d.type = CU_FILE_HANDLE_TYPE_OPAQUE_FD;
+  d.handle.fd = fd;
+  status = a->cuFileHandleRegister(&h_, &d);
+  if (status.err != CU_FILE_SUCCESS) h_ = nullptr;
+}
+
+cufile_handle::~cufile_handle() { reset(); }
+
+void cufile_handle::reset() noexcept {
+  if (h_ != nullptr) {
+    if (const cufile_api* a = cufile()) a->cuFileHandleDeregister(h_);
+    h_ = nullptr;
+  }
+}
+
+}  // namespace gdskit::shim

@@ -1,0 +1,283 @@
+// Host I/O engine: every read equals a plain pread reference, every write reads back equal, on random data,
+// for both engines and every O_DIRECT setting, with unaligned offsets, sizes and buffers.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <tuple>
+
+#include "gdskit/error.hpp"
+#include "gdskit/file.hpp"
+#include "posix/syscalls.hpp"
+#include "test_support.hpp"
+
+namespace gdskit {
+namespace {
+
+using test::random_bytes;
+using test::temp_dir;
+
+struct variant {
+  engine_kind engine;
+  direct_mode direct;
+};
+
+std::string name_of(const variant& v) {
+  return std::string(to_string(v.engine)) + "_direct_" + std::string(to_string(v.direct));
+}
+
+settings small_chunks(const variant& v) {
+  settings s;
+  s.threads = 4;
+  s.chunk_bytes = 64 * 1024;  // small chunks so modest files fan out over many tasks
+  s.inline_bytes = 16 * 1024;
+  s.engine = v.engine;
+  s.direct = v.direct;
+  return s;
+}
+
+class engine_variants : public ::testing::TestWithParam<variant> {
+ protected:
+  void SetUp() override {
+    if (GetParam().engine == engine_kind::io_uring && !io_uring_unavailable_reason().empty()) {
+      GTEST_SKIP() << "io_uring unavailable: " << io_uring_unavailable_reason();
+    }
+    parent_ = GetParam().direct == direct_mode::on ? test::direct_capable_parent() : std::filesystem::path{};
+    if (GetParam().direct == direct_mode::on && parent_.empty()) GTEST_SKIP() << "no folder here accepts O_DIRECT";
+    dir_ = std::make_unique<temp_dir>(parent_);
+  }
+  std::filesystem::path parent_;
+  std::unique_ptr<temp_dir> dir_;
+};
+
+// A buffer whose data pointer has a chosen misalignment relative to 4 KiB.
+struct offset_buffer {
+  offset_buffer(std::size_t n, std::size_t misalign) : storage(n + 8192), data(storage.data() + misalign) {
+    auto addr = reinterpret_cast<std::uintptr_t>(storage.data());
+    data = storage.data() + ((4096 - addr % 4096) % 4096) + misalign;
+  }
+  std::vector<std::uint8_t> storage;
+  std::uint8_t* data;
+};
+
+TEST_P(engine_variants, reads_equal_pread_reference) {
+  const std::vector<std::size_t> sizes = {0, 1, 4095, 4096, 4097, 65535, 65536, 65537, (1u << 20) + 3,
+                                          (8u << 20) - 1, (64u << 20) + 1};
+  std::mt19937_64 rng(1234);
+  for (std::size_t size : sizes) {
+    auto data = random_bytes(size, size * 31 + 7);
+    auto path = *dir_ / ("f" + std::to_string(size));
+    test::write_file(path, data);
+    file_handle f(path, open_mode::read, {}, small_chunks(GetParam()));
+    if (GetParam().direct == direct_mode::on) {
+      ASSERT_TRUE(f.choice().direct) << f.choice().direct_reason;
+    }
+    const int rounds = size > (8u << 20) ? 6 : 24;
+    for (int r = 0; r < rounds; ++r) {
+      std::uint64_t off = size == 0 ? 0 : rng() % (size + 10);
+      if (r % 4 == 0) off = off / 4096 * 4096;  // aligned offsets too
+      std::size_t len = static_cast<std::size_t>(rng() % (std::min<std::size_t>(size, 3u << 20) + 8200));
+      if (r % 5 == 0) len = len / 4096 * 4096;
+      if (r == 0) {  // whole file, from zero
+        off = 0;
+        len = size;
+      }
+      const std::size_t misalign = (r % 3 == 0) ? 0 : static_cast<std::size_t>(rng() % 4096);
+      offset_buffer buf(len, misalign);
+      std::size_t got = f.pread(buf.data, len, off);
+      const std::size_t expect = off >= size ? 0 : std::min<std::size_t>(len, size - off);
+      ASSERT_EQ(got, expect) << "size " << size << " off " << off << " len " << len;
+      ASSERT_EQ(0, std::memcmp(buf.data, data.data() + std::min<std::uint64_t>(off, size), got))
+          << "size " << size << " off " << off << " len " << len << " misalign " << misalign;
+    }
+  }
+}
+
+TEST_P(engine_variants, writes_read_back_equal) {
+  std::mt19937_64 rng(99);
+  auto path = *dir_ / "w";
+  const std::size_t size = (4u << 20) + 4097;
+  std::vector<std::uint8_t> mirror;
+  {
+    file_handle f(path, open_mode::read_write, {.create = true, .truncate = true}, small_chunks(GetParam()));
+    for (int r = 0; r < 40; ++r) {
+      std::uint64_t off = rng() % size;
+      if (r % 4 == 0) off = off / 4096 * 4096;
+      std::size_t len = static_cast<std::size_t>(rng() % (1u << 20)) + 1;
+      if (r % 5 == 0) len = (len + 4095) / 4096 * 4096;
+      auto src = random_bytes(len, static_cast<std::uint64_t>(r) + 1000);
+      offset_buffer buf(len, r % 2 == 0 ? 0 : static_cast<std::size_t>(rng() % 4096));
+      std::memcpy(buf.data, src.data(), len);
+      ASSERT_EQ(f.pwrite(buf.data, len, off), len);
+      if (mirror.size() < off + len) mirror.resize(off + len, 0);
+      std::memcpy(mirror.data() + off, src.data(), len);
+      if (r % 10 == 9) {  // reads through the same handle see the writes
+        std::vector<std::uint8_t> back(mirror.size());
+        ASSERT_EQ(f.pread(back.data(), back.size(), 0), mirror.size());
+        ASSERT_EQ(back, mirror);
+      }
+    }
+    ASSERT_EQ(f.size(), mirror.size());
+  }
+  EXPECT_EQ(test::read_file(path), mirror);
+}
+
+TEST_P(engine_variants, async_forms_match_blocking) {
+  auto data = random_bytes((2u << 20) + 123, 5);
+  auto path = *dir_ / "a";
+  test::write_file(path, data);
+  file_handle f(path, open_mode::read_write, {}, small_chunks(GetParam()));
+  std::vector<std::uint8_t> a(data.size()), b(1000);
+  auto fa = f.pread_async(a.data(), a.size(), 0);
+  auto fb = f.pread_async(b.data(), b.size(), 4097);
+  EXPECT_EQ(fa.get(), data.size());
+  EXPECT_EQ(fb.get(), b.size());
+  EXPECT_EQ(a, data);
+  EXPECT_EQ(0, std::memcmp(b.data(), data.data() + 4097, b.size()));
+  auto patch = random_bytes(70000, 6);
+  EXPECT_EQ(f.pwrite_async(patch.data(), patch.size(), 12345).get(), patch.size());
+  std::memcpy(data.data() + 12345, patch.data(), patch.size());
+  EXPECT_EQ(test::read_file(path), data);
+}
+
+INSTANTIATE_TEST_SUITE_P(all, engine_variants,
+                         ::testing::Values(variant{engine_kind::threads, direct_mode::automatic},
+                                           variant{engine_kind::threads, direct_mode::on},
+                                           variant{engine_kind::threads, direct_mode::off},
+                                           variant{engine_kind::io_uring, direct_mode::automatic},
+                                           variant{engine_kind::io_uring, direct_mode::on},
+                                           variant{engine_kind::io_uring, direct_mode::off}),
+                         [](const auto& info) { return name_of(info.param); });
+
+TEST(file_handle, tmpfs_refuses_direct_but_works) {
+  auto shm = test::direct_refusing_parent();
+  if (shm.empty()) GTEST_SKIP() << "no file system here refuses O_DIRECT (/dev/shm missing)";
+  temp_dir dir(shm);
+  auto data = random_bytes(300000, 8);
+  test::write_file(dir / "x", data);
+  settings s;
+  s.chunk_bytes = 65536;
+  file_handle f(dir / "x", open_mode::read, {}, s);
+  EXPECT_FALSE(f.choice().direct);
+  EXPECT_NE(f.choice().direct_reason.find("refuses O_DIRECT"), std::string::npos) << f.choice().direct_reason;
+  std::vector<std::uint8_t> back(data.size());
+  EXPECT_EQ(f.pread(back.data(), back.size(), 0), data.size());
+  EXPECT_EQ(back, data);
+  s.direct = direct_mode::on;
+  try {
+    file_handle g(dir / "x", open_mode::read, {}, s);
+    FAIL() << "GDSKIT_DIRECT=on must refuse a file system without O_DIRECT";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::errc::invalid_argument);
+  }
+}
+
+// Kernels from 6.6 accept O_DIRECT on tmpfs, so the refusal is also simulated through the seam (EINVAL from
+// open with O_DIRECT is what file systems without direct I/O return).
+TEST(file_handle, simulated_direct_refusal_falls_back_to_buffered) {
+  temp_dir dir;
+  auto data = random_bytes(1000003, 12);
+  test::write_file(dir / "r", data);
+  posix::syscall_table t = posix::real_syscalls();
+  t.open = [](const char* p, int flags, mode_t m) {
+    if ((flags & O_DIRECT) != 0) {
+      errno = EINVAL;
+      return -1;
+    }
+    return posix::real_syscalls().open(p, flags, m);
+  };
+  posix::scoped_syscalls guard(t);
+  for (engine_kind e : {engine_kind::threads, engine_kind::automatic}) {
+    settings s;
+    s.chunk_bytes = 65536;
+    s.engine = e;
+    file_handle f(dir / "r", open_mode::read_write, {}, s);
+    EXPECT_FALSE(f.choice().direct);
+    EXPECT_NE(f.choice().direct_reason.find("refuses O_DIRECT"), std::string::npos) << f.choice().direct_reason;
+    std::vector<std::uint8_t> back(data.size());
+    EXPECT_EQ(f.pread(back.data(), back.size(), 0), data.size());
+    EXPECT_EQ(back, data);
+    auto patch = random_bytes(5000, 13);
+    EXPECT_EQ(f.pwrite(patch.data(), patch.size(), 4093), patch.size());
+    std::memcpy(data.data() + 4093, patch.data(), patch.size());
+  }
+  EXPECT_EQ(test::read_file(dir / "r"), data);
+  settings on;
+  on.direct = direct_mode::on;
+  try {
+    file_handle f(dir / "r", open_mode::read, {}, on);
+    FAIL();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::errc::invalid_argument);
+  }
+}
+
+TEST(file_handle, open_errors_name_the_path) {
+  temp_dir dir;
+  try {
+    file_handle f(dir / "missing", open_mode::read);
+    FAIL();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::errc::no_such_file_or_directory);
+    EXPECT_NE(std::string(e.what()).find("missing"), std::string::npos);
+  }
+  try {
+    file_handle f(dir.path(), open_mode::read);
+    FAIL();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::errc::is_a_directory);
+  }
+  test::write_file(dir / "exists", {1, 2, 3});
+  EXPECT_THROW(file_handle(dir / "exists", open_mode::write, {.create = true, .exclusive = true}), error);
+  // Nothing is created or truncated unless asked for.
+  EXPECT_THROW(file_handle(dir / "new", open_mode::write), error);
+  EXPECT_FALSE(std::filesystem::exists(dir / "new"));
+  { file_handle f(dir / "exists", open_mode::write); }
+  EXPECT_EQ(std::filesystem::file_size(dir / "exists"), 3u);
+}
+
+TEST(file_handle, read_exact_throws_with_counts) {
+  temp_dir dir;
+  auto data = random_bytes(10000, 3);
+  test::write_file(dir / "s", data);
+  file_handle f(dir / "s", open_mode::read);
+  std::vector<std::uint8_t> buf(20000);
+  EXPECT_EQ(f.pread(buf.data(), buf.size(), 0), 10000u);
+  EXPECT_EQ(f.pread(buf.data(), buf.size(), 10000), 0u);
+  EXPECT_EQ(f.pread(buf.data(), buf.size(), 99999), 0u);
+  try {
+    f.read_exact(buf.data(), 5000, 8000);
+    FAIL();
+  } catch (const short_read_error& e) {
+    EXPECT_EQ(e.code(), std::errc::io_error);
+    EXPECT_EQ(e.transferred(), 2000u);
+    EXPECT_EQ(e.offset_bytes(), 8000);
+    EXPECT_EQ(e.nbytes(), 5000u);
+  }
+  EXPECT_THROW(f.pwrite(buf.data(), 10, 0), error);  // read-only handle
+}
+
+TEST(file_handle, engine_choice_is_recorded) {
+  temp_dir dir;
+  test::write_file(dir / "e", {1});
+  settings s;
+  s.engine = engine_kind::threads;
+  file_handle t(dir / "e", open_mode::read, {}, s);
+  EXPECT_EQ(t.choice().engine, engine_kind::threads);
+  EXPECT_EQ(t.choice().engine_reason, "GDSKIT_ENGINE=threads");
+  s.engine = engine_kind::automatic;
+  file_handle a(dir / "e", open_mode::read, {}, s);
+  if (io_uring_unavailable_reason().empty()) {
+    EXPECT_EQ(a.choice().engine, engine_kind::io_uring);
+  } else {
+    EXPECT_EQ(a.choice().engine, engine_kind::threads);
+    EXPECT_NE(a.choice().engine_reason.find(io_uring_unavailable_reason()), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace gdskit

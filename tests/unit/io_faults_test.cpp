@@ -1,0 +1,225 @@
+// Faults injected through the syscall seam: EINTR storms, short transfers, EIO at an offset, ENOSPC. The
+// right error code comes out, the message names the failing range, and no partial success is reported.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "gdskit/error.hpp"
+#include "gdskit/file.hpp"
+#include "posix/syscalls.hpp"
+#include "test_support.hpp"
+
+namespace gdskit {
+namespace {
+
+using posix::real_syscalls;
+using posix::scoped_syscalls;
+using posix::syscall_table;
+using test::random_bytes;
+using test::temp_dir;
+
+settings faulty_settings(engine_kind e) {
+  settings s;
+  s.threads = 4;
+  s.chunk_bytes = 64 * 1024;
+  s.inline_bytes = 4096;
+  s.engine = e;
+  s.direct = direct_mode::off;  // buffered: the seam's pread/pwrite see every byte
+  return s;
+}
+
+class faults : public ::testing::TestWithParam<engine_kind> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == engine_kind::io_uring && !io_uring_unavailable_reason().empty()) {
+      GTEST_SKIP() << "io_uring unavailable: " << io_uring_unavailable_reason();
+    }
+    data_ = random_bytes(1u << 20, 77);
+    test::write_file(dir_ / "f", data_);
+  }
+  bool uring() const { return GetParam() == engine_kind::io_uring; }
+  temp_dir dir_;
+  std::vector<std::uint8_t> data_;
+};
+
+TEST_P(faults, eintr_storm_is_retried) {
+  syscall_table t = real_syscalls();
+  std::atomic<int> calls{0};
+  t.pread = [&](int fd, void* b, std::size_t n, off_t o) -> ssize_t {
+    if (calls++ % 2 == 0) {
+      errno = EINTR;
+      return -1;
+    }
+    return real_syscalls().pread(fd, b, n, o);
+  };
+  t.pwrite = [&](int fd, const void* b, std::size_t n, off_t o) -> ssize_t {
+    if (calls++ % 2 == 0) {
+      errno = EINTR;
+      return -1;
+    }
+    return real_syscalls().pwrite(fd, b, n, o);
+  };
+  t.uring_result = [&](bool, int, std::uint64_t, std::size_t, int res) { return calls++ % 2 == 0 ? -EINTR : res; };
+  scoped_syscalls guard(t);
+  file_handle f(dir_ / "f", open_mode::read_write, {}, faulty_settings(GetParam()));
+  std::vector<std::uint8_t> back(data_.size());
+  EXPECT_EQ(f.pread(back.data(), back.size(), 0), data_.size());
+  EXPECT_EQ(back, data_);
+  auto patch = random_bytes(300000, 4);
+  EXPECT_EQ(f.pwrite(patch.data(), patch.size(), 777), patch.size());
+  std::memcpy(data_.data() + 777, patch.data(), patch.size());
+  EXPECT_EQ(test::read_file(dir_ / "f"), data_);
+  EXPECT_GT(calls.load(), 10);
+}
+
+TEST_P(faults, short_transfers_are_looped) {
+  syscall_table t = real_syscalls();
+  t.pread = [](int fd, void* b, std::size_t n, off_t o) { return real_syscalls().pread(fd, b, n > 1 ? n / 2 : n, o); };
+  t.pwrite = [](int fd, const void* b, std::size_t n, off_t o) {
+    return real_syscalls().pwrite(fd, b, n > 3 ? n / 3 : n, o);
+  };
+  // io_uring: the kernel moved everything, but the engine is told less and must ask again for the rest.
+  t.uring_result = [](bool, int, std::uint64_t, std::size_t, int res) { return res > 1 ? res / 2 : res; };
+  scoped_syscalls guard(t);
+  file_handle f(dir_ / "f", open_mode::read_write, {}, faulty_settings(GetParam()));
+  std::vector<std::uint8_t> back(data_.size());
+  EXPECT_EQ(f.pread(back.data(), back.size(), 0), data_.size());
+  EXPECT_EQ(back, data_);
+  auto patch = random_bytes(500001, 9);
+  EXPECT_EQ(f.pwrite(patch.data(), patch.size(), 4095), patch.size());
+  std::memcpy(data_.data() + 4095, patch.data(), patch.size());
+  EXPECT_EQ(test::read_file(dir_ / "f"), data_);
+}
+
+TEST_P(faults, eio_at_an_offset_fails_the_whole_read) {
+  const std::uint64_t bad = 5 * 65536 + 100;  // inside the sixth chunk
+  syscall_table t = real_syscalls();
+  t.pread = [&](int fd, void* b, std::size_t n, off_t o) -> ssize_t {
+    if (static_cast<std::uint64_t>(o) <= bad && bad < static_cast<std::uint64_t>(o) + n) {
+      errno = EIO;
+      return -1;
+    }
+    return real_syscalls().pread(fd, b, n, o);
+  };
+  t.uring_result = [&](bool, int, std::uint64_t o, std::size_t n, int res) { return (o <= bad && bad < o + n) ? -EIO : res; };
+  scoped_syscalls guard(t);
+  file_handle f(dir_ / "f", open_mode::read, {}, faulty_settings(GetParam()));
+  std::vector<std::uint8_t> back(data_.size());
+  try {
+    f.pread(back.data(), back.size(), 0);
+    FAIL() << "a read with an I/O error must not succeed";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::errc::io_error);
+    EXPECT_EQ(e.operation(), "pread");
+    EXPECT_LE(static_cast<std::uint64_t>(e.offset_bytes()), bad);
+    EXPECT_GT(static_cast<std::uint64_t>(e.offset_bytes()) + e.nbytes(), bad);
+    EXPECT_NE(std::string(e.what()).find((dir_ / "f").string()), std::string::npos);
+  }
+  // Reads that stay clear of the bad range still work.
+  EXPECT_EQ(f.pread(back.data(), 65536, 0), 65536u);
+}
+
+TEST_P(faults, enospc_is_an_error_never_a_short_success) {
+  syscall_table t = real_syscalls();
+  const std::uint64_t limit = 200000;  // the "device" holds this many bytes
+  t.pwrite = [&](int fd, const void* b, std::size_t n, off_t o) -> ssize_t {
+    if (static_cast<std::uint64_t>(o) >= limit) {
+      errno = ENOSPC;
+      return -1;
+    }
+    std::size_t room = static_cast<std::size_t>(limit - static_cast<std::uint64_t>(o));
+    return real_syscalls().pwrite(fd, b, std::min(n, room), o);
+  };
+  t.uring_result = [&](bool write, int, std::uint64_t o, std::size_t, int res) {
+    return (write && o >= limit) ? -ENOSPC : res;
+  };
+  scoped_syscalls guard(t);
+  file_handle f(dir_ / "g", open_mode::write, {.create = true}, faulty_settings(GetParam()));
+  auto src = random_bytes(600000, 1);
+  try {
+    f.pwrite(src.data(), src.size(), 0);
+    FAIL() << "a full device must not report a successful write";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::errc::no_space_on_device);
+    EXPECT_EQ(e.operation(), "pwrite");
+  }
+}
+
+TEST_P(faults, write_returning_zero_is_enospc) {
+  syscall_table t = real_syscalls();
+  t.pwrite = [](int, const void*, std::size_t, off_t) -> ssize_t { return 0; };
+  t.uring_result = [](bool write, int, std::uint64_t, std::size_t, int res) { return write ? 0 : res; };
+  scoped_syscalls guard(t);
+  file_handle f(dir_ / "h", open_mode::write, {.create = true}, faulty_settings(GetParam()));
+  auto src = random_bytes(300000, 2);
+  try {
+    f.pwrite(src.data(), src.size(), 0);
+    FAIL();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::errc::no_space_on_device);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(engines, faults, ::testing::Values(engine_kind::threads, engine_kind::io_uring),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+TEST(error, message_names_operation_path_offset_and_size) {
+  error e(errno_code(EIO), "pread", "model.safetensors", 4096, 1048576);
+  EXPECT_STREQ(e.what(), "pread \"model.safetensors\" at 4096+1048576: Input/output error");
+  EXPECT_EQ(e.code(), std::errc::io_error);
+}
+
+TEST(error, cufile_byte_counts_decode) {
+  EXPECT_EQ(decode_cufile_ssize(-1, EIO), std::errc::io_error);
+  EXPECT_EQ(decode_cufile_ssize(-5027, 0), cufile_code(5027));
+  EXPECT_EQ(decode_cufile_ssize(-5, 0), std::errc::io_error);
+  EXPECT_FALSE(decode_cufile_ssize(10, 0));
+  EXPECT_NE(cufile_code(5027).message().find("not registered"), std::string::npos);
+}
+
+TEST(settings, parse_sizes) {
+  EXPECT_EQ(parse_size("4096"), 4096u);
+  EXPECT_EQ(parse_size("4K"), 4096u);
+  EXPECT_EQ(parse_size("4KiB"), 4096u);
+  EXPECT_EQ(parse_size("8M"), 8u << 20);
+  EXPECT_EQ(parse_size("1G"), 1u << 30);
+  EXPECT_EQ(parse_size("1.5G"), 3u << 29);
+  EXPECT_EQ(parse_size("7B"), 7u);
+  EXPECT_FALSE(parse_size(""));
+  EXPECT_FALSE(parse_size("-1"));
+  EXPECT_FALSE(parse_size("12Q"));
+  EXPECT_FALSE(parse_size("99999999999999999999"));
+  EXPECT_FALSE(parse_size("1KX"));
+}
+
+TEST(settings, environment_overrides_and_errors) {
+  test::settings_guard guard;
+  ::setenv("GDSKIT_THREADS", "3", 1);
+  ::setenv("GDSKIT_CHUNK_BYTES", "1M", 1);
+  ::setenv("GDSKIT_DIRECT", "off", 1);
+  ::setenv("GDSKIT_ENGINE", "threads", 1);
+  ::setenv("GDSKIT_MODE", "staged", 1);
+  settings s = settings::from_env();
+  EXPECT_EQ(s.threads, 3u);
+  EXPECT_EQ(s.chunk_bytes, 1u << 20);
+  EXPECT_EQ(s.direct, direct_mode::off);
+  EXPECT_EQ(s.engine, engine_kind::threads);
+  EXPECT_EQ(s.mode, path_mode::staged);
+  ::setenv("GDSKIT_ENGINE", "fast", 1);
+  try {
+    settings::from_env();
+    FAIL();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("GDSKIT_ENGINE"), std::string::npos);
+  }
+  ::setenv("GDSKIT_ENGINE", "auto", 1);
+  ::setenv("GDSKIT_CHUNK_BYTES", "1000", 1);
+  EXPECT_THROW(settings::from_env(), error);
+  for (const char* v : {"GDSKIT_THREADS", "GDSKIT_CHUNK_BYTES", "GDSKIT_DIRECT", "GDSKIT_ENGINE", "GDSKIT_MODE"}) ::unsetenv(v);
+}
+
+}  // namespace
+}  // namespace gdskit
