@@ -50,15 +50,32 @@ bool cufile_json_requests_p2pdma(const std::filesystem::path& root) {
   return false;
 }
 
-// The whole-disk name of the block device holding `dev`: sysfs resolves partitions to their parent.
+std::string read_line(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// The whole-disk name of the block device holding `dev`. A live sysfs resolves /sys/dev/block/M:m (partitions
+// to their parent); a captured root may only have /sys/block/<disk>[/<part>]/dev, which is searched instead.
 std::string block_device_of(const std::filesystem::path& root, dev_t dev) {
   if (major(dev) == 0) return {};  // tmpfs, overlay and other virtual file systems
-  std::filesystem::path link = root / fmt::format("sys/dev/block/{}:{}", major(dev), minor(dev));
+  const std::string want = fmt::format("{}:{}", major(dev), minor(dev));
   std::error_code ec;
-  std::filesystem::path target = std::filesystem::canonical(link, ec);
-  if (ec) return {};
-  if (exists(target / "partition")) target = target.parent_path();
-  return target.filename().string();
+  std::filesystem::path target = std::filesystem::canonical(root / "sys/dev/block" / want, ec);
+  if (!ec) {
+    if (path_exists(target / "partition")) target = target.parent_path();
+    return target.filename().string();
+  }
+  for (const auto& disk : std::filesystem::directory_iterator(root / "sys/block", ec)) {
+    if (read_line(disk.path() / "dev") == want) return disk.path().filename().string();
+    std::error_code ec2;
+    for (const auto& part : std::filesystem::directory_iterator(disk.path(), ec2)) {
+      if (part.is_directory(ec2) && read_line(part.path() / "dev") == want) return disk.path().filename().string();
+    }
+  }
+  return {};
 }
 
 }  // namespace

@@ -1,0 +1,100 @@
+// Planner decisions on captured system roots and on synthetic facts.
+#include <gtest/gtest.h>
+
+#include <sys/sysmacros.h>
+
+#include <algorithm>
+#include <fstream>
+
+#include "engine/planner.hpp"
+#include "test_support.hpp"
+
+namespace gdskit::engine {
+namespace {
+
+bool has_reason(const path_decision& d, std::string_view needle) {
+  return std::any_of(d.reasons.begin(), d.reasons.end(),
+                     [&](const std::string& r) { return r.find(needle) != std::string::npos; });
+}
+
+runtime_facts gpu_and_cufile() {
+  runtime_facts rt;
+  rt.gpu_ok = true;
+  rt.cufile_ok = true;
+  rt.direct_ok = true;
+  return rt;
+}
+
+TEST(planner, real_capture_h200_vm_goes_staged_with_reasons) {
+  std::filesystem::path root = std::filesystem::path(GDSKIT_SHARED_DIR) / "fixtures/systems/h200-vm-no-nvfs";
+  if (!std::filesystem::exists(root)) GTEST_SKIP() << "capture not present at " << root;
+  system_facts f = gather_facts(root, makedev(254, 0), "ext4");
+  EXPECT_FALSE(f.nvidia_fs_loaded);
+  EXPECT_FALSE(f.nvme_nvfs_hook);
+  EXPECT_FALSE(f.run_udev);
+  EXPECT_EQ(f.block_device, "vda");
+  EXPECT_FALSE(f.on_nvme);
+  path_decision d = decide(f, gpu_and_cufile(), memory_kind::device, path_mode::automatic);
+  EXPECT_EQ(d.path, data_path::staged);
+  EXPECT_TRUE(has_reason(d, "nvidia-fs not loaded"));
+  EXPECT_TRUE(has_reason(d, "nvfs hook"));
+  EXPECT_TRUE(has_reason(d, "/run/udev missing"));
+  EXPECT_TRUE(has_reason(d, "vda, not NVMe"));
+}
+
+TEST(planner, synthetic_root_with_nvfs_and_nvme_goes_gds) {
+  test::temp_dir root;
+  auto mk = [&](const std::string& rel, const std::string& text) {
+    std::filesystem::create_directories((root.path() / rel).parent_path());
+    std::ofstream(root.path() / rel) << text;
+  };
+  mk("proc/driver/nvidia-fs/version", "version: 2.28.4\n");
+  mk("proc/kallsyms", "0000000000000000 T nvme_v1_register_nvfs_dma_ops\t[nvme]\n");
+  mk("run/udev/data/b259:0", "E:ID_FS_USAGE=filesystem\n");
+  mk("sys/block/nvme0n1/dev", "259:0\n");
+  system_facts f = gather_facts(root.path(), makedev(259, 0), "ext4");
+  EXPECT_TRUE(f.nvidia_fs_loaded);
+  EXPECT_TRUE(f.nvme_nvfs_hook);
+  EXPECT_TRUE(f.on_nvme);
+  EXPECT_TRUE(f.udev_entry);
+  path_decision d = decide(f, gpu_and_cufile(), memory_kind::device, path_mode::automatic);
+  EXPECT_EQ(d.path, data_path::gds) << d.summary();
+  EXPECT_TRUE(has_reason(d, "nvidia-fs version: 2.28.4"));
+  // The same system without libcufile stages, and says why.
+  runtime_facts rt = gpu_and_cufile();
+  rt.cufile_ok = false;
+  rt.cufile_reason = "libcufile.so.0 not found";
+  d = decide(f, rt, memory_kind::device, path_mode::automatic);
+  EXPECT_EQ(d.path, data_path::staged);
+  EXPECT_TRUE(has_reason(d, "libcufile.so.0 not found"));
+  // Partitions resolve to their disk.
+  mk("sys/block/nvme0n1/nvme0n1p2/dev", "259:2\n");
+  EXPECT_EQ(gather_facts(root.path(), makedev(259, 2), "xfs").block_device, "nvme0n1");
+}
+
+TEST(planner, modes_and_buffers) {
+  system_facts none;
+  none.fs_type = "tmpfs";
+  runtime_facts rt = gpu_and_cufile();
+  rt.direct_ok = false;
+  rt.direct_reason = "tmpfs refuses O_DIRECT";
+  EXPECT_EQ(decide(none, rt, memory_kind::host, path_mode::automatic).path, data_path::host);
+  EXPECT_EQ(decide(none, rt, memory_kind::pinned, path_mode::gds).path, data_path::host);
+  auto staged = decide(none, rt, memory_kind::device, path_mode::automatic);
+  EXPECT_EQ(staged.path, data_path::staged);
+  EXPECT_TRUE(has_reason(staged, "file system tmpfs"));
+  EXPECT_TRUE(has_reason(staged, "tmpfs refuses O_DIRECT"));
+  auto forced = decide(none, rt, memory_kind::device, path_mode::gds);
+  EXPECT_EQ(forced.path, data_path::gds);
+  EXPECT_TRUE(has_reason(forced, "warning: nvidia-fs not loaded"));
+  EXPECT_EQ(decide(none, rt, memory_kind::device, path_mode::compat).path, data_path::compat);
+  EXPECT_EQ(decide(none, rt, memory_kind::device, path_mode::staged).path, data_path::staged);
+  auto managed = decide(none, rt, memory_kind::managed, path_mode::automatic);
+  EXPECT_TRUE(has_reason(managed, "managed memory"));
+  runtime_facts nogpu;
+  nogpu.gpu_reason = "libcuda.so.1 not found";
+  EXPECT_TRUE(has_reason(decide(none, nogpu, memory_kind::device, path_mode::automatic), "no usable GPU"));
+}
+
+}  // namespace
+}  // namespace gdskit::engine

@@ -1,0 +1,237 @@
+// The staged pipeline with a host-memory copier whose copies only happen when waited for: a pipeline that
+// reused a slot before its copy finished, or wrote a slot to the file before the device copy landed, would
+// produce wrong bytes here.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <random>
+
+#include "gdskit/error.hpp"
+#include "gdskit/file.hpp"
+#include "gpu/staged.hpp"
+#include "posix/syscalls.hpp"
+#include "test_support.hpp"
+
+namespace gdskit {
+namespace {
+
+using test::random_bytes;
+using test::temp_dir;
+
+class deferred_copier final : public gpu::copier {
+ public:
+  deferred_copier(unsigned lanes, unsigned slots, std::size_t slot_bytes)
+      : lanes_(lanes), slots_(slots), slot_bytes_(slot_bytes), memory_(lanes * slots * slot_bytes + 4096),
+        pending_(lanes * slots) {
+    auto addr = reinterpret_cast<std::uintptr_t>(memory_.data());
+    base_ = reinterpret_cast<std::byte*>(memory_.data()) + (4096 - addr % 4096) % 4096;
+  }
+  unsigned lanes() const override { return lanes_; }
+  unsigned slots_per_lane() const override { return slots_; }
+  std::size_t slot_bytes() const override { return slot_bytes_; }
+  void begin_lane(unsigned) override { ++lanes_started; }
+  std::byte* slot(unsigned lane, unsigned s) override { return base_ + (lane * slots_ + s) * slot_bytes_; }
+  void to_far(unsigned lane, unsigned s, std::size_t off, std::uintptr_t far, std::size_t n) override {
+    if (fail_after >= 0 && copies++ >= fail_after) throw error(cuda_code(700), "cuMemcpyHtoDAsync (injected)");
+    EXPECT_LE(off + n, slot_bytes_);
+    auto& p = pending_[lane * slots_ + s];
+    EXPECT_TRUE(p.empty()) << "a slot was reused before its copy was waited for";
+    p.push_back({true, off, far, n});
+  }
+  void from_far(unsigned lane, unsigned s, std::size_t off, std::uintptr_t far, std::size_t n) override {
+    if (fail_after >= 0 && copies++ >= fail_after) throw error(cuda_code(700), "cuMemcpyDtoHAsync (injected)");
+    auto& p = pending_[lane * slots_ + s];
+    EXPECT_TRUE(p.empty()) << "a slot was reused before its copy was waited for";
+    p.push_back({false, off, far, n});
+  }
+  void wait(unsigned lane, unsigned s) override {
+    ++waits;
+    auto& p = pending_[lane * slots_ + s];
+    for (auto& op : p) {
+      std::byte* mem = slot(lane, s) + op.slot_offset;
+      if (op.to_far) {
+        std::memcpy(reinterpret_cast<void*>(op.far), mem, op.n);
+      } else {
+        std::memcpy(mem, reinterpret_cast<const void*>(op.far), op.n);
+      }
+    }
+    p.clear();
+  }
+  std::size_t still_pending() const {
+    std::size_t n = 0;
+    for (auto& p : pending_) n += p.size();
+    return n;
+  }
+
+  std::atomic<int> lanes_started{0};
+  std::atomic<int> waits{0};
+  std::atomic<int> copies{0};
+  int fail_after = -1;
+
+ private:
+  struct op {
+    bool to_far;
+    std::size_t slot_offset;
+    std::uintptr_t far;
+    std::size_t n;
+  };
+  unsigned lanes_, slots_;
+  std::size_t slot_bytes_;
+  std::vector<std::uint8_t> memory_;
+  std::byte* base_ = nullptr;
+  std::vector<std::vector<op>> pending_;
+};
+
+settings test_settings(direct_mode d) {
+  settings s;
+  s.direct = d;
+  s.chunk_bytes = 65536;
+  return s;
+}
+
+class staged : public ::testing::TestWithParam<direct_mode> {};
+
+TEST_P(staged, reads_equal_reference_at_odd_offsets) {
+  temp_dir dir(GetParam() == direct_mode::on ? test::direct_capable_parent() : std::filesystem::path{});
+  std::mt19937_64 rng(5);
+  for (std::size_t size : {std::size_t{1}, std::size_t{4097}, std::size_t{(3u << 20) + 17}}) {
+    auto data = random_bytes(size, size);
+    test::write_file(dir / "f", data);
+    file_handle f(dir / "f", open_mode::read, {}, test_settings(GetParam()));
+    for (int r = 0; r < 12; ++r) {
+      deferred_copier cp(3, 2, 256 * 1024);
+      std::uint64_t off = rng() % size;
+      std::size_t len = static_cast<std::size_t>(rng() % (size + 300000));
+      if (r == 0) {
+        off = 0;
+        len = size;
+      }
+      std::vector<std::uint8_t> out(len + 1, 0xAB);
+      gpu::staged_stats st;
+      std::size_t got = gpu::staged_read(f, cp, reinterpret_cast<std::uintptr_t>(out.data()), len, off, {}, &st);
+      std::size_t expect = std::min<std::size_t>(len, size - off);
+      ASSERT_EQ(got, expect);
+      ASSERT_EQ(0, std::memcmp(out.data(), data.data() + off, got)) << "size " << size << " off " << off;
+      EXPECT_EQ(out[len], 0xAB) << "wrote past the request";
+      EXPECT_EQ(cp.still_pending(), 0u);
+      EXPECT_EQ(st.direct_bytes + st.buffered_bytes, got);
+      if (GetParam() == direct_mode::off) EXPECT_EQ(st.direct_bytes, 0u);
+    }
+  }
+}
+
+TEST_P(staged, writes_read_back_equal) {
+  temp_dir dir(GetParam() == direct_mode::on ? test::direct_capable_parent() : std::filesystem::path{});
+  std::mt19937_64 rng(6);
+  std::vector<std::uint8_t> mirror;
+  file_handle f(dir / "w", open_mode::read_write, {.create = true}, test_settings(GetParam()));
+  for (int r = 0; r < 10; ++r) {
+    deferred_copier cp(2, 3, 128 * 1024);
+    std::uint64_t off = rng() % 2000000;
+    std::size_t len = static_cast<std::size_t>(rng() % 1500000) + 1;
+    auto src = random_bytes(len, static_cast<std::uint64_t>(r));
+    EXPECT_EQ(gpu::staged_write(f, cp, reinterpret_cast<std::uintptr_t>(src.data()), len, off), len);
+    EXPECT_EQ(cp.still_pending(), 0u);
+    if (mirror.size() < off + len) mirror.resize(off + len, 0);
+    std::memcpy(mirror.data() + off, src.data(), len);
+  }
+  EXPECT_EQ(test::read_file(dir / "w"), mirror);
+}
+
+INSTANTIATE_TEST_SUITE_P(direct, staged, ::testing::Values(direct_mode::automatic, direct_mode::on, direct_mode::off),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+TEST(staged_pipeline, slots_are_reused_and_reads_run_ahead) {
+  temp_dir dir;
+  auto data = random_bytes(8u << 20, 1);
+  test::write_file(dir / "f", data);
+  file_handle f(dir / "f", open_mode::read, {}, test_settings(direct_mode::automatic));
+  deferred_copier cp(2, 2, 256 * 1024);  // 32 pieces over 2 lanes x 2 slots
+  std::vector<std::uint8_t> out(data.size());
+  gpu::staged_stats st;
+  ASSERT_EQ(gpu::staged_read(f, cp, reinterpret_cast<std::uintptr_t>(out.data()), out.size(), 0, {}, &st), data.size());
+  EXPECT_EQ(out, data);
+  EXPECT_EQ(st.pieces, 32u);
+  // Each lane reads into its second slot before waiting on the first: waits happen only on reuse.
+  EXPECT_GE(st.slot_waits, 32u - 4u);
+  EXPECT_LE(st.slot_waits, 32u);
+  EXPECT_EQ(cp.lanes_started.load(), 2);
+}
+
+TEST(staged_pipeline, read_error_mid_stream_propagates_and_drains) {
+  temp_dir dir;
+  auto data = random_bytes(4u << 20, 2);
+  test::write_file(dir / "f", data);
+  const std::uint64_t bad = (2u << 20) + 5;
+  posix::syscall_table t = posix::real_syscalls();
+  t.pread = [&](int fd, void* b, std::size_t n, off_t o) -> ssize_t {
+    if (static_cast<std::uint64_t>(o) <= bad && bad < static_cast<std::uint64_t>(o) + n) {
+      errno = EIO;
+      return -1;
+    }
+    return posix::real_syscalls().pread(fd, b, n, o);
+  };
+  posix::scoped_syscalls guard(t);
+  file_handle f(dir / "f", open_mode::read, {}, test_settings(direct_mode::off));
+  deferred_copier cp(4, 2, 128 * 1024);
+  std::vector<std::uint8_t> out(data.size());
+  try {
+    gpu::staged_read(f, cp, reinterpret_cast<std::uintptr_t>(out.data()), out.size(), 0);
+    FAIL() << "an I/O error must fail the transfer";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::errc::io_error);
+    EXPECT_LE(static_cast<std::uint64_t>(e.offset_bytes()), bad);
+  }
+  EXPECT_EQ(cp.still_pending(), 0u) << "copies still in flight after the error";
+}
+
+TEST(staged_pipeline, copy_error_propagates) {
+  temp_dir dir;
+  auto data = random_bytes(2u << 20, 3);
+  test::write_file(dir / "f", data);
+  file_handle f(dir / "f", open_mode::read_write, {}, test_settings(direct_mode::automatic));
+  std::vector<std::uint8_t> out(data.size());
+  deferred_copier cp(2, 2, 128 * 1024);
+  cp.fail_after = 5;
+  try {
+    gpu::staged_read(f, cp, reinterpret_cast<std::uintptr_t>(out.data()), out.size(), 0);
+    FAIL();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), cuda_code(700));
+  }
+  EXPECT_EQ(cp.still_pending(), 0u);
+  deferred_copier cw(2, 2, 128 * 1024);
+  cw.fail_after = 3;
+  EXPECT_THROW(gpu::staged_write(f, cw, reinterpret_cast<std::uintptr_t>(data.data()), data.size(), 0), error);
+  EXPECT_EQ(cw.still_pending(), 0u);
+}
+
+TEST(staged_pipeline, cancellation_stops_and_reports_ecanceled) {
+  temp_dir dir;
+  auto data = random_bytes(4u << 20, 4);
+  test::write_file(dir / "f", data);
+  file_handle f(dir / "f", open_mode::read, {}, test_settings(direct_mode::automatic));
+  std::atomic<bool> cancel{false};
+  std::atomic<int> pieces{0};
+  gpu::staged_options opt;
+  opt.cancel = &cancel;
+  opt.on_piece = [&](std::uint64_t) {
+    if (++pieces == 3) cancel = true;
+  };
+  deferred_copier cp(2, 2, 128 * 1024);
+  std::vector<std::uint8_t> out(data.size());
+  try {
+    gpu::staged_read(f, cp, reinterpret_cast<std::uintptr_t>(out.data()), out.size(), 0, opt);
+    FAIL();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::errc::operation_canceled);
+  }
+  EXPECT_LT(pieces.load(), 32);
+  EXPECT_EQ(cp.still_pending(), 0u);
+}
+
+}  // namespace
+}  // namespace gdskit
