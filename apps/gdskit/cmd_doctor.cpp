@@ -1,14 +1,82 @@
 #include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
 
 #include "commands.hpp"
+#include "doctor/doctor.hpp"
 
 namespace gdskit::cli {
 
 void add_doctor_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("doctor", "(not built yet)");
-  cmd->callback([] {
-    fmt::print(stderr, "gdskit doctor: not available in this build\n");
-    exit_code() = 2;
+  struct options {
+    std::string root = "/";
+    std::string path;
+    std::string capture;
+    bool json = false;
+    bool probe = false;
+    bool no_probe = false;
+    bool no_colour = false;
+  };
+  auto opt = std::make_shared<options>();
+  auto* cmd = app.add_subcommand(
+      "doctor", "Is GPUDirect Storage really working here? Checks each layer, then says true GDS, compat or unusable.\n"
+                "Exit code: 0 true GDS, 1 not GDS (compat or unusable), 2 the doctor itself failed.");
+  cmd->add_option("--root", opt->root, "Read a captured system root instead of / (command outputs in ROOT/commands/)");
+  cmd->add_option("--path", opt->path, "Folder whose storage is checked (default: current folder; for a capture, the captured path)");
+  cmd->add_flag("--json", opt->json, "Print the report as JSON (stable keys)");
+  cmd->add_option("--capture", opt->capture, "Write the files the checks read and command outputs to OUT.tar.gz");
+  cmd->add_flag("--probe", opt->probe, "Run the live cuFile proof (default on a live system with a GPU)");
+  cmd->add_flag("--no-probe", opt->no_probe, "Do not run the live cuFile proof");
+  cmd->add_flag("--no-color", opt->no_colour, "No colours even on a terminal");
+  cmd->callback([opt] {
+    try {
+      namespace fs = std::filesystem;
+      const bool live = opt->root.empty() || fs::weakly_canonical(opt->root) == fs::path("/");
+      if (!live) {
+        std::error_code ec;
+        if (!fs::is_directory(opt->root, ec)) {
+          fmt::print(stderr, "gdskit doctor: --root {}: not a folder\n", opt->root);
+          exit_code() = 2;
+          return;
+        }
+      }
+      auto root = live ? doctor::system_root::live_system() : doctor::system_root::captured(opt->root);
+      std::string path = opt->path.empty() ? doctor::default_path(root) : opt->path;
+      if (live && !opt->path.empty()) path = fs::absolute(path).lexically_normal().string();
+      std::optional<doctor::probe_results> probe;
+      const bool want_probe = live && !opt->no_probe && (opt->probe || root.exists("proc/driver/nvidia/gpus"));
+      if (opt->probe && !live) {
+        probe = doctor::probe_results{};
+        probe->skipped_reason = "offline root: nothing to probe";
+      } else if (want_probe) {
+        doctor::probe_options po;
+        po.dir = path;
+        probe = doctor::run_live_probe(po);
+      }
+      auto report = doctor::diagnose(root, path, std::move(probe));
+      if (opt->json) {
+        fmt::print("{}", doctor::render_json(report));
+      } else {
+        const bool colour = !opt->no_colour && ::isatty(STDOUT_FILENO) != 0 && std::getenv("NO_COLOR") == nullptr;
+        fmt::print("{}", doctor::render_text(report, colour));
+      }
+      if (!opt->capture.empty()) {
+        if (auto ec = doctor::write_capture(root, path, opt->capture)) {
+          fmt::print(stderr, "gdskit doctor: --capture {}: {}\n", opt->capture, ec.message());
+          exit_code() = 2;
+          return;
+        }
+        fmt::print(stderr, "capture written to {} ({} files)\n", opt->capture, root.recorded().size());
+      }
+      std::fflush(stdout);
+      exit_code() = report.result.exit_code();
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "gdskit doctor: {}\n", e.what());
+      exit_code() = 2;
+    }
   });
 }
 

@@ -1,0 +1,253 @@
+// Kernel layer: IOMMU, nvidia-fs, the NVMe nvfs hook, the nvidia_p2p exports and the PCI P2PDMA route.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "doctor/checks.hpp"
+
+namespace gdskit::doctor {
+namespace {
+
+// First line containing `needle` as a whole word-ish token; 1-based line number, 0 when absent.
+std::pair<int, std::string> find_line(const std::string& text, const std::string& needle) {
+  auto lines = split_lines(text);
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    auto pos = lines[i].find(needle);
+    if (pos == std::string::npos) continue;
+    auto end = pos + needle.size();
+    bool word_end = end == lines[i].size() || lines[i][end] == ' ' || lines[i][end] == '\t' || lines[i][end] == '\n';
+    bool word_start = pos == 0 || lines[i][pos - 1] == ' ' || lines[i][pos - 1] == '\t';
+    if (word_end && word_start) return {static_cast<int>(i + 1), trim(lines[i])};
+  }
+  return {0, {}};
+}
+
+std::vector<std::string> cmdline_tokens(const std::string& s) {
+  std::vector<std::string> out;
+  std::string tok;
+  for (char c : s + " ") {
+    if (c == ' ' || c == '\n' || c == '\t') {
+      if (!tok.empty()) out.push_back(tok);
+      tok.clear();
+    } else {
+      tok += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+layer check_kernel(system_root& root, facts& f) {
+  layer out{"kernel", "Kernel", {}};
+
+  {
+    check c{"kernel.release", "Kernel release", status::ok, impact::none, "", {}, ""};
+    auto r = root.read("proc/sys/kernel/osrelease");
+    if (r.ok() && !trim(*r.text).empty()) {
+      c.summary = trim(*r.text);
+      c.evidence.push_back({"proc/sys/kernel/osrelease", 1, c.summary});
+    } else {
+      c.state = status::unknown;
+      c.summary = "kernel release not readable";
+    }
+    out.checks.push_back(std::move(c));
+  }
+
+  auto dmesg = root.command("dmesg");
+  f.dmesg_readable = dmesg.ok();
+  if (dmesg.ok()) f.dmesg = *dmesg.text;
+
+  // IOMMU: translated DMA breaks peer-to-peer between the NVMe and GPU BAR1 on x86.
+  {
+    check c{"kernel.iommu", "IOMMU", status::unknown, impact::direct, "", {}, ""};
+    auto cmd = root.read("proc/cmdline");
+    std::string mode;  // "on", "off", "pt"
+    if (cmd.ok()) {
+      for (const auto& t : cmdline_tokens(*cmd.text)) {
+        if (t == "--") break;  // the rest belongs to init
+        if (t == "iommu=pt" || t == "iommu.passthrough=1") mode = "pt";
+        else if (t == "iommu=off" || t == "intel_iommu=off" || t == "amd_iommu=off") mode = mode == "pt" ? mode : "off";
+        else if (t == "intel_iommu=on" || t == "amd_iommu=on" || t == "iommu=on" || t == "iommu=force") {
+          if (mode.empty()) mode = "on";
+        }
+        if (t.find("iommu") != std::string::npos) c.evidence.push_back({"proc/cmdline", 1, t});
+      }
+    }
+    auto groups = root.command("iommu_groups");
+    std::optional<std::size_t> ngroups;
+    if (groups.ok()) {
+      std::size_t n = 0;
+      for (const auto& l : split_lines(*groups.text)) {
+        auto t = trim(l);
+        // Group folders are named by number; anything else (ls headers, errors, junk) is not a group.
+        if (!t.empty() && parse_u64(t.substr(t.find_last_of(' ') == std::string::npos ? 0 : t.find_last_of(' ') + 1))) ++n;
+      }
+      ngroups = n;
+      c.evidence.push_back({"commands/iommu_groups.txt", 0, fmt::format("{} IOMMU group(s)", n)});
+    } else {
+      std::error_code ec;
+      auto names = root.list("sys/kernel/iommu_groups", ec);
+      if (!ec || ec == std::errc::no_such_file_or_directory) {
+        ngroups = names.size();
+        c.evidence.push_back({"sys/kernel/iommu_groups", 0, fmt::format("{} IOMMU group(s)", names.size())});
+      }
+    }
+    if (!ngroups && !cmd.ok()) {
+      c.summary = "IOMMU state not readable";
+    } else if (ngroups && *ngroups > 0 && mode != "pt" && mode != "off") {
+      c.state = status::fail;
+      c.summary = fmt::format("IOMMU on ({} groups, translated DMA): NVMe-to-GPU P2P DMA is blocked or remapped", *ngroups);
+      c.fix = "Add intel_iommu=off (Intel) or amd_iommu=off (AMD), or iommu=pt, to the kernel command line "
+              "(GRUB_CMDLINE_LINUX in /etc/default/grub, update-grub) and reboot.";
+    } else if (mode == "pt") {
+      c.state = status::ok;
+      c.summary = "IOMMU in passthrough mode (iommu=pt)";
+    } else {
+      c.state = status::ok;
+      c.summary = ngroups && *ngroups == 0 ? "no IOMMU groups: DMA is not translated" : "IOMMU off on the command line";
+    }
+    out.checks.push_back(std::move(c));
+  }
+
+  // nvidia-fs.
+  auto modules = root.read("proc/modules");
+  bool nvfs_loaded = false;
+  {
+    check c{"kernel.nvidia_fs", "nvidia-fs module", status::unknown, impact::direct, "", {}, ""};
+    auto ver = root.read("proc/driver/nvidia-fs/version");
+    if (modules.ok()) {
+      auto [line, text] = find_line(*modules.text, "nvidia_fs");
+      if (line > 0 && text.rfind("nvidia_fs ", 0) == 0) {
+        nvfs_loaded = true;
+        c.evidence.push_back({"proc/modules", line, text});
+      } else {
+        c.evidence.push_back({"proc/modules", 0, "no nvidia_fs line"});
+      }
+    }
+    if (ver.ok()) {
+      nvfs_loaded = true;
+      auto lines = split_lines(*ver.text);
+      c.evidence.push_back({"proc/driver/nvidia-fs/version", 1, lines.empty() ? "" : trim(lines[0])});
+    }
+    if (nvfs_loaded) {
+      c.state = status::ok;
+      std::string v = ver.ok() ? trim(*ver.text) : "version unknown";
+      if (v.rfind("version:", 0) == 0) v = trim(v.substr(8));
+      c.summary = "nvidia-fs loaded (" + v + ")";
+    } else if (modules.ok()) {
+      c.state = status::fail;
+      c.summary = "nvidia-fs not loaded";
+      c.evidence.push_back({"proc/driver/nvidia-fs/version", 0, "absent"});
+      c.fix = "Install nvidia-fs (apt install nvidia-fs-dkms or nvidia-gds) and modprobe nvidia-fs.";
+    } else {
+      c.summary = "proc/modules not readable";
+    }
+    out.checks.push_back(std::move(c));
+  }
+
+  if (nvfs_loaded) {
+    check c{"kernel.nvfs_modules", "Drivers registered with nvidia-fs", status::warn, impact::none, "", {}, ""};
+    auto m = root.read("proc/driver/nvidia-fs/modules");
+    if (m.ok()) {
+      auto [line, text] = find_line(*m.text, "nvme:");
+      if (line > 0) {
+        c.state = status::ok;
+        c.summary = "nvme registered with nvidia-fs";
+        c.evidence.push_back({"proc/driver/nvidia-fs/modules", line, text});
+      } else {
+        c.summary = "nvme not (yet) registered with nvidia-fs; it registers when a cuFile process opens /dev/nvidia-fs*";
+        c.evidence.push_back({"proc/driver/nvidia-fs/modules", 0, fmt::format("{} line(s), no nvme", split_lines(*m.text).size())});
+      }
+    } else {
+      c.state = status::unknown;
+      c.summary = "proc/driver/nvidia-fs/modules not readable";
+    }
+    out.checks.push_back(std::move(c));
+  }
+
+  // Symbols: the nvme hook, the nvidia_p2p exports and P2PDMA.
+  auto ks = root.grep("proc/kallsyms", {"nvfs", "nvidia_p2p", "p2pdma", "nvidia_fs"});
+  bool hidden_addrs = false;
+  auto has_sym = [&](const std::string& name) -> std::pair<int, std::string> {
+    if (!ks.ok()) return {0, {}};
+    auto r = find_line(*ks.text, name);
+    if (r.first > 0 && r.second.rfind("0000000000000000", 0) == 0) hidden_addrs = true;
+    return r;
+  };
+  {
+    check c{"kernel.nvme_hook", "NVMe nvfs hook", status::unknown, impact::direct, "", {}, ""};
+    auto v1 = has_sym("nvme_v1_register_nvfs_dma_ops");
+    auto v2 = has_sym("nvme_v2_register_nvfs_dma_ops");
+    if (!ks.ok()) {
+      c.summary = "proc/kallsyms not readable";
+    } else if (v1.first > 0 || v2.first > 0) {
+      auto& hit = v2.first > 0 ? v2 : v1;
+      c.state = status::ok;
+      c.summary = "nvme exports its nvfs hook (NVIDIA-patched nvme driver)";
+      c.evidence.push_back({"proc/kallsyms", hit.first, hit.second});
+    } else {
+      c.state = status::fail;
+      c.summary = "no nvme_v1/v2_register_nvfs_dma_ops in kallsyms: the nvme driver is stock, nvidia-fs cannot drive NVMe";
+      c.evidence.push_back({"proc/kallsyms", 0, "no nvme_v*_register_nvfs_dma_ops"});
+      c.fix = "Boot a kernel whose nvme driver carries the nvfs hook (Ubuntu linux-nvidia / NV-Kernels, DGX OS), or install "
+              "MOFED/DOCA mlnx-nvme-dkms with GDS support; or use the PCI P2PDMA route (open driver >= 565, "
+              "use_pci_p2pdma).";
+    }
+    out.checks.push_back(std::move(c));
+  }
+  {
+    check c{"kernel.nvidia_p2p", "nvidia_p2p exports", status::unknown, impact::direct, "", {}, ""};
+    auto p = has_sym("nvidia_p2p_get_pages_persistent");
+    if (p.first == 0) p = has_sym("nvidia_p2p_get_pages");
+    if (!ks.ok()) {
+      c.summary = "proc/kallsyms not readable";
+    } else if (p.first > 0) {
+      c.state = status::ok;
+      c.summary = "the nvidia module provides nvidia_p2p_get_pages*";
+      c.evidence.push_back({"proc/kallsyms", p.first, p.second});
+    } else {
+      c.state = status::fail;
+      c.summary = "no nvidia_p2p_get_pages* in kallsyms: GPU memory cannot be pinned for third-party DMA";
+      c.evidence.push_back({"proc/kallsyms", 0, "no nvidia_p2p_get_pages"});
+      c.fix = "Load the NVIDIA kernel module (nvidia.ko provides the nvidia_p2p_* API).";
+    }
+    if (hidden_addrs) c.summary += " (addresses hidden: not root)";
+    out.checks.push_back(std::move(c));
+  }
+  bool p2pdma_ready = false;
+  {
+    check c{"kernel.p2pdma", "PCI P2PDMA route (no nvidia-fs)", status::warn, impact::none, "", {}, ""};
+    auto k = has_sym("p2pdma_pgmap_ops");
+    std::vector<std::string> missing;
+    if (k.first > 0) c.evidence.push_back({"proc/kallsyms", k.first, k.second});
+    else missing.push_back("kernel without PCI P2PDMA (no p2pdma_pgmap_ops)");
+    if (!f.open_module || f.driver_major < 565) missing.push_back("needs the open driver >= 565");
+    if (f.registry_dwords.find("RMForceStaticBar1=1") == std::string::npos)
+      missing.push_back("NVreg_RegistryDwords lacks RMForceStaticBar1=1");
+    if (!f.use_pci_p2pdma.value_or(false)) missing.push_back("cufile.json use_pci_p2pdma is false");
+    if (missing.empty()) {
+      c.state = status::ok;
+      p2pdma_ready = true;
+      c.summary = "PCI P2PDMA route configured (kernel, open driver, static BAR1, use_pci_p2pdma)";
+    } else {
+      c.summary = "P2PDMA route not ready: " + fmt::format("{}", fmt::join(missing, "; "));
+      c.fix = "Only needed without nvidia-fs: kernel with CONFIG_PCI_P2PDMA, open driver >= 565, "
+              "options nvidia NVreg_RegistryDwords=\"RMForceStaticBar1=1;RmForceDisableIomapWC=1;\", "
+              "\"use_pci_p2pdma\": true in cufile.json.";
+    }
+    out.checks.push_back(std::move(c));
+  }
+  // With a ready P2PDMA route, nvidia-fs and the nvme hook are not needed.
+  if (p2pdma_ready) {
+    for (auto& c : out.checks) {
+      if ((c.id == "kernel.nvidia_fs" || c.id == "kernel.nvme_hook") && c.state == status::fail) {
+        c.state = status::warn;
+        c.summary += " (not needed: the PCI P2PDMA route is configured)";
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace gdskit::doctor

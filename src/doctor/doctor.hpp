@@ -1,0 +1,34 @@
+// gdskit doctor: layered diagnosis of GPUDirect Storage on a live system or a captured system root.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <system_error>
+
+#include "doctor/probe.hpp"
+#include "doctor/report.hpp"
+#include "doctor/system_root.hpp"
+
+namespace gdskit::doctor {
+
+/// Runs all static checks on `root` for the storage `path` (as seen on that system), takes the probe
+/// results if any, and decides the verdict. Never throws on bad system files.
+report diagnose(system_root& root, const std::string& path, std::optional<probe_results> probe = std::nullopt);
+
+/// The storage path to examine when none is given: the live current folder, or for a capture the path
+/// recorded in commands/doctor-path.txt ("/" when absent).
+std::string default_path(system_root& root);
+
+/// Human-readable report: the verdict line first, then each layer with its checks, evidence and fixes.
+/// `colour` adds ANSI colours (only for a terminal).
+std::string render_text(const report& r, bool colour);
+
+/// The report as JSON with stable keys (schema "gdskit.doctor/1"), pretty-printed.
+std::string render_json(const report& r);
+
+/// Writes a capture of what `root` recorded (the files the checks read and the command outputs) as a
+/// gzip-compressed tar at `out`. Uses /bin/tar on a staging folder. Returns an error code on failure.
+std::error_code write_capture(const system_root& root, const std::string& path, const std::filesystem::path& out);
+
+}  // namespace gdskit::doctor

@@ -1,0 +1,136 @@
+// Text and JSON renderings of a doctor report. JSON keys are part of the interface: add, never rename.
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "doctor/doctor.hpp"
+
+namespace gdskit::doctor {
+namespace {
+
+using json = nlohmann::json;
+
+std::string_view to_string(impact i) {
+  switch (i) {
+    case impact::none: return "none";
+    case impact::direct: return "direct_path";
+    case impact::cufile: return "cufile";
+  }
+  return "none";
+}
+
+const char* colour_of(status s) {
+  switch (s) {
+    case status::ok: return "\x1b[32m";
+    case status::warn: return "\x1b[33m";
+    case status::fail: return "\x1b[31m";
+    case status::unknown: return "\x1b[35m";
+  }
+  return "";
+}
+
+std::string tag(status s, bool colour) {
+  std::string t = fmt::format("{:<9}", fmt::format("[{}]", to_string(s)));
+  if (!colour) return t;
+  return std::string(colour_of(s)) + t + "\x1b[0m";
+}
+
+json step_json(const probe_step& s) {
+  return {{"attempted", s.attempted}, {"code", s.code}, {"message", s.message}, {"ok", s.succeeded()}};
+}
+
+}  // namespace
+
+std::string render_text(const report& r, bool colour) {
+  std::string out;
+  const char* bold = colour ? "\x1b[1m" : "";
+  const char* reset = colour ? "\x1b[0m" : "";
+  const char* vcol = !colour ? ""
+                     : r.result.kind == verdict_kind::true_gds ? "\x1b[1;32m"
+                     : r.result.kind == verdict_kind::compat_only ? "\x1b[1;33m"
+                                                                   : "\x1b[1;31m";
+  out += fmt::format("{}{}{}\n", vcol, r.result.line, reset);
+  out += fmt::format("root {}  path {}\n", r.root, r.path);
+  if (!r.result.reasons.empty()) {
+    out += "why not GDS:\n";
+    for (const auto& why : r.result.reasons) out += "  - " + why + "\n";
+  }
+  for (const auto& l : r.layers) {
+    out += fmt::format("\n{} {}{}{}\n", tag(l.state(), colour), bold, l.title, reset);
+    for (const auto& c : l.checks) {
+      out += fmt::format("  {} {:<24} {}\n", tag(c.state, colour), c.id, c.summary);
+      for (const auto& e : c.evidence) {
+        if (e.line > 0) out += fmt::format("          evidence: {}:{}: {}\n", e.file, e.line, e.text);
+        else out += fmt::format("          evidence: {}: {}\n", e.file, e.text);
+      }
+      if (!c.fix.empty() && c.state != status::ok) out += fmt::format("          fix: {}\n", c.fix);
+    }
+  }
+  if (r.probe && !r.probe->ran) out += fmt::format("\nlive probe: not run ({})\n", r.probe->skipped_reason);
+  return out;
+}
+
+std::string render_json(const report& r) {
+  json layers = json::array();
+  for (const auto& l : r.layers) {
+    json checks = json::array();
+    for (const auto& c : l.checks) {
+      json ev = json::array();
+      for (const auto& e : c.evidence) ev.push_back({{"file", e.file}, {"line", e.line}, {"text", e.text}});
+      checks.push_back({{"id", c.id},
+                        {"title", c.title},
+                        {"status", to_string(c.state)},
+                        {"blocks", to_string(c.blocks)},
+                        {"summary", c.summary},
+                        {"evidence", ev},
+                        {"fix", c.fix}});
+    }
+    layers.push_back({{"id", l.id}, {"title", l.title}, {"status", to_string(l.state())}, {"checks", checks}});
+  }
+  json probe = nullptr;
+  if (r.probe) {
+    const auto& p = *r.probe;
+    json stats = nullptr;
+    if (p.cufile_stats_delta) {
+      const auto& d = *p.cufile_stats_delta;
+      stats = {{"reads", d.reads},   {"p2p_reads", d.p2p_reads},   {"nvfs_reads", d.nvfs_reads},   {"posix_reads", d.posix_reads},
+               {"writes", d.writes}, {"p2p_writes", d.p2p_writes}, {"nvfs_writes", d.nvfs_writes}, {"posix_writes", d.posix_writes}};
+    }
+    json sweep = json::array();
+    for (const auto& s : p.sweep)
+      sweep.push_back({{"queue_depth", s.queue_depth}, {"io_size_bytes", s.io_size_bytes}, {"gib_per_s", s.gib_per_s}});
+    probe = {{"ran", p.ran},
+             {"skipped_reason", p.skipped_reason},
+             {"file", p.file},
+             {"cuda_init", step_json(p.cuda_init)},
+             {"driver_open_default", step_json(p.driver_open_default)},
+             {"driver_open_strict", step_json(p.driver_open_strict)},
+             {"handle_register", step_json(p.handle_register)},
+             {"buf_register", step_json(p.buf_register)},
+             {"strict_write", step_json(p.strict_write)},
+             {"strict_read", step_json(p.strict_read)},
+             {"default_write", step_json(p.default_write)},
+             {"default_read", step_json(p.default_read)},
+             {"data_verified", p.data_verified},
+             {"cufile_stats_delta", stats},
+             {"nvfs_reads_delta", p.nvfs_reads_delta ? json(*p.nvfs_reads_delta) : json(nullptr)},
+             {"nvfs_bar1_map_delta", p.nvfs_bar1_map_delta ? json(*p.nvfs_bar1_map_delta) : json(nullptr)},
+             {"new_dmesg_lines", p.new_dmesg_lines},
+             {"sweep", sweep}};
+  }
+  json j = {{"schema", "gdskit.doctor/1"},
+            {"verdict",
+             {{"kind", to_string(r.result.kind)},
+              {"line", r.result.line},
+              {"exit_code", r.result.exit_code()},
+              {"first_failing_layer", r.result.first_failing_layer},
+              {"reasons", r.result.reasons},
+              {"proven", r.result.proven}}},
+            {"root", r.root},
+            {"path", r.path},
+            {"layers", layers},
+            {"probe", probe}};
+  return j.dump(2) + "\n";
+}
+
+}  // namespace gdskit::doctor

@@ -1,0 +1,82 @@
+// A view of a machine's state for the doctor: either the live system or a captured folder shaped like /
+// (proc, sys, etc, run) with command outputs under commands/. Every read is recorded, so a capture holds
+// exactly what the checks looked at.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <vector>
+
+namespace gdskit::doctor {
+
+/// Text of one file or command output, or why it could not be read. Never throws.
+struct read_result {
+  std::optional<std::string> text;
+  std::error_code error;  // set when `text` is empty
+  bool ok() const noexcept { return text.has_value(); }
+};
+
+/// Where a piece of evidence came from: a path relative to the root ("proc/modules") or a command
+/// ("commands/dmesg.txt"), and optionally the 1-based line.
+struct source_ref {
+  std::string file;
+  int line = 0;
+  std::string text;  // the line's content (trimmed), empty for "file absent" evidence
+};
+
+class system_root {
+ public:
+  /// `root` is "/" for the live system; anything else is treated as a capture (commands come from
+  /// root/commands/<name>.txt and symlinks from <path>.link or <dir>/realpath.txt files).
+  explicit system_root(std::filesystem::path root, bool live);
+
+  /// Live system rooted at "/".
+  static system_root live_system() { return system_root("/", true); }
+  /// A captured folder.
+  static system_root captured(std::filesystem::path root) { return system_root(std::move(root), false); }
+
+  bool live() const noexcept { return live_; }
+  const std::filesystem::path& root() const noexcept { return root_; }
+
+  /// Reads a text file given relative to the root ("proc/cmdline"). Files larger than `max_bytes` are cut.
+  read_result read(const std::string& rel, std::size_t max_bytes = 1 << 20);
+  /// Reads a file and keeps only lines containing one of `needles`; only those lines are recorded
+  /// (how /proc/kallsyms, many MiB, is read and captured).
+  read_result grep(const std::string& rel, const std::vector<std::string>& needles);
+  /// Entry names of a folder, sorted; error when absent or unreadable.
+  std::vector<std::string> list(const std::string& rel, std::error_code& ec);
+  /// Whether a path exists (recorded as a listing of its parent would be too much; not recorded).
+  bool exists(const std::string& rel) const;
+  /// Target of a symlink (live: readlink; capture: the text of <rel>.link).
+  read_result link_target(const std::string& rel);
+  /// Absolute resolved path of a sysfs folder as seen on the captured machine ("/sys/devices/pci0000:00/...")
+  /// (live: canonical path; capture: <rel>/realpath.txt).
+  read_result real_path(const std::string& rel);
+  /// Output of a command by capture name ("dmesg", "uname", "iommu_groups", "run-udev-data", "ulimit-l",
+  /// "nvidia-smi-q", "ls-sys-bus-pci-devices", "cufile-log", "doctor-path"): live, the doctor produces it
+  /// itself (running the program where needed); capture, root/commands/<name>.txt.
+  read_result command(const std::string& name);
+
+  /// Everything read so far: path relative to root -> recorded content (command outputs under commands/).
+  const std::map<std::string, std::string>& recorded() const noexcept { return recorded_; }
+  /// Adds a synthetic record (used for command outputs produced by the caller).
+  void record(const std::string& rel, std::string content) { recorded_[rel] = std::move(content); }
+
+ private:
+  std::filesystem::path abs(const std::string& rel) const;
+  read_result live_command(const std::string& name);
+
+  std::filesystem::path root_;
+  bool live_;
+  std::map<std::string, std::string> recorded_;
+};
+
+/// Splits text into lines (no trailing '\n'; a final line without newline is kept).
+std::vector<std::string> split_lines(const std::string& text);
+/// Trims ASCII whitespace at both ends.
+std::string trim(std::string s);
+
+}  // namespace gdskit::doctor
