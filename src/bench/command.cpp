@@ -1,0 +1,166 @@
+// `gdskit bench`: parse, run (one run, a job file, or a sweep), report, and pick the exit code.
+#include <unistd.h>
+
+#include <iostream>
+#include <ostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "bench/bench.hpp"
+#include "gdskit/error.hpp"
+#include "gdskit/settings.hpp"
+
+namespace gdskit::bench {
+
+namespace {
+
+// A progress line on stderr for runs longer than about two seconds, only when stderr is a terminal.
+hooks with_progress(const hooks& h, const run_options& opt, std::ostream& err, bool* printed) {
+  hooks out = h;
+  if (out.progress || opt.quiet || &err != &std::cerr || !::isatty(STDERR_FILENO)) return out;
+  out.progress = [&err, printed](std::uint64_t bytes, double seconds) {
+    if (seconds < 2.0) return;
+    *printed = true;
+    err << fmt::format("\r  {:.1f} s  {}  {:.2f} GiB/s   ", seconds, format_size(bytes),
+                       static_cast<double>(bytes) / seconds / double(1 << 30))
+        << std::flush;
+  };
+  return out;
+}
+
+void clear_progress(std::ostream& err, bool printed) {
+  if (printed) err << "\r" << std::string(60, ' ') << "\r" << std::flush;
+}
+
+std::vector<job_result> run_with_progress(const std::vector<job_spec>& jobs, const run_options& opt, const hooks& h,
+                                          std::ostream& err) {
+  bool printed = false;
+  hooks hp = with_progress(h, opt, err, &printed);
+  try {
+    auto r = run_jobs(jobs, opt, hp);
+    clear_progress(err, printed);
+    return r;
+  } catch (...) {
+    clear_progress(err, printed);
+    throw;
+  }
+}
+
+bool all_ok(const std::vector<job_result>& rs) {
+  for (const auto& r : rs)
+    if (!r.verify_ok) return false;
+  return true;
+}
+
+int run_single(const request& req, std::ostream& out, std::ostream& err, const hooks& h) {
+  auto results = run_with_progress(req.jobs, req.options, h, err);
+  const bool many = results.size() > 1;
+  job_result total = total_of(results);
+  if (req.options.json) {
+    nlohmann::json j = {{"gdskit_bench", 1}, {"results", nlohmann::json::array()},
+                        {"total", many ? to_json(total) : nlohmann::json(nullptr)}, {"sweep", nullptr}};
+    for (const auto& r : results) j["results"].push_back(to_json(r));
+    out << j.dump(2) << "\n";
+  } else if (req.options.csv) {
+    out << csv_header();
+    for (const auto& r : results) out << csv_row(r);
+    if (many) out << csv_row(total);
+  } else {
+    for (const auto& r : results) {
+      if (many) out << fmt::format("job {}:\n", r.job.name);
+      out << gdsio_line(r) << "\n" << detail_lines(r);
+    }
+    if (many) out << "total of " << results.size() << " concurrent jobs:\n" << gdsio_line(total) << "\n";
+  }
+  for (const auto& r : results) {
+    if (!r.verify_ok) err << fmt::format("gdskit bench: verification failed: {}\n", r.verify_message);
+  }
+  return all_ok(results) ? 0 : 1;
+}
+
+int run_sweep(const request& req, std::ostream& out, std::ostream& err, const hooks& h) {
+  const sweep_spec& sw = *req.sweep;
+  const job_spec& base = req.jobs.front();
+  std::vector<xfer_spec> xfers = sw.xfers.empty() ? std::vector<xfer_spec>{base.xfer} : sw.xfers;
+  std::vector<io_size_spec> ios;
+  if (sw.io_bytes.empty()) {
+    ios.push_back(base.io);
+  } else {
+    for (auto b : sw.io_bytes) ios.push_back({b, b, 0});
+  }
+  std::vector<job_spec> points;
+  for (const auto& x : xfers)
+    for (const auto& io : ios)
+      for (unsigned t : sw.threads) {
+        job_spec j = base;
+        j.xfer = x;
+        j.io = io;
+        j.threads = t;
+        j.name = fmt::format("{}-{}-{}", to_string(x.kind), io.max_bytes, t);
+        // Reads must fit the file, GPUs must exist: check every point before the first one runs.
+        if (!is_write(j.type)) validate(j);
+        points.push_back(j);
+      }
+  std::vector<sweep_row> rows;
+  for (const auto& j : points) {
+    auto r = run_with_progress({j}, req.options, h, err);
+    rows.push_back({std::string(to_string(j.xfer.kind)), j.io.max_bytes, std::move(r.front())});
+  }
+  std::string verdicts = sweep_verdicts(rows, req.options.plateau_gib_s);
+  if (req.options.json) {
+    nlohmann::json j = {{"gdskit_bench", 1}, {"results", nlohmann::json::array()}, {"total", nullptr}};
+    nlohmann::json lines = nlohmann::json::array();
+    for (const auto& row : rows) j["results"].push_back(to_json(row.result));
+    std::size_t pos = 0;
+    while (pos < verdicts.size()) {
+      auto nl = verdicts.find('\n', pos);
+      lines.push_back(verdicts.substr(pos, nl - pos));
+      pos = nl + 1;
+    }
+    j["sweep"] = {{"threads", sw.threads}, {"verdicts", lines}};
+    out << j.dump(2) << "\n";
+  } else if (req.options.csv) {
+    out << csv_header();
+    for (const auto& row : rows) out << csv_row(row.result);
+  } else {
+    for (const auto& row : rows) out << gdsio_line(row.result) << "\n";
+    out << "\n" << sweep_table(rows) << "\n" << verdicts;
+    if (!rows.empty()) out << fmt::format("path that ran: {}\n", rows.front().result.path_ran);
+  }
+  if (!req.options.plot.empty()) {
+    std::string e = plot_sweep(rows, req.options.plot);
+    if (!e.empty()) {
+      err << fmt::format("gdskit bench: --plot {}: {}\n", req.options.plot.string(), e);
+      return 3;
+    }
+    if (!req.options.json && !req.options.csv) out << fmt::format("chart: {}\n", req.options.plot.string());
+  }
+  std::vector<job_result> rs;
+  for (const auto& row : rows) rs.push_back(row.result);
+  return all_ok(rs) ? 0 : 1;
+}
+
+}  // namespace
+
+int run_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err, const hooks& h) {
+  try {
+    request req = parse_args(args);
+    if (req.help) {
+      out << usage();
+      return 0;
+    }
+    return req.sweep ? run_sweep(req, out, err, h) : run_single(req, out, err, h);
+  } catch (const usage_error& e) {
+    err << "gdskit bench: " << e.what() << "\n";
+    return 2;
+  } catch (const gdskit::error& e) {
+    err << "gdskit bench: " << e.what() << "\n";
+    return 3;
+  } catch (const std::exception& e) {
+    err << "gdskit bench: " << e.what() << "\n";
+    return 3;
+  }
+}
+
+}  // namespace gdskit::bench

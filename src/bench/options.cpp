@@ -1,0 +1,446 @@
+// Flags, -x mapping, config files and the checks made before anything runs.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "bench/bench.hpp"
+#include "bench/transfer.hpp"
+#include "gdskit/settings.hpp"
+
+namespace gdskit::bench {
+
+bool is_write(io_type t) noexcept { return t == io_type::write || t == io_type::randwrite; }
+bool is_random(io_type t) noexcept { return t == io_type::randread || t == io_type::randwrite; }
+
+std::string_view io_label(io_type t) noexcept {
+  switch (t) {
+    case io_type::read: return "READ";
+    case io_type::write: return "WRITE";
+    case io_type::randread: return "RANDREAD";
+    default: return "RANDWRITE";
+  }
+}
+
+std::string_view to_string(xfer_kind k) noexcept {
+  switch (k) {
+    case xfer_kind::gds: return "gds";
+    case xfer_kind::staged: return "staged";
+    case xfer_kind::compat: return "compat";
+    case xfer_kind::host: return "host";
+    default: return "naive";
+  }
+}
+
+bool needs_gpu(xfer_kind k) noexcept { return k != xfer_kind::host; }
+
+std::optional<xfer_spec> parse_xfer(std::string_view text) {
+  // gdsio's numbers, mapped to the gdskit path with the same data movement (docs/bench.md has the table).
+  static const xfer_spec by_number[] = {
+      {xfer_kind::gds, 0, "GPUD", false, ""},
+      {xfer_kind::host, 1, "CPUONLY", false, ""},
+      {xfer_kind::naive, 2, "CPU_GPU", false, "gdskit copies synchronously on one stream per worker"},
+      {xfer_kind::staged, 3, "CPU_ASYNC_GPU", false, "gdskit's staged pipeline (pinned slots, async copies)"},
+      {xfer_kind::naive, 4, "CPU_CACHED_GPU", true, "naive without O_DIRECT (through the page cache)"},
+      {xfer_kind::gds, 5, "GPUD_ASYNC", false, "run as gds: gdskit does not use the cuFile stream API"},
+      {xfer_kind::gds, 6, "GPU_BATCH", false, "run as gds with -w workers: gdskit does not use the batch API"},
+      {xfer_kind::gds, 7, "GPU_BATCH_STREAM", false, "run as gds with -w workers: gdskit does not use the batch API"},
+  };
+  if (text.size() == 1 && text[0] >= '0' && text[0] <= '7') return by_number[text[0] - '0'];
+  if (text == "gds") return xfer_spec{xfer_kind::gds, -1, "GPUD", false, ""};
+  if (text == "staged") return xfer_spec{xfer_kind::staged, -1, "STAGED", false, ""};
+  if (text == "compat") return xfer_spec{xfer_kind::compat, -1, "COMPAT", false, ""};
+  if (text == "host") return xfer_spec{xfer_kind::host, -1, "CPUONLY", false, ""};
+  if (text == "naive") return xfer_spec{xfer_kind::naive, -1, "CPU_GPU", false, ""};
+  return std::nullopt;
+}
+
+std::string io_size_spec::label() const {
+  if (!variable()) return fmt::format("{}(KiB)", min_bytes / 1024);
+  return fmt::format("{}-{}-{}(KiB)", min_bytes / 1024, max_bytes / 1024, step_bytes / 1024);
+}
+
+namespace {
+
+[[noreturn]] void fail(const std::string& msg) { throw usage_error(msg); }
+
+std::uint64_t size_arg(std::string_view flag, std::string_view text) {
+  auto v = parse_size(text);
+  if (!v) fail(fmt::format("{} {}: not a size (use 4096, 4K, 1M, 1G)", flag, text));
+  return *v;
+}
+
+long long int_arg(std::string_view flag, std::string_view text, long long lo, long long hi) {
+  long long v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || p != text.data() + text.size()) fail(fmt::format("{} {}: not a whole number", flag, text));
+  if (v < lo || v > hi) fail(fmt::format("{} {}: must be between {} and {}", flag, text, lo, hi));
+  return v;
+}
+
+double seconds_arg(std::string_view flag, std::string_view text) {
+  double v = 0;
+  try {
+    std::size_t used = 0;
+    v = std::stod(std::string(text), &used);
+    if (used != text.size()) throw std::invalid_argument("trailing");
+  } catch (const std::exception&) {
+    fail(fmt::format("{} {}: not a number of seconds", flag, text));
+  }
+  if (v < 0 || v > 86400) fail(fmt::format("{} {}: must be between 0 and 86400 seconds", flag, text));
+  return v;
+}
+
+io_size_spec io_arg(std::string_view flag, std::string_view text) {
+  io_size_spec s;
+  auto c1 = text.find(':');
+  if (c1 == std::string_view::npos) {
+    s.min_bytes = s.max_bytes = size_arg(flag, text);
+    s.step_bytes = 0;
+  } else {
+    auto c2 = text.find(':', c1 + 1);
+    if (c2 == std::string_view::npos) fail(fmt::format("{} {}: a range is min:max:step", flag, text));
+    s.min_bytes = size_arg(flag, text.substr(0, c1));
+    s.max_bytes = size_arg(flag, text.substr(c1 + 1, c2 - c1 - 1));
+    s.step_bytes = size_arg(flag, text.substr(c2 + 1));
+    if (s.max_bytes < s.min_bytes) fail(fmt::format("{} {}: max is smaller than min", flag, text));
+    if (s.step_bytes == 0 && s.max_bytes != s.min_bytes) fail(fmt::format("{} {}: step must not be 0", flag, text));
+  }
+  if (s.min_bytes == 0) fail(fmt::format("{} {}: io size must be at least 1 byte", flag, text));
+  if (s.max_bytes > (std::uint64_t{1} << 30)) fail(fmt::format("{} {}: io size above 1 GiB", flag, text));
+  return s;
+}
+
+io_type io_type_arg(std::string_view flag, std::string_view text) {
+  if (text == "read") return io_type::read;
+  if (text == "write") return io_type::write;
+  if (text == "randread") return io_type::randread;
+  if (text == "randwrite") return io_type::randwrite;
+  return static_cast<io_type>(int_arg(flag, text, 0, 3));
+}
+
+xfer_spec xfer_arg(std::string_view flag, std::string_view text) {
+  auto x = parse_xfer(text);
+  if (!x) fail(fmt::format("{} {}: unknown transfer type (0-7 or gds, staged, compat, host, naive)", flag, text));
+  return *x;
+}
+
+bool bool_arg(std::string_view flag, std::string_view text) {
+  if (text == "1" || text == "true" || text == "yes") return true;
+  if (text == "0" || text == "false" || text == "no") return false;
+  fail(fmt::format("{} {}: expected 0 or 1", flag, text));
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  return s;
+}
+
+// Applies one config key to a job; unknown keys are errors so a typo never silently changes a run.
+void apply_key(job_spec& j, std::string_view key, std::string_view value, const std::string& where) {
+  const std::string flag = where + " " + std::string(key) + "=";
+  if (key == "name") j.name = value;
+  else if (key == "xfer_type") j.xfer = xfer_arg(flag, value);
+  else if (key == "rw") j.type = io_type_arg(flag, value);
+  else if (key == "bs") j.io = io_arg(flag, value);
+  else if (key == "size") j.size_bytes = size_arg(flag, value);
+  else if (key == "runtime") j.seconds = seconds_arg(flag, value);
+  else if (key == "do_verify") j.verify = bool_arg(flag, value);
+  else if (key == "random_seed") j.seed = static_cast<std::uint64_t>(int_arg(flag, value, 0, INT64_MAX));
+  else if (key == "start_offset") j.offset_bytes = size_arg(flag, value);
+  else if (key == "gpu_dev_id") { j.gpu = static_cast<int>(int_arg(flag, value, 0, 1023)); j.gpu_given = true; }
+  else if (key == "num_threads") j.threads = static_cast<unsigned>(int_arg(flag, value, 1, 1024));
+  else if (key == "directory") j.directory = std::string(value);
+  else if (key == "filename") j.file = std::string(value);
+  else if (key == "fd_mode") j.no_direct = bool_arg(flag, value);
+  else if (key == "numa_node" || key == "skip_bufregister" || key == "enable_nvlinks" || key == "mem_type") {
+    // Accepted for compatibility with gdsio job files; gdskit has no equivalent setting.
+  } else {
+    fail(fmt::format("{}{}: unknown key", where, std::string(key)));
+  }
+}
+
+}  // namespace
+
+std::vector<job_spec> parse_config(std::string_view text, const job_spec& defaults) {
+  job_spec global = defaults;
+  std::vector<job_spec> jobs;
+  std::string section;
+  int lineno = 0;
+  std::istringstream in{std::string(text)};
+  std::string raw;
+  while (std::getline(in, raw)) {
+    ++lineno;
+    std::string_view line = trim(raw);
+    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
+    const std::string where = fmt::format("line {}:", lineno);
+    if (line.front() == '[') {
+      if (line.back() != ']') fail(where + " section header without ']'");
+      section = std::string(trim(line.substr(1, line.size() - 2)));
+      if (section.empty()) fail(where + " empty section name");
+      if (section != "global") {
+        jobs.push_back(global);
+        jobs.back().name = section;
+      }
+      continue;
+    }
+    auto eq = line.find('=');
+    if (eq == std::string_view::npos) fail(where + " expected key=value");
+    auto key = trim(line.substr(0, eq));
+    auto value = trim(line.substr(eq + 1));
+    if (section.empty()) fail(where + " key outside a section");
+    if (section == "global") {
+      if (!jobs.empty()) fail(where + " [global] must come before the jobs");
+      apply_key(global, key, value, where);
+    } else {
+      apply_key(jobs.back(), key, value, where);
+    }
+  }
+  if (jobs.empty()) fail("config file has no job sections ([job1], ...)");
+  return jobs;
+}
+
+sweep_spec parse_sweep(std::string_view text) {
+  sweep_spec s;
+  std::string key;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    auto comma = text.find_first_of(",;", pos);
+    if (comma == std::string_view::npos) comma = text.size();
+    std::string_view item = trim(text.substr(pos, comma - pos));
+    pos = comma + 1;
+    if (item.empty()) continue;
+    auto eq = item.find('=');
+    if (eq != std::string_view::npos) {
+      key = std::string(trim(item.substr(0, eq)));
+      item = trim(item.substr(eq + 1));
+      if (key != "threads" && key != "io" && key != "x") {
+        fail(fmt::format("--sweep: unknown key '{}' (threads, io, x)", key));
+      }
+    }
+    if (key.empty()) fail(fmt::format("--sweep {}: start with threads=", text));
+    if (key == "threads") s.threads.push_back(static_cast<unsigned>(int_arg("--sweep threads", item, 1, 1024)));
+    else if (key == "io") s.io_bytes.push_back(io_arg("--sweep io", item).min_bytes);
+    else s.xfers.push_back(xfer_arg("--sweep x", item));
+  }
+  if (s.threads.empty()) fail("--sweep: needs threads=1,2,4,...");
+  return s;
+}
+
+std::string usage() {
+  return R"(gdskit bench: gdsio-compatible benchmark that reports the data path that actually ran.
+
+  gdskit bench -f FILE|-D DIR -s SIZE [-w THREADS] [-i IO_SIZE] [-I 0|1|2|3] [-x TYPE] [options]
+  gdskit bench JOBFILE [options]          run the jobs of a gdsio-style job file concurrently
+
+gdsio flags (same meaning):
+  -f FILE       one file; worker n works on [-o + n*SIZE, -o + (n+1)*SIZE)
+  -D DIR        one file DIR/gdsio.<n> per worker
+  -d GPU        GPU index (GPU transfer types)
+  -w THREADS    workers, each with one IO_SIZE request in flight (queue depth)       [1]
+  -s SIZE       bytes per worker (K, M, G: binary units)
+  -i IO_SIZE    request size, or min:max:step (random size in that range per request) [1M]
+  -o OFFSET     start offset in the file                                             [0]
+  -I 0|1|2|3    read, write, randread, randwrite (random offsets 4 KiB aligned)      [0]
+  -x TYPE       0 GPUD->gds, 1 CPUONLY->host, 2 CPU_GPU->naive, 3 CPU_ASYNC_GPU->staged,
+                4 CPU_CACHED_GPU->naive via page cache, 5/6/7->gds; or a name:
+                gds, staged, compat, host, naive                                     [host]
+  -V            verify: writes a seeded pattern and checks every byte read back
+  -T SECONDS    run for this long, re-reading or re-writing the data set
+  -k SEED       seed for random offsets, sizes and the verify pattern                [0]
+  -O 0|1        0 O_DIRECT where the file system allows it, 1 page cache             [0]
+gdskit flags:
+  --cold        drop the files from the page cache first (posix_fadvise DONTNEED) and check with mincore
+  --sweep threads=1,2,4,8,16[,io=1M,4M][,x=host,naive]   run the matrix, print a table and a scaling verdict
+  --plateau GIB_S   host copy rate the verdict compares against (default: the best staged/naive curve)
+  --json | --csv    machine-readable output
+  --plot FILE.png   throughput against threads per path (gnuplot)
+  --quiet       no progress line
+Exit codes: 0 done, 1 verification failed, 2 usage or bad input (nothing run), 3 I/O error during the run.
+)";
+}
+
+request parse_args(const std::vector<std::string>& args) {
+  request r;
+  job_spec job;
+  bool have_x = false, have_file = false, have_dir = false, have_size = false, have_jobfile = false;
+  std::vector<std::pair<std::string, std::string>> job_flags;  // for overriding job-file jobs
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i];
+    std::string value;
+    bool has_inline = false;
+    if (a.rfind("--", 0) == 0) {
+      auto eq = a.find('=');
+      if (eq != std::string::npos) {
+        value = a.substr(eq + 1);
+        a = a.substr(0, eq);
+        has_inline = true;
+      }
+    }
+    auto next = [&]() -> std::string {
+      if (has_inline) return value;
+      if (i + 1 >= args.size()) fail(fmt::format("{}: needs a value", a));
+      return args[++i];
+    };
+    if (a == "-h" || a == "--help") { r.help = true; continue; }
+    if (a == "-V") { job.verify = true; job_flags.emplace_back(a, ""); continue; }
+    if (a == "--cold") { r.options.cold = true; continue; }
+    if (a == "--json") { r.options.json = true; continue; }
+    if (a == "--csv") { r.options.csv = true; continue; }
+    if (a == "--quiet" || a == "-q") { r.options.quiet = true; continue; }
+    if (a == "--plot") {
+      r.options.plot = next();
+      if (r.options.plot.extension() != ".png") fail(fmt::format("--plot {}: the file must end in .png", r.options.plot.string()));
+      continue;
+    }
+    if (a == "--sweep") { r.sweep = parse_sweep(next()); continue; }
+    if (a == "--plateau") {
+      double v = seconds_arg("--plateau", next());
+      if (v <= 0) fail("--plateau: must be above 0 GiB/s");
+      r.options.plateau_gib_s = v;
+      continue;
+    }
+    if (a.size() == 2 && a[0] == '-') {
+      std::string v = next();
+      switch (a[1]) {
+        case 'f': job.file = v; have_file = true; break;
+        case 'D': job.directory = v; have_dir = true; break;
+        case 'd': job.gpu = static_cast<int>(int_arg(a, v, 0, 1023)); job.gpu_given = true; break;
+        case 'w': job.threads = static_cast<unsigned>(int_arg(a, v, 1, 1024)); break;
+        case 's': job.size_bytes = size_arg(a, v); have_size = true; break;
+        case 'i': job.io = io_arg(a, v); break;
+        case 'o': job.offset_bytes = size_arg(a, v); break;
+        case 'I': job.type = io_type_arg(a, v); break;
+        case 'x': job.xfer = xfer_arg(a, v); have_x = true; break;
+        case 'T': job.seconds = seconds_arg(a, v); break;
+        case 'k': job.seed = static_cast<std::uint64_t>(int_arg(a, v, 0, INT64_MAX)); break;
+        case 'O': job.no_direct = int_arg(a, v, 0, 1) == 1; break;
+        default: fail(fmt::format("{}: unknown flag (gdskit bench -h lists them)", a));
+      }
+      job_flags.emplace_back(a, v);
+      continue;
+    }
+    if (!a.empty() && a[0] == '-') fail(fmt::format("{}: unknown flag (gdskit bench -h lists them)", a));
+    if (have_jobfile) fail(fmt::format("{}: only one job file", a));
+    r.config_file = a;
+    have_jobfile = true;
+  }
+  if (r.help) return r;
+  if (!have_x) job.xfer = *parse_xfer("host");
+  if (have_jobfile) {
+    std::ifstream in(r.config_file);
+    if (!in) fail(fmt::format("job file {}: {}", r.config_file.string(), std::strerror(errno)));
+    std::stringstream text;
+    text << in.rdbuf();
+    job_spec defaults;
+    defaults.xfer = *parse_xfer("host");
+    r.jobs = parse_config(text.str(), defaults);
+    if (!job_flags.empty()) fail("job file: give the job settings in the file, not as flags");
+  } else {
+    if (have_file && have_dir) fail("-f and -D: give one of them, not both");
+    if (!have_file && !have_dir) fail("needs -f FILE or -D DIR (or a job file)");
+    if (!have_size) fail("needs -s SIZE");
+    r.jobs.push_back(job);
+  }
+  for (const auto& j : r.jobs) {
+    if (j.file.empty() == j.directory.empty()) fail(fmt::format("job {}: needs exactly one of filename or directory", j.name));
+    if (j.size_bytes == 0) fail(fmt::format("job {}: size must be above 0", j.name));
+    if (j.verify && j.seconds > 0) fail("-V cannot be combined with -T (like gdsio: a timed run re-writes the data set)");
+    if (j.io.min_bytes == 0) fail("-i: io size must be at least 1 byte");
+  }
+  if (r.sweep && r.jobs.size() > 1) fail("--sweep runs one job: use flags, not a job file");
+  if (!r.options.plot.empty() && !r.sweep) fail("--plot needs --sweep (it draws throughput against threads)");
+  if (r.options.json && r.options.csv) fail("--json and --csv: pick one");
+  return r;
+}
+
+namespace {
+
+bool folder_writable(const std::filesystem::path& dir, std::string* why) {
+  std::error_code ec;
+  auto st = std::filesystem::status(dir, ec);
+  if (ec || !std::filesystem::exists(st)) {
+    *why = fmt::format("folder {} does not exist", dir.string());
+    return false;
+  }
+  if (!std::filesystem::is_directory(st)) {
+    *why = fmt::format("{} is not a folder", dir.string());
+    return false;
+  }
+  if (::access(dir.c_str(), W_OK) != 0) {
+    *why = fmt::format("folder {} is not writable: {}", dir.string(), std::strerror(errno));
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void validate(const job_spec& j) {
+  const bool writing = is_write(j.type);
+  const std::string who = fmt::format("job {}", j.name);
+  if (j.io.max_bytes > j.size_bytes) {
+    fail(fmt::format("{}: io size {} is larger than the size per worker {}", who, format_size(j.io.max_bytes),
+                     format_size(j.size_bytes)));
+  }
+  if (needs_gpu(j.xfer.kind)) {
+    std::string why;
+    if (!gpu_usable(&why)) fail(fmt::format("-x {} needs a GPU, and none is usable: {}", to_string(j.xfer.kind), why));
+    int n = gpu_devices();
+    if (j.gpu >= n) fail(fmt::format("-d {}: no such GPU (this machine has {}; indexes 0..{})", j.gpu, n, n - 1));
+  }
+  std::vector<std::filesystem::path> files;
+  std::vector<std::uint64_t> need;
+  if (!j.file.empty()) {
+    files.push_back(j.file);
+    need.push_back(j.offset_bytes + j.size_bytes * j.threads);
+  } else {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(j.directory, ec)) fail(fmt::format("-D {}: not a folder", j.directory.string()));
+    for (unsigned n = 0; n < j.threads; ++n) {
+      files.push_back(j.directory / fmt::format("gdsio.{}", n));
+      need.push_back(j.offset_bytes + j.size_bytes);
+    }
+  }
+  for (std::size_t k = 0; k < files.size(); ++k) {
+    const auto& f = files[k];
+    std::error_code ec;
+    auto st = std::filesystem::status(f, ec);
+    const bool exists = std::filesystem::exists(st);
+    if (exists && std::filesystem::is_directory(st)) fail(fmt::format("{}: is a folder, not a file", f.string()));
+    if (writing) {
+      std::string why;
+      auto parent = f.parent_path().empty() ? std::filesystem::path(".") : f.parent_path();
+      if (exists) {
+        if (::access(f.c_str(), W_OK) != 0) fail(fmt::format("{}: cannot write: {}", f.string(), std::strerror(errno)));
+      } else if (!folder_writable(parent, &why)) {
+        fail(fmt::format("{}: cannot create: {}", f.string(), why));
+      }
+      continue;
+    }
+    if (!exists) {
+      fail(fmt::format("{}: no such file to read (write it first: -I 1{})", f.string(),
+                       j.verify ? " -V with the same -k, -w, -o and -s" : ""));
+    }
+    if (::access(f.c_str(), R_OK) != 0) fail(fmt::format("{}: cannot read: {}", f.string(), std::strerror(errno)));
+    const std::uint64_t have = std::filesystem::file_size(f, ec);
+    if (have < need[k]) {
+      fail(fmt::format("{}: the file has {} but the run reads {} (offset {} + {} x {} per worker); "
+                       "lower -s or -w, or write the file first with -I 1",
+                       f.string(), format_size(have), format_size(need[k]), format_size(j.offset_bytes),
+                       j.file.empty() ? 1u : j.threads, format_size(j.size_bytes)));
+    }
+  }
+}
+
+}  // namespace gdskit::bench

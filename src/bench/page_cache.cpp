@@ -1,0 +1,53 @@
+// Page-cache residency (mmap + mincore) and dropping a file's pages (posix_fadvise DONTNEED).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "bench/bench.hpp"
+
+namespace gdskit::bench {
+
+std::optional<double> page_cache_residency(const std::filesystem::path& file, std::string* why) {
+  auto say = [&](std::string s) {
+    if (why) *why = std::move(s);
+    return std::nullopt;
+  };
+  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return say(std::string("open: ") + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || st.st_size == 0) {
+    ::close(fd);
+    return say("empty file");
+  }
+  const auto len = static_cast<std::size_t>(st.st_size);
+  void* map = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return say(std::string("mmap: ") + std::strerror(errno));
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> vec((len + page - 1) / page);
+  int rc = ::mincore(map, len, vec.data());
+  int e = errno;
+  ::munmap(map, len);
+  if (rc != 0) return say(std::string("mincore: ") + std::strerror(e));
+  std::size_t resident = 0;
+  for (unsigned char v : vec) resident += v & 1;
+  return static_cast<double>(resident) / static_cast<double>(vec.size());
+}
+
+std::string drop_page_cache(const std::filesystem::path& file) {
+  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::string("open: ") + std::strerror(errno);
+  // Dirty pages cannot be dropped: write them first.
+  ::fdatasync(fd);
+  int rc = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+  if (rc != 0) return std::string("posix_fadvise DONTNEED: ") + std::strerror(rc);
+  return {};
+}
+
+}  // namespace gdskit::bench

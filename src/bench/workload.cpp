@@ -1,0 +1,387 @@
+// Runs jobs: workers with one request in flight each, timing every request, then verification.
+#include <sys/resource.h>
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <latch>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "bench/bench.hpp"
+#include "bench/transfer.hpp"
+#include "gdskit/error.hpp"
+#include "gdskit/settings.hpp"
+
+namespace gdskit::bench {
+
+double job_result::gib_per_s() const noexcept {
+  return seconds > 0 ? static_cast<double>(bytes) / seconds / double(1 << 30) : 0.0;
+}
+
+double job_result::cpu_s_per_gib() const noexcept {
+  return bytes > 0 ? (cpu_user_s + cpu_sys_s) / (static_cast<double>(bytes) / double(1 << 30)) : 0.0;
+}
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double tv_seconds(const timeval& tv) { return static_cast<double>(tv.tv_sec) + tv.tv_usec / 1e6; }
+
+struct cpu_times {
+  double user = 0, sys = 0;
+};
+cpu_times process_cpu() {
+  rusage ru {};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return {tv_seconds(ru.ru_utime), tv_seconds(ru.ru_stime)};
+}
+
+// The cuFile statistics seam: the cuFile shim will fill it; until then it says why there are none.
+std::string cufile_stats_note(xfer_kind k) {
+  if (k == xfer_kind::host || k == xfer_kind::naive) return "not applicable (no cuFile I/O on this path)";
+  return "not available: the cuFile statistics counters are not wired into the shim yet";
+}
+
+struct worker {
+  const job_spec* job = nullptr;
+  const file_handle* file = nullptr;
+  std::uint64_t begin = 0, length = 0;  // this worker's region
+  std::unique_ptr<transfer> xfer;
+  std::mt19937_64 rng;
+  std::vector<std::uint64_t> latency_ns;
+  std::vector<std::pair<std::uint64_t, std::size_t>> written;  // ranges to read back for -V writes
+  std::atomic<std::uint64_t> bytes{0};
+  std::uint64_t ops = 0;
+  clock_type::time_point end;
+  bool verify_ok = true;
+  std::uint64_t verified = 0;
+  std::string verify_message;
+};
+
+std::size_t next_size(worker& w) {
+  const io_size_spec& io = w.job->io;
+  if (!io.variable()) return io.min_bytes;
+  const std::uint64_t steps = (io.max_bytes - io.min_bytes) / io.step_bytes;
+  return io.min_bytes + (w.rng() % (steps + 1)) * io.step_bytes;
+}
+
+void check(worker& w, std::uint64_t offset, std::size_t n, std::vector<std::byte>& scratch) {
+  if (!w.verify_ok) return;
+  w.xfer->store(scratch.data(), n);
+  if (auto bad = check_pattern(w.job->seed, offset, scratch.data(), n)) {
+    const std::uint64_t at = offset + *bad;
+    w.verify_ok = false;
+    w.verify_message = fmt::format("mismatch in {} at offset {}: expected 0x{:02x}, read 0x{:02x}",
+                                   w.file->path().string(), at, pattern_byte(w.job->seed, at),
+                                   static_cast<unsigned>(scratch[*bad]));
+  } else {
+    w.verified += n;
+  }
+}
+
+void run_worker(worker& w, const std::atomic<bool>& stop, clock_type::time_point start) {
+  const job_spec& j = *w.job;
+  const bool writing = is_write(j.type);
+  const bool random = is_random(j.type);
+  const std::size_t cap = j.io.max_bytes;
+  std::vector<std::byte> scratch(j.verify ? cap : 0);
+  if (writing && !j.verify) {
+    // Without -V the content does not matter: fill once so the loop measures I/O, not pattern generation.
+    std::vector<std::byte> fill(cap);
+    fill_pattern(j.seed, 0, fill.data(), cap);
+    w.xfer->load(fill.data(), cap);
+  }
+  const auto deadline = start + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(j.seconds));
+  std::uint64_t pos = w.begin, done_bytes = 0;
+  const std::uint64_t region_end = w.begin + w.length;
+  while (!stop.load(std::memory_order_relaxed)) {
+    if (j.seconds > 0) {
+      if (clock_type::now() >= deadline) break;
+    } else if (done_bytes >= w.length) {
+      break;
+    }
+    std::size_t n = next_size(w);
+    std::uint64_t off;
+    if (random) {
+      const std::uint64_t slots = (w.length - n) / 4096 + 1;
+      off = w.begin + (w.rng() % slots) * 4096;
+    } else {
+      if (pos >= region_end) pos = w.begin;  // timed runs go round again
+      n = static_cast<std::size_t>(std::min<std::uint64_t>(n, region_end - pos));
+      off = pos;
+      pos += n;
+    }
+    if (writing && j.verify) {
+      fill_pattern(j.seed, off, scratch.data(), n);
+      w.xfer->load(scratch.data(), n);
+    }
+    auto t0 = clock_type::now();
+    std::size_t got = writing ? w.xfer->write(*w.file, off, n) : w.xfer->read(*w.file, off, n);
+    auto t1 = clock_type::now();
+    w.latency_ns.push_back(static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count()));
+    if (got != n) {
+      throw short_read_error(w.file->path().string(), static_cast<std::int64_t>(off), n, got);
+    }
+    ++w.ops;
+    done_bytes += n;
+    w.bytes.fetch_add(n, std::memory_order_relaxed);
+    if (j.verify) {
+      if (writing) w.written.emplace_back(off, n);
+      else check(w, off, n, scratch);
+    }
+  }
+  w.end = clock_type::now();
+}
+
+void verify_writes(worker& w) {
+  std::vector<std::byte> scratch(w.job->io.max_bytes);
+  for (auto [off, n] : w.written) {
+    if (!w.verify_ok) break;
+    std::size_t got = w.xfer->read(*w.file, off, n);
+    if (got != n) {
+      w.verify_ok = false;
+      w.verify_message = fmt::format("{}: read back {} of {} bytes at offset {}", w.file->path().string(), got, n, off);
+      break;
+    }
+    check(w, off, n, scratch);
+  }
+}
+
+struct job_state {
+  const job_spec* spec = nullptr;
+  std::vector<std::filesystem::path> files;
+  std::vector<file_handle> handles;
+  std::vector<std::unique_ptr<worker>> workers;
+  job_result result;
+};
+
+double mean_residency(const std::vector<std::filesystem::path>& files, std::string* why) {
+  double sum = 0;
+  for (const auto& f : files) {
+    auto r = page_cache_residency(f, why);
+    if (!r) return -1;
+    sum += *r;
+  }
+  return sum / static_cast<double>(files.size());
+}
+
+std::optional<double> residency(const std::vector<std::filesystem::path>& files, std::string* why) {
+  double r = mean_residency(files, why);
+  if (r < 0) return std::nullopt;
+  return r;
+}
+
+void prepare(job_state& s, const run_options& opt) {
+  const job_spec& j = *s.spec;
+  validate(j);
+  job_result& r = s.result;
+  r.job = j;
+  if (!j.file.empty()) {
+    s.files.push_back(j.file);
+  } else {
+    for (unsigned n = 0; n < j.threads; ++n) s.files.push_back(j.directory / fmt::format("gdsio.{}", n));
+  }
+  settings cfg = default_settings();
+  // Each worker keeps exactly one request in flight (gdsio's queue depth): no splitting a request across the pool.
+  cfg.inline_bytes = std::max<std::size_t>(cfg.inline_bytes, j.io.max_bytes);
+  if (j.no_direct || j.xfer.page_cache) cfg.direct = direct_mode::off;
+  switch (j.xfer.kind) {
+    case xfer_kind::gds: cfg.mode = path_mode::gds; break;
+    case xfer_kind::staged: cfg.mode = path_mode::staged; break;
+    case xfer_kind::compat: cfg.mode = path_mode::compat; break;
+    default: break;
+  }
+  const bool writing = is_write(j.type);
+  for (const auto& f : s.files) {
+    std::error_code ec;
+    const bool existed = std::filesystem::exists(f, ec);
+    open_options oo;
+    oo.create = writing;
+    s.handles.emplace_back(f, writing ? open_mode::read_write : open_mode::read, oo, cfg);
+    if (!existed) r.created.push_back(f);
+  }
+  path_report p = describe_path(j.xfer.kind, s.handles.front(), j.gpu);
+  if (j.xfer.kind == xfer_kind::gds && p.path != "gds") {
+    std::string reasons;
+    for (const auto& x : p.reasons) reasons += (reasons.empty() ? "" : "; ") + x;
+    // A file this run created is removed again: a refused run leaves nothing behind.
+    for (const auto& f : r.created) {
+      std::error_code rm_ec;
+      std::filesystem::remove(f, rm_ec);
+    }
+    throw usage_error(fmt::format("-x gds: no direct path for {} (the planner would take {}): {}",
+                                  s.files.front().string(), p.path, reasons));
+  }
+  r.path_ran = p.path;
+  r.reasons = p.reasons;
+  if (j.xfer.page_cache || j.no_direct) r.reasons.push_back(j.xfer.page_cache ? "gdsio 4: through the page cache" : "-O 1: page cache");
+  if (!j.xfer.note.empty()) r.reasons.push_back(fmt::format("gdsio -x {}: {}", j.xfer.gdsio_number, j.xfer.note));
+  r.requested_bytes = j.size_bytes * j.threads;
+  r.residency_before = residency(s.files, &r.residency_note);
+  if (opt.cold) {
+    r.cold_asked = true;
+    for (const auto& f : s.files) {
+      std::string e = drop_page_cache(f);
+      if (!e.empty()) r.drop_error = e;
+    }
+    r.residency_after_drop = residency(s.files, &r.residency_note);
+  }
+  r.cufile_stats = cufile_stats_note(j.xfer.kind);
+  for (unsigned n = 0; n < j.threads; ++n) {
+    auto w = std::make_unique<worker>();
+    w->job = &j;
+    w->file = j.file.empty() ? &s.handles[n] : &s.handles.front();
+    w->begin = j.offset_bytes + (j.file.empty() ? 0 : std::uint64_t{n} * j.size_bytes);
+    w->length = j.size_bytes;
+    w->xfer = make_transfer(j.xfer.kind, j.io.max_bytes, j.gpu);
+    // Seeded per worker, so a read run with the same -k, -w, -o, -s replays a write run's offsets and sizes.
+    w->rng.seed(j.seed * 1000003ULL + n);
+    if (!writing || !j.verify) w->latency_ns.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(j.size_bytes / j.io.min_bytes + 1, 1 << 20)));
+    s.workers.push_back(std::move(w));
+  }
+}
+
+}  // namespace
+
+std::vector<job_result> run_jobs(const std::vector<job_spec>& jobs, const run_options& opt, const hooks& h) {
+  std::vector<job_state> states(jobs.size());
+  for (std::size_t k = 0; k < jobs.size(); ++k) {
+    states[k].spec = &jobs[k];
+    prepare(states[k], opt);
+  }
+  std::vector<worker*> all;
+  for (auto& s : states)
+    for (auto& w : s.workers) all.push_back(w.get());
+
+  std::atomic<bool> stop{false};
+  std::mutex err_mu;
+  std::exception_ptr first_error;
+  std::latch ready(static_cast<std::ptrdiff_t>(all.size()) + 1);
+  clock_type::time_point start;
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  threads.reserve(all.size());
+  for (worker* w : all) {
+    threads.emplace_back([&, w] {
+      ready.arrive_and_wait();
+      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      try {
+        run_worker(*w, stop, start);
+      } catch (...) {
+        std::lock_guard lk(err_mu);
+        if (!first_error) first_error = std::current_exception();
+        stop = true;
+        w->end = clock_type::now();
+      }
+    });
+  }
+  ready.arrive_and_wait();
+  const cpu_times cpu0 = process_cpu();
+  start = clock_type::now();
+  go.store(true, std::memory_order_release);
+
+  std::atomic<bool> finished{false};
+  std::thread watcher;
+  if (h.progress) {
+    watcher = std::thread([&] {
+      while (!finished.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(250));
+        std::uint64_t b = 0;
+        for (worker* w : all) b += w->bytes.load(std::memory_order_relaxed);
+        h.progress(b, std::chrono::duration<double>(clock_type::now() - start).count());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const cpu_times cpu1 = process_cpu();
+  finished = true;
+  if (watcher.joinable()) watcher.join();
+  if (first_error) std::rethrow_exception(first_error);
+
+  std::uint64_t total_bytes = 0;
+  for (worker* w : all) total_bytes += w->bytes.load();
+  for (auto& s : states) {
+    job_result& r = s.result;
+    std::vector<std::uint64_t> lat;
+    clock_type::time_point end = start;
+    for (auto& w : s.workers) {
+      r.bytes += w->bytes.load();
+      r.ops += w->ops;
+      lat.insert(lat.end(), w->latency_ns.begin(), w->latency_ns.end());
+      end = std::max(end, w->end);
+    }
+    r.seconds = std::chrono::duration<double>(end - start).count();
+    r.latency = summarize_latency(lat);
+    // Process CPU time is shared by concurrent jobs: each gets its share by bytes moved.
+    const double share = total_bytes ? static_cast<double>(r.bytes) / static_cast<double>(total_bytes) : 0.0;
+    r.cpu_user_s = (cpu1.user - cpu0.user) * share;
+    r.cpu_sys_s = (cpu1.sys - cpu0.sys) * share;
+    r.residency_after = residency(s.files, &r.residency_note);
+  }
+  // Verification after the timed phase: write runs read back every range they wrote.
+  for (auto& s : states) {
+    const job_spec& j = *s.spec;
+    if (!j.verify) continue;
+    if (is_write(j.type)) {
+      for (auto& hnd : s.handles) hnd.sync();
+      if (h.after_write) h.after_write(j, s.files);
+      for (auto& w : s.workers) verify_writes(*w);
+    }
+    job_result& r = s.result;
+    r.verified = true;
+    for (auto& w : s.workers) {
+      r.verified_bytes += w->verified;
+      if (!w->verify_ok && r.verify_ok) {
+        r.verify_ok = false;
+        r.verify_message = w->verify_message;
+      }
+    }
+  }
+  std::vector<job_result> out;
+  for (auto& s : states) out.push_back(std::move(s.result));
+  return out;
+}
+
+job_result total_of(const std::vector<job_result>& results) {
+  job_result t;
+  if (results.empty()) return t;
+  t.job = results.front().job;
+  t.job.name = "total";
+  t.job.threads = 0;
+  t.path_ran = results.front().path_ran;
+  t.residency_note = "per job";
+  t.cufile_stats = "per job";
+  for (const auto& r : results) {
+    t.job.threads += r.job.threads;
+    t.bytes += r.bytes;
+    t.requested_bytes += r.requested_bytes;
+    t.ops += r.ops;
+    t.seconds = std::max(t.seconds, r.seconds);
+    t.cpu_user_s += r.cpu_user_s;
+    t.cpu_sys_s += r.cpu_sys_s;
+    // Ops-weighted mean latency; percentiles of a union are not derivable from per-job percentiles, so the
+    // total reports the worst job's.
+    t.latency.avg_us += r.latency.avg_us * static_cast<double>(r.ops);
+    t.latency.p50_us = std::max(t.latency.p50_us, r.latency.p50_us);
+    t.latency.p99_us = std::max(t.latency.p99_us, r.latency.p99_us);
+    t.latency.p999_us = std::max(t.latency.p999_us, r.latency.p999_us);
+    t.latency.max_us = std::max(t.latency.max_us, r.latency.max_us);
+    if (r.path_ran != t.path_ran) t.path_ran = "mixed";
+    t.created.insert(t.created.end(), r.created.begin(), r.created.end());
+    t.verified = t.verified || r.verified;
+    t.verified_bytes += r.verified_bytes;
+    if (!r.verify_ok && t.verify_ok) {
+      t.verify_ok = false;
+      t.verify_message = r.verify_message;
+    }
+  }
+  if (t.ops) t.latency.avg_us /= static_cast<double>(t.ops);
+  return t;
+}
+
+}  // namespace gdskit::bench
