@@ -233,7 +233,9 @@ void check_userspace(system_root& root, facts& f, layer& out) {
     } else if (root.exists(".dockerenv") || root.exists("run/.containerenv")) {
       c.state = status::warn;
       c.summary = "inside a container: /dev/nvidia-fs*, /run/udev and /proc/driver/nvidia-fs must be passed in";
-      c.evidence.push_back({root.exists(".dockerenv") ? ".dockerenv" : "run/.containerenv", 0, "present"});
+      const std::string marker = root.exists(".dockerenv") ? ".dockerenv" : "run/.containerenv";
+      c.evidence.push_back({marker, 0, "present"});
+      root.record(marker, "");  // so a capture made in a container says so too
       c.fix = "Start the container with --device /dev/nvidia-fs0..15 and -v /run/udev:/run/udev:ro.";
     } else {
       c.summary = "not a container, not WSL";
