@@ -1,0 +1,168 @@
+#include "ceilings.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace gdskit::bench_support {
+namespace {
+
+constexpr std::size_t kIo = std::size_t{4} << 20;
+
+struct fd_guard {
+  int fd;
+  ~fd_guard() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+int open_or_throw(const std::filesystem::path& p, int flags, mode_t mode = 0644) {
+  int fd = ::open(p.c_str(), flags | O_CLOEXEC, mode);
+  if (fd < 0) throw std::runtime_error("open " + p.string() + ": " + std::strerror(errno));
+  return fd;
+}
+
+void* aligned(std::size_t n) {
+  void* p = nullptr;
+  if (::posix_memalign(&p, 4096, n) != 0) throw std::bad_alloc();
+  return p;
+}
+
+}  // namespace
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+double cpu_s() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+void ensure_file(const std::filesystem::path& path, std::uint64_t nbytes) {
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && std::filesystem::file_size(path, ec) == nbytes) return;
+  fd_guard g{open_or_throw(path, O_WRONLY | O_CREAT | O_TRUNC)};
+  std::vector<std::uint64_t> buf(kIo / 8);
+  std::mt19937_64 rng(42);
+  for (std::uint64_t off = 0; off < nbytes; off += kIo) {
+    for (auto& w : buf) w = rng();
+    std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kIo, nbytes - off));
+    if (::pwrite(g.fd, buf.data(), n, static_cast<off_t>(off)) != static_cast<ssize_t>(n)) {
+      throw std::runtime_error("write " + path.string() + ": " + std::strerror(errno));
+    }
+  }
+  ::fsync(g.fd);
+}
+
+double resident(const std::filesystem::path& path) {
+  fd_guard g{open_or_throw(path, O_RDONLY)};
+  struct stat st {};
+  ::fstat(g.fd, &st);
+  if (st.st_size == 0) return 1.0;
+  void* m = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_SHARED, g.fd, 0);
+  if (m == MAP_FAILED) return -1;
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> v((static_cast<std::size_t>(st.st_size) + page - 1) / page);
+  ::mincore(m, static_cast<std::size_t>(st.st_size), v.data());
+  ::munmap(m, static_cast<std::size_t>(st.st_size));
+  std::size_t in = 0;
+  for (auto c : v) in += c & 1u;
+  return static_cast<double>(in) / static_cast<double>(v.size());
+}
+
+double drop_cache(const std::filesystem::path& path) {
+  fd_guard g{open_or_throw(path, O_RDONLY)};
+  ::fdatasync(g.fd);
+  ::posix_fadvise(g.fd, 0, 0, POSIX_FADV_DONTNEED);
+  return resident(path);
+}
+
+double warm_cache(const std::filesystem::path& path) {
+  parallel_read(path, 8, false);
+  return resident(path);
+}
+
+rate parallel_read(const std::filesystem::path& path, unsigned threads, bool direct) {
+  fd_guard g{open_or_throw(path, O_RDONLY | (direct ? O_DIRECT : 0))};
+  struct stat st {};
+  ::fstat(g.fd, &st);
+  const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);
+  const std::uint64_t slice = (size / threads + kIo - 1) / kIo * kIo;
+  std::atomic<bool> failed{false};
+  double c0 = cpu_s(), t0 = now_s();
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      void* buf = aligned(kIo);
+      for (std::uint64_t off = t * slice; off < std::min(size, (t + 1) * slice); off += kIo) {
+        std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kIo, size - off));
+        if (direct) n = (n + 4095) / 4096 * 4096;
+        if (::pread(g.fd, buf, n, static_cast<off_t>(off)) < 0) failed = true;
+      }
+      std::free(buf);
+    });
+  }
+  for (auto& th : pool) th.join();
+  double dt = now_s() - t0;
+  if (failed) throw std::runtime_error("parallel read of " + path.string() + " failed");
+  double gib = static_cast<double>(size) / (1u << 30);
+  return {gib / dt, threads, (cpu_s() - c0) / gib};
+}
+
+rate best_parallel_read(const std::filesystem::path& path, unsigned max_threads, bool direct, bool cold) {
+  rate best;
+  for (unsigned t = 1; t <= max_threads; t *= 2) {
+    if (cold) drop_cache(path);
+    rate r = parallel_read(path, t, direct);
+    if (r.gib_s > best.gib_s) best = r;
+  }
+  return best;
+}
+
+rate parallel_write_direct(const std::filesystem::path& path, std::uint64_t nbytes, unsigned threads) {
+  fd_guard g{open_or_throw(path, O_WRONLY | O_CREAT | O_DIRECT)};
+  const std::uint64_t slice = (nbytes / threads + kIo - 1) / kIo * kIo;
+  std::atomic<bool> failed{false};
+  double c0 = cpu_s(), t0 = now_s();
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      auto* buf = static_cast<std::uint8_t*>(aligned(kIo));
+      std::memset(buf, static_cast<int>(t + 1), kIo);
+      for (std::uint64_t off = t * slice; off < std::min(nbytes, (t + 1) * slice); off += kIo) {
+        std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kIo, nbytes - off));
+        if (::pwrite(g.fd, buf, n, static_cast<off_t>(off)) != static_cast<ssize_t>(n)) failed = true;
+      }
+      std::free(buf);
+    });
+  }
+  for (auto& th : pool) th.join();
+  ::fdatasync(g.fd);
+  double dt = now_s() - t0;
+  if (failed) throw std::runtime_error("parallel O_DIRECT write of " + path.string() + " failed");
+  double gib = static_cast<double>(nbytes) / (1u << 30);
+  return {gib / dt, threads, (cpu_s() - c0) / gib};
+}
+
+rate best_parallel_write_direct(const std::filesystem::path& path, std::uint64_t nbytes, unsigned max_threads) {
+  rate best;
+  for (unsigned t = 1; t <= max_threads; t *= 2) {
+    rate r = parallel_write_direct(path, nbytes, t);
+    if (r.gib_s > best.gib_s) best = r;
+  }
+  return best;
+}
+
+}  // namespace gdskit::bench_support

@@ -1,0 +1,40 @@
+// Ceilings measured in the same run as the thing they judge: raw parallel reads and writes with plain
+// syscalls, pinned host->device copies, naive read + copy. Used by the benchmark programs only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+namespace gdskit::bench_support {
+
+struct rate {
+  double gib_s = 0;
+  unsigned threads = 0;
+  double cpu_s_per_gib = 0;  ///< user + sys CPU seconds of the process per GiB moved
+};
+
+/// Creates `path` with `nbytes` of random data if it does not exist with that size.
+void ensure_file(const std::filesystem::path& path, std::uint64_t nbytes);
+/// Drops the file from the page cache and returns the resident fraction afterwards (mincore).
+double drop_cache(const std::filesystem::path& path);
+/// Reads the whole file through the page cache (so it becomes resident) and returns the resident fraction.
+double warm_cache(const std::filesystem::path& path);
+double resident(const std::filesystem::path& path);
+
+/// Whole file with `threads` threads, each a contiguous slice, 4 MiB preads (O_DIRECT or buffered) into
+/// private buffers (not a destination buffer: pure read rate).
+rate parallel_read(const std::filesystem::path& path, unsigned threads, bool direct);
+/// Best of parallel_read over 1, 2, 4, ... max_threads (cold runs drop the cache before each try).
+rate best_parallel_read(const std::filesystem::path& path, unsigned max_threads, bool direct, bool cold);
+/// Whole-file O_DIRECT writes with `threads` threads (the file is rewritten with its size).
+rate parallel_write_direct(const std::filesystem::path& path, std::uint64_t nbytes, unsigned threads);
+rate best_parallel_write_direct(const std::filesystem::path& path, std::uint64_t nbytes, unsigned max_threads);
+
+/// Wall time helper.
+double now_s();
+/// CPU seconds (user + sys) of this process so far.
+double cpu_s();
+
+}  // namespace gdskit::bench_support

@@ -1,0 +1,238 @@
+// File <-> GPU memory: gdskit's staged path against the ceilings and the alternatives, all on one file in
+// one run, cold and warm, read and write. Prints GiB/s, CPU-seconds per GiB and ratios against targets.
+//
+//   gpu_compare_bench [FILE] [SIZE] [MAX_THREADS]      (defaults: ./gdskit-gpu-bench.dat 8G 16)
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "ceilings.hpp"
+#include "gdskit/buffer.hpp"
+#include "gdskit/error.hpp"
+#include "gdskit/file.hpp"
+#include "shim/cuda_driver.hpp"
+#include "shim/cufile.hpp"
+
+using namespace gdskit;
+using namespace gdskit::bench_support;
+
+namespace {
+
+struct row {
+  std::string name;
+  double gib_s = 0;
+  double cpu_per_gib = 0;
+  std::string note;
+};
+std::vector<row> rows;
+
+double gib(std::uint64_t n) { return static_cast<double>(n) / (1u << 30); }
+
+row timed(const std::string& name, std::uint64_t nbytes, const std::function<void()>& body, std::string note = {}) {
+  double c0 = cpu_s(), t0 = now_s();
+  body();
+  double dt = now_s() - t0;
+  row r{name, gib(nbytes) / dt, (cpu_s() - c0) / gib(nbytes), std::move(note)};
+  rows.push_back(r);
+  std::printf("  %-40s %8.2f GiB/s  %6.3f CPU-s/GiB  %s\n", r.name.c_str(), r.gib_s, r.cpu_per_gib, r.note.c_str());
+  std::fflush(stdout);
+  return r;
+}
+
+row failed(const std::string& name, const std::string& why) {
+  row r{name, 0, 0, "unusable: " + why};
+  rows.push_back(r);
+  std::printf("  %-40s %8s        %s\n", name.c_str(), "-", r.note.c_str());
+  return r;
+}
+
+// Pinned host -> device (and back) with 4 streams: the copy ceiling.
+double copy_ceiling(const device_buffer& d, bool to_device) {
+  const shim::cuda_api& a = *shim::cuda();
+  const std::size_t piece = std::size_t{64} << 20;
+  const unsigned nstreams = 4;
+  pinned_buffer pin(piece * nstreams);
+  std::vector<shim::CUstream> streams(nstreams);
+  for (auto& s : streams) shim::check_cuda(a.cuStreamCreate(&s, shim::CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  auto run = [&] {
+    std::size_t i = 0;
+    for (std::size_t off = 0; off + piece <= d.size(); off += piece, ++i) {
+      auto dev = reinterpret_cast<shim::CUdeviceptr>(d.data()) + off;
+      auto* host = static_cast<std::byte*>(pin.data()) + (i % nstreams) * piece;
+      if (to_device) {
+        shim::check_cuda(a.cuMemcpyHtoDAsync(dev, host, piece, streams[i % nstreams]), "cuMemcpyHtoDAsync");
+      } else {
+        shim::check_cuda(a.cuMemcpyDtoHAsync(host, dev, piece, streams[i % nstreams]), "cuMemcpyDtoHAsync");
+      }
+    }
+    for (auto s : streams) a.cuStreamSynchronize(s);
+  };
+  run();  // warm-up
+  double t0 = now_s();
+  run();
+  double dt = now_s() - t0;
+  for (auto s : streams) a.cuStreamDestroy(s);
+  return gib(d.size() / piece * piece) / dt;
+}
+
+void naive_read(const std::filesystem::path& path, const device_buffer& d, std::uint64_t size) {
+  const std::size_t piece = std::size_t{64} << 20;
+  std::vector<char> buf(piece);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const shim::cuda_api& a = *shim::cuda();
+  for (std::uint64_t off = 0; off < size;) {
+    ssize_t r = ::read(fd, buf.data(), piece);
+    if (r <= 0) break;
+    shim::check_cuda(a.cuMemcpyHtoD(reinterpret_cast<shim::CUdeviceptr>(d.data()) + off, buf.data(), static_cast<std::size_t>(r)),
+                     "cuMemcpyHtoD");
+    off += static_cast<std::uint64_t>(r);
+  }
+  ::close(fd);
+}
+
+void naive_write(const std::filesystem::path& path, const device_buffer& d, std::uint64_t size) {
+  const std::size_t piece = std::size_t{64} << 20;
+  std::vector<char> buf(piece);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const shim::cuda_api& a = *shim::cuda();
+  for (std::uint64_t off = 0; off < size; off += piece) {
+    std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(piece, size - off));
+    shim::check_cuda(a.cuMemcpyDtoH(buf.data(), reinterpret_cast<shim::CUdeviceptr>(d.data()) + off, n), "cuMemcpyDtoH");
+    if (::write(fd, buf.data(), n) != static_cast<ssize_t>(n)) throw std::runtime_error("naive write failed");
+  }
+  ::fdatasync(fd);
+  ::close(fd);
+}
+
+void spot_check(const std::filesystem::path& path, const device_buffer& d, std::uint64_t size, const char* what) {
+  const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(size, 16u << 20));
+  std::vector<char> file(n), dev(n);
+  for (std::uint64_t off : {std::uint64_t{0}, size - n, size / 2 / 4096 * 4096}) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (::pread(fd, file.data(), n, static_cast<off_t>(off)) != static_cast<ssize_t>(n)) std::exit(3);
+    ::close(fd);
+    d.copy_to_host(dev.data(), n, static_cast<std::size_t>(off));
+    if (std::memcmp(file.data(), dev.data(), n) != 0) {
+      std::printf("MISMATCH after %s at offset range %llu+%zu\n", what, static_cast<unsigned long long>(off), n);
+      std::exit(3);
+    }
+  }
+}
+
+settings with_mode(path_mode m) {
+  settings s = default_settings();
+  s.mode = m;
+  return s;
+}
+
+double find(const std::string& name) {
+  for (auto& r : rows) {
+    if (r.name == name) return r.gib_s;
+  }
+  return 0;
+}
+
+void verdict(const char* what, double value, double target, const char* unit = "x") {
+  std::printf("  %-58s %8.3f%s  target %s %.3f%s  %s\n", what, value, unit, std::strcmp(unit, " CPU-s/GiB") == 0 ? "<=" : ">=",
+              target, unit, (std::strcmp(unit, " CPU-s/GiB") == 0 ? value <= target : value >= target) ? "MET" : "MISSED");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::filesystem::path path = argc > 1 ? argv[1] : "gdskit-gpu-bench.dat";
+  std::uint64_t size = argc > 2 ? parse_size(argv[2]).value_or(0) : (std::uint64_t{8} << 30);
+  unsigned max_threads = argc > 3 ? static_cast<unsigned>(std::atoi(argv[3])) : 16;
+  std::string reason;
+  if (!gpu_available(&reason)) {
+    std::printf("gpu_compare_bench: no usable GPU (%s)\n", reason.c_str());
+    return 77;
+  }
+  size = size / (64u << 20) * (64u << 20);
+  ensure_file(path, size);
+  std::filesystem::path wpath = path.string() + ".w";
+  device_buffer d(size, 0);
+  std::printf("file %s, %s; GPU 0; gdskit threads %u, staging %u x %s per worker\n", path.c_str(), format_size(size).c_str(),
+              default_settings().threads, default_settings().staging_slots,
+              format_size(default_settings().staging_slot_bytes).c_str());
+
+  std::printf("\nceilings\n");
+  rows.push_back({"pinned host->device copy", copy_ceiling(d, true), 0, ""});
+  std::printf("  %-40s %8.2f GiB/s\n", "pinned host->device copy", rows.back().gib_s);
+  rows.push_back({"pinned device->host copy", copy_ceiling(d, false), 0, ""});
+  std::printf("  %-40s %8.2f GiB/s\n", "pinned device->host copy", rows.back().gib_s);
+  rate buffered = best_parallel_read(path, max_threads, false, false);
+  rows.push_back({"parallel buffered read, warm", buffered.gib_s, buffered.cpu_s_per_gib, fmt::format("{} threads", buffered.threads)});
+  std::printf("  %-40s %8.2f GiB/s  (%u threads)\n", "parallel buffered read, warm", buffered.gib_s, buffered.threads);
+  rate direct = best_parallel_read(path, max_threads, true, true);
+  rows.push_back({"parallel O_DIRECT read", direct.gib_s, direct.cpu_s_per_gib, fmt::format("{} threads", direct.threads)});
+  std::printf("  %-40s %8.2f GiB/s  (%u threads)\n", "parallel O_DIRECT read", direct.gib_s, direct.threads);
+  rate dwrite = best_parallel_write_direct(wpath, size, max_threads);
+  rows.push_back({"parallel O_DIRECT write", dwrite.gib_s, dwrite.cpu_s_per_gib, fmt::format("{} threads", dwrite.threads)});
+  std::printf("  %-40s %8.2f GiB/s  (%u threads)\n", "parallel O_DIRECT write", dwrite.gib_s, dwrite.threads);
+
+  for (bool cold : {true, false}) {
+    const char* tag = cold ? "cold" : "warm";
+    std::printf("\nread, %s\n", tag);
+    auto prep = [&] { cold ? drop_cache(path) : warm_cache(path); };
+    prep();
+    timed(fmt::format("naive read()+cuMemcpy, {}", tag), size, [&] { naive_read(path, d, size); });
+    {
+      gdskit::file_handle f(path, open_mode::read, {}, with_mode(path_mode::compat));
+      prep();
+      try {
+        timed(fmt::format("cuFile (compat), {}", tag), size, [&] { f.read(d.view(), size, 0); }, f.plan(d.view()).summary());
+        spot_check(path, d, size, "cuFile read");
+      } catch (const error& e) {
+        failed(fmt::format("cuFile (compat), {}", tag), e.what());
+      }
+    }
+    {
+      gdskit::file_handle f(path, open_mode::read, {}, with_mode(path_mode::staged));
+      d.fill(0);
+      f.read(d.view(), 64u << 20, 0);  // warm-up: pinned staging set, streams
+      prep();
+      timed(fmt::format("gdskit staged, {}", tag), size, [&] { f.read(d.view(), size, 0); }, f.plan(d.view()).summary());
+      spot_check(path, d, size, "staged read");
+    }
+  }
+
+  std::printf("\nwrite (device -> file, fdatasync included)\n");
+  timed("naive cuMemcpy+write()", size, [&] { naive_write(wpath, d, size); });
+  {
+    gdskit::file_handle f(wpath, open_mode::read_write, {.create = true, .truncate = true}, with_mode(path_mode::compat));
+    try {
+      timed("cuFile (compat) write", size, [&] { f.write(d.view(), size, 0); f.sync(); });
+    } catch (const error& e) {
+      failed("cuFile (compat) write", e.what());
+    }
+  }
+  {
+    gdskit::file_handle f(wpath, open_mode::read_write, {.create = true, .truncate = true}, with_mode(path_mode::staged));
+    timed("gdskit staged write", size, [&] { f.write(d.view(), size, 0); f.sync(); }, f.plan(d.view()).summary());
+    drop_cache(wpath);
+    spot_check(wpath, d, size, "staged write");
+  }
+
+  std::printf("\nverdicts\n");
+  const double warm = find("gdskit staged, warm"), cold = find("gdskit staged, cold");
+  const double ceiling_warm = std::min(find("parallel buffered read, warm"), find("pinned host->device copy"));
+  verdict("warm staged / min(buffered read, host->device copy)", warm / ceiling_warm, 0.90);
+  verdict("warm staged / naive read+copy (warm)", warm / find("naive read()+cuMemcpy, warm"), 15);
+  if (find("cuFile (compat), warm") > 0) verdict("warm staged / cuFile compat (warm)", warm / find("cuFile (compat), warm"), 10);
+  verdict("cold staged / parallel O_DIRECT read", cold / find("parallel O_DIRECT read"), 0.95);
+  verdict("staged write / parallel O_DIRECT write", find("gdskit staged write") / find("parallel O_DIRECT write"), 0.90);
+  for (auto& r : rows) {
+    if (r.name == "gdskit staged, cold") verdict("CPU time of the cold staged read", r.cpu_per_gib, 0.05, " CPU-s/GiB");
+  }
+  std::filesystem::remove(wpath);
+  return 0;
+}
