@@ -3,7 +3,9 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "commands.hpp"
 #include "doctor/doctor.hpp"
@@ -19,6 +21,11 @@ void add_doctor_command(CLI::App& app) {
     bool probe = false;
     bool no_probe = false;
     bool no_colour = false;
+    // The probe process (hidden): one cuFile configuration per process.
+    std::string probe_child;
+    std::string probe_file;
+    std::uint64_t probe_bytes = 16u << 20;
+    std::string probe_qd;
   };
   auto opt = std::make_shared<options>();
   auto* cmd = app.add_subcommand(
@@ -31,7 +38,34 @@ void add_doctor_command(CLI::App& app) {
   cmd->add_flag("--probe", opt->probe, "Run the live cuFile proof (default on a live system with a GPU)");
   cmd->add_flag("--no-probe", opt->no_probe, "Do not run the live cuFile proof");
   cmd->add_flag("--no-color", opt->no_colour, "No colours even on a terminal");
+  // Hidden (empty group): how the doctor re-runs itself for each cuFile configuration.
+  cmd->add_option("--probe-child", opt->probe_child)->group("");
+  cmd->add_option("--probe-file", opt->probe_file)->group("");
+  cmd->add_option("--probe-bytes", opt->probe_bytes)->group("");
+  cmd->add_option("--probe-qd", opt->probe_qd)->group("");
   cmd->callback([opt] {
+    if (!opt->probe_child.empty()) {
+      // Reports on stdout as one marker line; exit 0 whenever a report was written.
+      if (opt->probe_file.empty() || (opt->probe_child != "strict" && opt->probe_child != "default")) {
+        fmt::print(stderr, "gdskit doctor: --probe-child strict|default needs --probe-file FILE\n");
+        exit_code() = 2;
+        return;
+      }
+      std::vector<int> qds;
+      std::stringstream ss(opt->probe_qd);
+      for (std::string item; std::getline(ss, item, ',');) {
+        try {
+          int q = std::stoi(item);
+          if (q >= 1 && q <= 64) qds.push_back(q);
+        } catch (...) {
+        }
+      }
+      auto report = doctor::run_probe_child(opt->probe_child, opt->probe_file, opt->probe_bytes, qds);
+      fmt::print("{}", doctor::child_report_line(report));
+      std::fflush(stdout);
+      exit_code() = 0;
+      return;
+    }
     try {
       namespace fs = std::filesystem;
       const bool live = opt->root.empty() || fs::weakly_canonical(opt->root) == fs::path("/");

@@ -135,6 +135,20 @@ struct latency_stats {
 /// Nearest-rank percentiles of per-operation latencies in nanoseconds (sorts `ns`).
 latency_stats summarize_latency(std::vector<std::uint64_t>& ns);
 
+/// The cuFile per-GPU path counters moved by a run (level-3 statistics, summed over GPUs): which path the
+/// library really took. posix == total means compat (bounced through host memory).
+struct cufile_counts {
+  std::uint64_t reads = 0, p2p_reads = 0, nvfs_reads = 0, posix_reads = 0;
+  std::uint64_t writes = 0, p2p_writes = 0, nvfs_writes = 0, posix_writes = 0;
+  /// The counters are process-wide: true when other cuFile jobs ran at the same time and share them.
+  bool shared = false;
+};
+/// "compat" (every counted read and write went through POSIX), "direct" (none did, some went P2P/nvfs),
+/// "mixed", or "none" (nothing counted).
+std::string_view cufile_path_of(const cufile_counts& c) noexcept;
+/// One line: the counts and what they mean.
+std::string describe_cufile_counts(const cufile_counts& c);
+
 /// What one job measured.
 struct job_result {
   job_spec job;
@@ -156,7 +170,8 @@ struct job_result {
   bool verify_ok = true;
   std::uint64_t verified_bytes = 0;
   std::string verify_message;           ///< where the first mismatch was
-  std::string cufile_stats;             ///< cuFile statistics delta, or why there is none
+  std::string cufile_stats;             ///< cuFile statistics delta in words, or why there is none
+  std::optional<cufile_counts> cufile_counters;  ///< the delta itself, when cuFile statistics were readable
   double gib_per_s() const noexcept;
   double cpu_s_per_gib() const noexcept;
 };

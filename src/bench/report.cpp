@@ -94,6 +94,16 @@ std::string detail_lines(const job_result& r) {
   return s;
 }
 
+namespace {
+nlohmann::json cufile_json(const std::optional<cufile_counts>& c) {
+  if (!c) return nullptr;
+  return {{"reads", c->reads},       {"p2p_reads", c->p2p_reads},   {"nvfs_reads", c->nvfs_reads},
+          {"posix_reads", c->posix_reads}, {"writes", c->writes}, {"p2p_writes", c->p2p_writes},
+          {"nvfs_writes", c->nvfs_writes}, {"posix_writes", c->posix_writes},
+          {"path", std::string(cufile_path_of(*c))}, {"shared", c->shared}};
+}
+}  // namespace
+
 nlohmann::json to_json(const job_result& r) {
   using nlohmann::json;
   json files = json::array();
@@ -122,6 +132,7 @@ nlohmann::json to_json(const job_result& r) {
       {"created", files},
       {"verify", {{"ran", r.verified}, {"ok", r.verify_ok}, {"bytes", r.verified_bytes}, {"message", r.verify_message}}},
       {"cufile_stats", r.cufile_stats},
+      {"cufile_counters", cufile_json(r.cufile_counters)},
   };
   return j;
 }

@@ -15,6 +15,7 @@
 #include "bench/transfer.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
+#include "shim/cufile.hpp"
 
 namespace gdskit::bench {
 
@@ -41,10 +42,32 @@ cpu_times process_cpu() {
   return {tv_seconds(ru.ru_utime), tv_seconds(ru.ru_stime)};
 }
 
-// The cuFile statistics seam: the cuFile shim will fill it; until then it says why there are none.
+bool uses_cufile(xfer_kind k) noexcept { return k == xfer_kind::gds || k == xfer_kind::compat; }
+
+// Before a cuFile run: turn level-3 statistics on. Returns the note to show when they cannot be had, empty
+// when the counters will be read around the timed phase.
 std::string cufile_stats_note(xfer_kind k) {
-  if (k == xfer_kind::host || k == xfer_kind::naive) return "not applicable (no cuFile I/O on this path)";
-  return "not available: the cuFile statistics counters are not wired into the shim yet";
+  if (!uses_cufile(k)) return "not applicable (no cuFile I/O on this path)";
+  std::string why;
+  if (shim::cufile(&why) == nullptr) return "not available: " + why;
+  if (!shim::cufile_enable_stats())
+    return "not available: this libcufile has no level-3 statistics (cuFileSetStatsLevel/cuFileGetStatsL3, cuFile 1.15+)";
+  return {};
+}
+
+std::uint64_t minus(std::uint64_t after, std::uint64_t before) { return after >= before ? after - before : 0; }
+
+cufile_counts delta(const shim::cufile_path_counters& a, const shim::cufile_path_counters& b) {
+  cufile_counts d;
+  d.reads = minus(b.reads, a.reads);
+  d.p2p_reads = minus(b.p2p_reads, a.p2p_reads);
+  d.nvfs_reads = minus(b.nvfs_reads, a.nvfs_reads);
+  d.posix_reads = minus(b.posix_reads, a.posix_reads);
+  d.writes = minus(b.writes, a.writes);
+  d.p2p_writes = minus(b.p2p_writes, a.p2p_writes);
+  d.nvfs_writes = minus(b.nvfs_writes, a.nvfs_writes);
+  d.posix_writes = minus(b.posix_writes, a.posix_writes);
+  return d;
 }
 
 struct worker {
@@ -231,7 +254,7 @@ void prepare(job_state& s, const run_options& opt) {
     }
     r.residency_after_drop = residency(s.files, &r.residency_note);
   }
-  r.cufile_stats = cufile_stats_note(j.xfer.kind);
+  r.cufile_stats = cufile_stats_note(j.xfer.kind);  // empty: counted around the timed phase
   for (unsigned n = 0; n < j.threads; ++n) {
     auto w = std::make_unique<worker>();
     w->job = &j;
@@ -280,6 +303,13 @@ std::vector<job_result> run_jobs(const std::vector<job_spec>& jobs, const run_op
       }
     });
   }
+  // cuFile statistics are process-wide: one snapshot before and after the timed phase (verification
+  // read-backs come later and are not counted).
+  unsigned cufile_jobs = 0;
+  for (auto& s : states)
+    if (s.result.cufile_stats.empty()) ++cufile_jobs;
+  shim::cufile_path_counters stats0;
+  if (cufile_jobs > 0) stats0 = shim::cufile_read_counters();
   ready.arrive_and_wait();
   const cpu_times cpu0 = process_cpu();
   start = clock_type::now();
@@ -299,6 +329,8 @@ std::vector<job_result> run_jobs(const std::vector<job_spec>& jobs, const run_op
   }
   for (auto& t : threads) t.join();
   const cpu_times cpu1 = process_cpu();
+  shim::cufile_path_counters stats1;
+  if (cufile_jobs > 0) stats1 = shim::cufile_read_counters();
   finished = true;
   if (watcher.joinable()) watcher.join();
   if (first_error) std::rethrow_exception(first_error);
@@ -322,6 +354,16 @@ std::vector<job_result> run_jobs(const std::vector<job_spec>& jobs, const run_op
     r.cpu_user_s = (cpu1.user - cpu0.user) * share;
     r.cpu_sys_s = (cpu1.sys - cpu0.sys) * share;
     r.residency_after = residency(s.files, &r.residency_note);
+    if (r.cufile_stats.empty()) {
+      if (!stats0.available || !stats1.available) {
+        r.cufile_stats = "not available: cuFileGetStatsL3 failed (statistics could not be read)";
+      } else {
+        cufile_counts d = delta(stats0, stats1);
+        d.shared = cufile_jobs > 1;
+        r.cufile_counters = d;
+        r.cufile_stats = describe_cufile_counts(d);
+      }
+    }
   }
   // Verification after the timed phase: write runs read back every range they wrote.
   for (auto& s : states) {
@@ -347,6 +389,30 @@ std::vector<job_result> run_jobs(const std::vector<job_spec>& jobs, const run_op
   return out;
 }
 
+std::string_view cufile_path_of(const cufile_counts& c) noexcept {
+  const std::uint64_t n = c.reads + c.writes;
+  const std::uint64_t posix = c.posix_reads + c.posix_writes;
+  const std::uint64_t direct = c.p2p_reads + c.nvfs_reads + c.p2p_writes + c.nvfs_writes;
+  if (n == 0) return "none";
+  if (posix >= n) return "compat";
+  if (posix == 0 && direct > 0) return "direct";
+  return "mixed";
+}
+
+std::string describe_cufile_counts(const cufile_counts& c) {
+  std::string s = fmt::format("reads n={} (p2p {}, nvfs {}, posix {}), writes n={} (p2p {}, nvfs {}, posix {}): ",
+                              c.reads, c.p2p_reads, c.nvfs_reads, c.posix_reads, c.writes, c.p2p_writes,
+                              c.nvfs_writes, c.posix_writes);
+  const std::string_view path = cufile_path_of(c);
+  if (path == "compat") s += "compat: every cuFile request went through POSIX (host memory), posix == n";
+  else if (path == "direct") s += "direct: no request went through POSIX (P2P DMA via PCI P2PDMA or nvidia-fs)";
+  else if (path == "mixed")
+    s += fmt::format("mixed: {} of {} requests went through POSIX", c.posix_reads + c.posix_writes, c.reads + c.writes);
+  else s += "no cuFile read or write was counted (this path did not issue cuFileRead/cuFileWrite)";
+  if (c.shared) s += " [process-wide: shared by the concurrent cuFile jobs]";
+  return s;
+}
+
 job_result total_of(const std::vector<job_result>& results) {
   job_result t;
   if (results.empty()) return t;
@@ -356,6 +422,14 @@ job_result total_of(const std::vector<job_result>& results) {
   t.path_ran = results.front().path_ran;
   t.residency_note = "per job";
   t.cufile_stats = "per job";
+  // Concurrent cuFile jobs share one process-wide delta: the total shows it once, not summed.
+  for (const auto& r : results) {
+    if (r.cufile_counters) {
+      t.cufile_counters = r.cufile_counters;
+      t.cufile_stats = r.cufile_stats;
+      break;
+    }
+  }
   for (const auto& r : results) {
     t.job.threads += r.job.threads;
     t.bytes += r.bytes;

@@ -20,6 +20,10 @@ report diagnose(system_root& root, const std::string& path, std::optional<probe_
 /// recorded in commands/doctor-path.txt ("/" when absent).
 std::string default_path(system_root& root);
 
+/// The fix for a failed probe step (`id` "probe.handle_register", ...; `code` its cuFile status or -errno;
+/// `device` "maj:min" of the test file, may be empty). Empty when nothing specific is known.
+std::string probe_fix(const std::string& id, int code, const std::string& device);
+
 /// Human-readable report: the verdict line first, then each layer with its checks, evidence and fixes.
 /// `colour` adds ANSI colours (only for a terminal).
 std::string render_text(const report& r, bool colour);

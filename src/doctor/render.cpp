@@ -39,6 +39,13 @@ json step_json(const probe_step& s) {
   return {{"attempted", s.attempted}, {"code", s.code}, {"message", s.message}, {"ok", s.succeeded()}};
 }
 
+json counts_json(const std::optional<io_path_counts>& c) {
+  if (!c) return nullptr;
+  const auto& d = *c;
+  return {{"reads", d.reads},   {"p2p_reads", d.p2p_reads},   {"nvfs_reads", d.nvfs_reads},   {"posix_reads", d.posix_reads},
+          {"writes", d.writes}, {"p2p_writes", d.p2p_writes}, {"nvfs_writes", d.nvfs_writes}, {"posix_writes", d.posix_writes}};
+}
+
 }  // namespace
 
 std::string render_text(const report& r, bool colour) {
@@ -90,12 +97,7 @@ std::string render_json(const report& r) {
   json probe = nullptr;
   if (r.probe) {
     const auto& p = *r.probe;
-    json stats = nullptr;
-    if (p.cufile_stats_delta) {
-      const auto& d = *p.cufile_stats_delta;
-      stats = {{"reads", d.reads},   {"p2p_reads", d.p2p_reads},   {"nvfs_reads", d.nvfs_reads},   {"posix_reads", d.posix_reads},
-               {"writes", d.writes}, {"p2p_writes", d.p2p_writes}, {"nvfs_writes", d.nvfs_writes}, {"posix_writes", d.posix_writes}};
-    }
+    json stats = counts_json(p.cufile_stats_delta);
     json sweep = json::array();
     for (const auto& s : p.sweep)
       sweep.push_back({{"queue_depth", s.queue_depth}, {"io_size_bytes", s.io_size_bytes}, {"gib_per_s", s.gib_per_s}});
@@ -116,7 +118,13 @@ std::string render_json(const report& r) {
              {"nvfs_reads_delta", p.nvfs_reads_delta ? json(*p.nvfs_reads_delta) : json(nullptr)},
              {"nvfs_bar1_map_delta", p.nvfs_bar1_map_delta ? json(*p.nvfs_bar1_map_delta) : json(nullptr)},
              {"new_dmesg_lines", p.new_dmesg_lines},
-             {"sweep", sweep}};
+             {"sweep", sweep},
+             {"strict_stats_delta", counts_json(p.strict_stats_delta)},
+             {"file_device", p.file_device},
+             {"o_direct", p.o_direct},
+             {"strict_config", p.strict_config},
+             {"cufile_log_lines", p.cufile_log_lines},
+             {"notes", p.notes}};
   }
   json j = {{"schema", "gdskit.doctor/1"},
             {"verdict",

@@ -39,10 +39,11 @@ verdict decide(const std::vector<layer>& layers, const std::optional<probe_resul
     const bool opened = probe->driver_open_default.succeeded();
     const bool registered = probe->handle_register.succeeded() && probe->buf_register.succeeded();
     const bool io_ok = probe->default_read.succeeded();
-    if (!opened || !registered || !io_ok) {
+    if (!opened || !registered || !io_ok || !probe->data_verified) {
       v.kind = verdict_kind::unusable;
       const probe_step& s = !opened ? probe->driver_open_default : !registered ? (probe->handle_register.succeeded() ? probe->buf_register : probe->handle_register) : probe->default_read;
-      std::string why = fmt::format("probe: {} ({})", s.message, s.code);
+      std::string why = io_ok && opened && registered ? std::string("probe: data read back differs from data written")
+                                                      : fmt::format("probe: {} ({})", s.message, s.code);
       v.reasons.push_back(why);
       if (v.first_failing_layer.empty()) v.first_failing_layer = "probe";
       v.line = fmt::format("cuFile unusable: {}; first failing layer {}", why,

@@ -1,6 +1,8 @@
 // gdskit bench: latency percentiles and the scaling verdict on synthetic curves.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "bench/bench.hpp"
 
 namespace gb = gdskit::bench;
@@ -85,4 +87,39 @@ TEST(BenchPattern, SeededAndPositional) {
   EXPECT_FALSE(gb::check_pattern(7, 3, a.data(), a.size()));
   a[777] ^= std::byte{1};
   EXPECT_EQ(gb::check_pattern(7, 3, a.data(), a.size()), std::optional<std::size_t>(777));
+}
+
+TEST(BenchCufileStats, CountersNameThePathThatRan) {
+  gb::cufile_counts c;
+  EXPECT_EQ(gb::cufile_path_of(c), "none");
+  EXPECT_NE(gb::describe_cufile_counts(c).find("no cuFile read or write was counted"), std::string::npos);
+  c.reads = c.posix_reads = 8;
+  c.writes = c.posix_writes = 2;
+  EXPECT_EQ(gb::cufile_path_of(c), "compat");
+  EXPECT_NE(gb::describe_cufile_counts(c).find("posix == n"), std::string::npos) << gb::describe_cufile_counts(c);
+  EXPECT_NE(gb::describe_cufile_counts(c).find("reads n=8 (p2p 0, nvfs 0, posix 8)"), std::string::npos);
+  c = {};
+  c.reads = 6;
+  c.nvfs_reads = 4;
+  c.p2p_reads = 2;
+  EXPECT_EQ(gb::cufile_path_of(c), "direct");
+  c.posix_reads = 1;
+  c.reads = 7;
+  EXPECT_EQ(gb::cufile_path_of(c), "mixed");
+  EXPECT_NE(gb::describe_cufile_counts(c).find("1 of 7 requests went through POSIX"), std::string::npos);
+  c.shared = true;
+  EXPECT_NE(gb::describe_cufile_counts(c).find("process-wide"), std::string::npos);
+}
+
+TEST(BenchCufileStats, JsonCarriesTheCountersOrNull) {
+  gb::job_result r;
+  EXPECT_TRUE(gb::to_json(r)["cufile_counters"].is_null());
+  r.cufile_counters = gb::cufile_counts{};
+  r.cufile_counters->reads = r.cufile_counters->posix_reads = 3;
+  auto j = gb::to_json(r)["cufile_counters"];
+  EXPECT_EQ(j["reads"], 3);
+  EXPECT_EQ(j["posix_reads"], 3);
+  EXPECT_EQ(j["p2p_reads"], 0);
+  EXPECT_EQ(j["path"], "compat");
+  EXPECT_EQ(j["shared"], false);
 }

@@ -206,6 +206,7 @@ TEST(doctor, probe_results_override_static_optimism) {
   p.strict_read.attempted = true;
   p.strict_read.code = 5001;
   p.strict_read.message = "CU_FILE_DRIVER_NOT_INITIALIZED";
+  p.data_verified = true;
   p.cufile_stats_delta = gd::io_path_counts{};
   p.cufile_stats_delta->reads = p.cufile_stats_delta->posix_reads = 4;
   auto r = gd::diagnose(root, "/data", p);
