@@ -1,0 +1,151 @@
+"""gdskit: move data between storage and GPU memory, and say which path it took.
+
+    import gdskit
+    tensors = gdskit.load_safetensors("model.safetensors", device="cuda:0")   # {name: torch.Tensor}
+    gdskit.read("data.bin", tensor, offset=0)                                  # fill an existing tensor
+    path, reasons = gdskit.plan("model.safetensors", device="cuda:0")          # ("staged", ["nvidia-fs ..."])
+
+Tensors leave the library through DLPack, so torch is only needed at run time (and only for torch tensors).
+Errors are OSError with the errno of the failure (FileNotFoundError, ...); a malformed file is EBADMSG.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+
+from . import _gdskit
+
+__version__ = _gdskit.__version__
+Tensor = _gdskit.Tensor
+
+__all__ = ["load_safetensors", "load_safetensors_raw", "read", "plan", "header", "gpu_available", "last_stats",
+           "Tensor", "__version__"]
+
+_last_stats: dict = {}
+
+# safetensors dtypes that leave as raw bytes, and the torch dtype they are reinterpreted as when torch has it.
+_TORCH_VIEW = {
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
+}
+
+
+def _torch():
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError:
+        return None
+    return torch
+
+
+def _to_torch(torch, t: Tensor):
+    x = torch.from_dlpack(t)
+    if t.raw_bytes:
+        name = _TORCH_VIEW.get(t.dtype)
+        if name is not None and hasattr(torch, name):
+            x = x.view(getattr(torch, name))
+        # F4 / F6 stay packed uint8 bytes: torch has no unpacked dtype for them.
+    return x
+
+
+def load_safetensors_raw(path, device: str = "cpu", *, only=None, rank=None, world=None, split_dim: int = 0):
+    """Loads like load_safetensors but returns gdskit.Tensor objects (DLPack exporters) and the stats dict.
+    Works without torch or numpy: each Tensor has .dtype, .shape, .nbytes, .tobytes() (host) and __dlpack__."""
+    tensors, stats = _gdskit.load(str(path), device, list(only or []), rank, world, split_dim)
+    return tensors, stats
+
+
+def load_safetensors(path, device: str = "cuda:0", *, only=None, rank=None, world=None, split_dim: int = 0,
+                     framework: str = "auto"):
+    """Loads a .safetensors file, a *.safetensors.index.json or a folder into one allocation on `device`
+    ("cpu", "cuda", "cuda:N") and returns {name: tensor}.
+
+    only: names, or prefixes ending in '.' or '*'. rank/world/split_dim: this rank's slice (numpy.array_split
+    rule) of every tensor with more than split_dim dimensions. framework: "torch", "numpy", "dlpack" (gdskit.Tensor
+    objects) or "auto" (torch if importable, else numpy for cpu, else dlpack). The allocation is freed when the
+    last tensor that views it is gone. Statistics of the load: gdskit.last_stats().
+    """
+    global _last_stats
+    tensors, stats = load_safetensors_raw(path, device, only=only, rank=rank, world=world, split_dim=split_dim)
+    _last_stats = stats
+    if framework == "auto":
+        if _torch() is not None:
+            framework = "torch"
+        elif device == "cpu" and _numpy() is not None:
+            framework = "numpy"
+        else:
+            framework = "dlpack"
+    if framework == "torch":
+        torch = _torch()
+        if torch is None:
+            raise ImportError("framework='torch' needs torch")
+        return {k: _to_torch(torch, v) for k, v in tensors.items()}
+    if framework == "numpy":
+        np = _numpy()
+        if np is None:
+            raise ImportError("framework='numpy' needs numpy")
+        return {k: _to_numpy(np, v) for k, v in tensors.items()}
+    if framework == "dlpack":
+        return tensors
+    raise ValueError(f"framework must be auto, torch, numpy or dlpack, not {framework!r}")
+
+
+def _numpy():
+    try:
+        import numpy  # noqa: PLC0415
+    except ImportError:
+        return None
+    return numpy
+
+
+def _to_numpy(np, t: Tensor):
+    # numpy has no bfloat16 or 8-bit floats: those stay raw bytes (uint8) with the tensor's shape in bytes.
+    if t.dtype in ("BF16",) or t.raw_bytes:
+        return np.frombuffer(t.tobytes(), dtype=np.uint8)
+    return np.from_dlpack(t)
+
+
+def last_stats() -> dict:
+    """Statistics of the last load_safetensors call: seconds, gib_per_s, tensor_bytes, bytes_read,
+    read_requests, files, path, reasons, metadata."""
+    return dict(_last_stats)
+
+
+def read(path, tensor, offset: int = 0) -> int:
+    """Reads tensor.nbytes bytes at `offset` of the file into `tensor` (a contiguous torch tensor on the CPU or
+    a CUDA device, or any object with __array_interface__). Returns the bytes read (fewer only at end of file)."""
+    torch = _torch()
+    if torch is not None and isinstance(tensor, torch.Tensor):
+        if not tensor.is_contiguous():
+            raise OSError(_errno.EINVAL, "gdskit.read: tensor must be contiguous")
+        nbytes = tensor.numel() * tensor.element_size()
+        device = tensor.device.index if tensor.is_cuda else -1
+        if tensor.is_cuda and device is None:
+            device = torch.cuda.current_device()
+        return _gdskit.read_into(str(path), tensor.data_ptr(), nbytes, offset, device)
+    iface = getattr(tensor, "__array_interface__", None)
+    if iface is not None:
+        ptr, readonly = iface["data"]
+        if readonly:
+            raise OSError(_errno.EINVAL, "gdskit.read: array is read-only")
+        if iface.get("strides") is not None:
+            raise OSError(_errno.EINVAL, "gdskit.read: array must be contiguous")
+        return _gdskit.read_into(str(path), ptr, tensor.nbytes, offset, -1)
+    raise TypeError("gdskit.read: pass a torch.Tensor or a numpy array")
+
+
+def plan(path, device: str = "cuda:0"):
+    """The data path gdskit takes to read `path` into memory on `device`, and the reasons:
+    ("gds" | "staged" | "compat" | "host", [reason, ...])."""
+    return _gdskit.plan(str(path), device)
+
+
+def header(path):
+    """The validated safetensors header: ([{name, dtype, shape, data_offsets, file_offset}], metadata)."""
+    return _gdskit.header(str(path))
+
+
+def gpu_available():
+    """(True, "") when a CUDA GPU can be used, else (False, reason)."""
+    return _gdskit.gpu_available()

@@ -1,0 +1,304 @@
+// Parsing and validation of safetensors headers.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <vector>
+
+#include "gdskit/error.hpp"
+#include "gdskit/file.hpp"
+#include "gdskit/safetensors.hpp"
+
+namespace gdskit::safetensors {
+namespace {
+
+struct dtype_entry {
+  dtype type;
+  std::string_view name;
+  unsigned bits;
+};
+
+constexpr dtype_entry k_dtypes[] = {
+    {dtype::BOOL, "BOOL", 8},       {dtype::U8, "U8", 8},           {dtype::I8, "I8", 8},
+    {dtype::F8_E5M2, "F8_E5M2", 8}, {dtype::F8_E4M3, "F8_E4M3", 8}, {dtype::F8_E8M0, "F8_E8M0", 8},
+    {dtype::F4, "F4", 4},           {dtype::F6_E2M3, "F6_E2M3", 6}, {dtype::F6_E3M2, "F6_E3M2", 6},
+    {dtype::I16, "I16", 16},        {dtype::U16, "U16", 16},        {dtype::F16, "F16", 16},
+    {dtype::BF16, "BF16", 16},      {dtype::I32, "I32", 32},        {dtype::U32, "U32", 32},
+    {dtype::F32, "F32", 32},        {dtype::C64, "C64", 64},        {dtype::F64, "F64", 64},
+    {dtype::I64, "I64", 64},        {dtype::U64, "U64", 64},
+};
+
+[[noreturn]] void bad(std::string_view source, const std::string& what) {
+  throw error(errno_code(EBADMSG), "safetensors header", source, -1, 0, what);
+}
+
+// Returns the offset of the first byte that is a control character or not well-formed UTF-8 (overlongs, surrogates and code points
+// above U+10FFFF are invalid), or npos.
+std::size_t invalid_utf8_at(const unsigned char* s, std::size_t n) {
+  std::size_t i = 0;
+  while (i < n) {
+    unsigned c = s[i];
+    if (c < 0x80) {
+      // JSON allows no raw control characters; outside strings only tab, newline and return are whitespace.
+      if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') return i;
+      ++i;
+      continue;
+    }
+    std::size_t len;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else {
+      return i;
+    }
+    if (i + len > n) return i;
+    if (s[i + 1] < lo || s[i + 1] > hi) return i;
+    for (std::size_t k = 2; k < len; ++k) {
+      if (s[i + k] < 0x80 || s[i + k] > 0xBF) return i;
+    }
+    i += len;
+  }
+  return std::string::npos;
+}
+
+// A JSON integer that fits in uint64 and is not negative; `what` names it in the error.
+std::uint64_t as_u64(const nlohmann::json& v, std::string_view source, const std::string& what) {
+  if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+  if (v.is_number_integer()) {
+    if (v.get<std::int64_t>() >= 0) return static_cast<std::uint64_t>(v.get<std::int64_t>());
+    bad(source, fmt::format("{} is negative ({})", what, v.get<std::int64_t>()));
+  }
+  if (v.is_number_float()) bad(source, fmt::format("{} is not an integer ({})", what, v.dump()));
+  bad(source, fmt::format("{} is not a number ({})", what, std::string(v.type_name())));
+}
+
+}  // namespace
+
+std::string_view to_string(dtype t) noexcept {
+  for (const auto& e : k_dtypes) {
+    if (e.type == t) return e.name;
+  }
+  return "?";
+}
+
+std::optional<dtype> parse_dtype(std::string_view text) noexcept {
+  for (const auto& e : k_dtypes) {
+    if (e.name == text) return e.type;
+  }
+  return std::nullopt;
+}
+
+unsigned bits_of(dtype t) noexcept {
+  for (const auto& e : k_dtypes) {
+    if (e.type == t) return e.bits;
+  }
+  return 8;
+}
+
+std::uint64_t tensor_info::numel() const noexcept {
+  std::uint64_t n = 1;
+  for (auto d : shape) n *= d;  // validated not to overflow at parse time
+  return n;
+}
+
+const tensor_info* header::find(std::string_view name) const noexcept {
+  for (const auto& t : tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+header parse_header(const void* bytes, std::size_t nbytes, std::uint64_t file_nbytes, std::string_view source) {
+  const auto* p = static_cast<const unsigned char*>(bytes);
+  if (nbytes < 8 || file_nbytes < 8) {
+    bad(source, fmt::format("file is {} bytes: too short for the 8-byte header length", file_nbytes));
+  }
+  std::uint64_t json_len = 0;
+  for (int i = 7; i >= 0; --i) json_len = (json_len << 8) | p[i];  // little-endian
+  if (json_len > max_header_bytes) {
+    bad(source, fmt::format("header length {} exceeds the limit of {} bytes (100 MiB)", json_len,
+                            max_header_bytes));
+  }
+  if (json_len > file_nbytes - 8) {
+    bad(source, fmt::format("header length {} runs past the end of the {}-byte file", json_len, file_nbytes));
+  }
+  if (json_len > nbytes - 8) {
+    bad(source, fmt::format("header length {} but only {} header bytes given", json_len, nbytes - 8));
+  }
+  const unsigned char* json_begin = p + 8;
+  const std::size_t json_size = static_cast<std::size_t>(json_len);
+  if (json_size < 2 || json_begin[0] != '{') bad(source, "header is not a JSON object (must start with '{')");
+  if (auto at = invalid_utf8_at(json_begin, json_size); at != std::string::npos) {
+    bad(source, fmt::format("header is not valid UTF-8 JSON text (byte {} of the JSON is 0x{:02x})", at,
+                            json_begin[at]));
+  }
+  // Writers pad the header with spaces to align the data section; anything else after the object is garbage.
+  // nlohmann's parser rejects trailing non-whitespace itself; NUL and other control bytes are refused above.
+  std::size_t end = json_size;
+  while (end > 0 && json_begin[end - 1] == ' ') --end;
+
+  // nlohmann::json keeps the last of duplicate keys silently, so track the keys of every open object; and
+  // refuse nesting deeper than the format needs so that hostile input cannot build deep trees.
+  std::vector<std::set<std::string>> open_objects;
+  nlohmann::json::parser_callback_t cb = [&](int depth, nlohmann::json::parse_event_t event,
+                                             nlohmann::json& parsed) {
+    using ev = nlohmann::json::parse_event_t;
+    switch (event) {
+      case ev::object_start:
+      case ev::array_start:
+        if (depth > 2) bad(source, fmt::format("JSON nested {} levels deep (the format needs 3)", depth + 1));
+        if (event == ev::object_start) open_objects.emplace_back();
+        break;
+      case ev::object_end:
+        if (!open_objects.empty()) open_objects.pop_back();
+        break;
+      case ev::key: {
+        auto key = parsed.get<std::string>();
+        if (open_objects.empty()) break;
+        if (!open_objects.back().insert(key).second) {
+          bad(source, depth <= 1 ? fmt::format("duplicate tensor name \"{}\"", key)
+                                 : fmt::format("duplicate key \"{}\"", key));
+        }
+        break;
+      }
+      default: break;
+    }
+    return true;
+  };
+  nlohmann::json root;
+  try {
+    root = nlohmann::json::parse(json_begin, json_begin + end, cb, /*allow_exceptions=*/true,
+                                 /*ignore_comments=*/false);
+  } catch (const nlohmann::json::parse_error& e) {
+    bad(source, fmt::format("invalid JSON: {}", e.what()));
+  }
+  if (!root.is_object()) bad(source, "header is not a JSON object");
+
+  header h;
+  h.json_nbytes = json_len;
+  h.data_offset_bytes = 8 + json_len;
+  h.file_nbytes = file_nbytes;
+  const std::uint64_t data_nbytes = file_nbytes - h.data_offset_bytes;
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const std::string& name = it.key();
+    const auto& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object()) bad(source, "\"__metadata__\" is not an object");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string()) {
+          bad(source, fmt::format("\"__metadata__\" value of \"{}\" is not a string", m.key()));
+        }
+        h.metadata.emplace(m.key(), m.value().get<std::string>());
+      }
+      continue;
+    }
+    if (!v.is_object()) bad(source, fmt::format("tensor \"{}\" is not an object", name));
+    tensor_info t;
+    t.name = name;
+    auto d = v.find("dtype");
+    if (d == v.end() || !d->is_string()) bad(source, fmt::format("tensor \"{}\" has no string \"dtype\"", name));
+    auto type = parse_dtype(d->get_ref<const std::string&>());
+    if (!type) bad(source, fmt::format("tensor \"{}\" has unknown dtype \"{}\"", name, d->get<std::string>()));
+    t.dtype = *type;
+    auto s = v.find("shape");
+    if (s == v.end() || !s->is_array()) bad(source, fmt::format("tensor \"{}\" has no array \"shape\"", name));
+    if (s->size() > max_rank) {
+      bad(source, fmt::format("tensor \"{}\" has {} dimensions (limit {})", name, s->size(), max_rank));
+    }
+    // numel x bits must not overflow 64 bits; a zero dimension makes any other dimension harmless.
+    bool has_zero = false;
+    std::uint64_t numel = 1;
+    for (std::size_t i = 0; i < s->size(); ++i) {
+      auto dim = as_u64((*s)[i], source, fmt::format("tensor \"{}\" dimension {}", name, i));
+      t.shape.push_back(dim);
+      if (dim == 0) has_zero = true;
+    }
+    if (!has_zero) {
+      for (auto dim : t.shape) {
+        if (__builtin_mul_overflow(numel, dim, &numel) || numel > (std::numeric_limits<std::uint64_t>::max() >> 6)) {
+          bad(source, fmt::format("tensor \"{}\" shape is too large (element count overflows)", name));
+        }
+      }
+    } else {
+      numel = 0;
+    }
+    auto o = v.find("data_offsets");
+    if (o == v.end() || !o->is_array() || o->size() != 2) {
+      bad(source, fmt::format("tensor \"{}\" has no \"data_offsets\" of two integers", name));
+    }
+    t.begin_bytes = as_u64((*o)[0], source, fmt::format("tensor \"{}\" data_offsets[0]", name));
+    t.end_bytes = as_u64((*o)[1], source, fmt::format("tensor \"{}\" data_offsets[1]", name));
+    if (t.end_bytes < t.begin_bytes) {
+      bad(source, fmt::format("tensor \"{}\" data_offsets [{}, {}] end before they begin", name, t.begin_bytes,
+                              t.end_bytes));
+    }
+    const std::uint64_t bits = numel * bits_of(t.dtype);  // numel <= 2^58, bits <= 64: no overflow
+    if (bits % 8 != 0) {
+      bad(source, fmt::format("tensor \"{}\": {} elements of {} ({} bits) are not a whole number of bytes", name,
+                              numel, to_string(t.dtype), bits_of(t.dtype)));
+    }
+    const std::uint64_t want = bits / 8;
+    if (want != t.nbytes()) {
+      bad(source, fmt::format("tensor \"{}\": shape x {} is {} bytes but data_offsets [{}, {}] span {}", name,
+                              to_string(t.dtype), want, t.begin_bytes, t.end_bytes, t.nbytes()));
+    }
+    if (t.end_bytes > data_nbytes) {
+      bad(source, fmt::format("tensor \"{}\" data_offsets [{}, {}] run past the {}-byte data section", name,
+                              t.begin_bytes, t.end_bytes, data_nbytes));
+    }
+    t.file_offset_bytes = h.data_offset_bytes + t.begin_bytes;
+    h.tensors.push_back(std::move(t));
+  }
+  std::sort(h.tensors.begin(), h.tensors.end(), [](const tensor_info& a, const tensor_info& b) {
+    return a.begin_bytes != b.begin_bytes ? a.begin_bytes < b.begin_bytes : a.name < b.name;
+  });
+  // Empty tensors own no bytes, so only non-empty ones can overlap.
+  const tensor_info* prev = nullptr;
+  for (const auto& t : h.tensors) {
+    if (t.nbytes() == 0) continue;
+    if (prev != nullptr && t.begin_bytes < prev->end_bytes) {
+      bad(source, fmt::format("tensors \"{}\" [{}, {}] and \"{}\" [{}, {}] overlap", prev->name, prev->begin_bytes,
+                              prev->end_bytes, t.name, t.begin_bytes, t.end_bytes));
+    }
+    prev = &t;
+  }
+  return h;
+}
+
+header read_header(const file_handle& file) {
+  const std::uint64_t size = file.size();
+  const std::string source = file.path().string();
+  unsigned char len_bytes[8] = {};
+  if (size < 8) {
+    bad(source, fmt::format("file is {} bytes: too short for the 8-byte header length", size));
+  }
+  file.read_exact(len_bytes, 8, 0);
+  std::uint64_t json_len = 0;
+  for (int i = 7; i >= 0; --i) json_len = (json_len << 8) | len_bytes[i];
+  if (json_len > max_header_bytes || json_len > size - 8) {
+    return parse_header(len_bytes, 8, size, source);  // throws with the precise reason
+  }
+  std::vector<unsigned char> buf(8 + static_cast<std::size_t>(json_len));
+  std::memcpy(buf.data(), len_bytes, 8);
+  file.read_exact(buf.data() + 8, static_cast<std::size_t>(json_len), 8);
+  return parse_header(buf.data(), buf.size(), size, source);
+}
+
+header read_header(const std::filesystem::path& path) {
+  file_handle f(path, open_mode::read);
+  return read_header(f);
+}
+
+}  // namespace gdskit::safetensors

@@ -1,0 +1,396 @@
+// Loading safetensors files and sharded checkpoints into host or GPU memory.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "formats/sha256.hpp"
+#include "gdskit/error.hpp"
+#include "gdskit/file.hpp"
+#include "gdskit/safetensors.hpp"
+
+namespace gdskit::safetensors {
+
+namespace {
+
+constexpr std::size_t k_host_alignment = 4096;
+// Strided segments at least this large are read one by one straight into their destination; smaller ones are
+// gathered through the staging buffer, since many tiny requests cost more than the bytes skipped between them.
+constexpr std::uint64_t k_direct_segment_bytes = std::uint64_t{256} << 10;
+
+[[noreturn]] void invalid(const std::string& what) { 
+  throw error(errno_code(EINVAL), "safetensors load: " + what);
+}
+[[noreturn]] void bad_index(const std::filesystem::path& p, const std::string& what) {
+  throw error(errno_code(EBADMSG), "safetensors index", p.string(), -1, 0, what);
+}
+
+std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+bool matches(const std::string& entry, const std::string& name) {
+  if (entry.empty()) return false;
+  if (entry.back() == '*') return name.starts_with(std::string_view(entry).substr(0, entry.size() - 1));
+  if (entry.back() == '.') return name.starts_with(entry);
+  return name == entry;
+}
+
+bool ends_with(const std::string& s, std::string_view suffix) { return s.ends_with(suffix); }
+
+std::vector<shard> read_index(const std::filesystem::path& index) {
+  std::ifstream in(index, std::ios::binary);
+  if (!in) throw error(errno_code(ENOENT), "open", index.string(), -1, 0);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    bad_index(index, fmt::format("invalid JSON: {}", e.what()));
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+    bad_index(index, "no \"weight_map\" object");
+  }
+  std::map<std::string, std::vector<std::string>> by_file;
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    if (!it.value().is_string()) bad_index(index, fmt::format("weight_map entry \"{}\" is not a string", it.key()));
+    std::filesystem::path rel(it.value().get<std::string>());
+    if (rel.empty() || rel.is_absolute()) {
+      bad_index(index, fmt::format("weight_map entry \"{}\" names no relative file", it.key()));
+    }
+    for (const auto& part : rel) {
+      if (part == "..") bad_index(index, fmt::format("weight_map entry \"{}\" leaves the folder", it.key()));
+    }
+    by_file[rel.string()].push_back(it.key());
+  }
+  if (by_file.empty()) bad_index(index, "weight_map is empty");
+  std::vector<shard> out;
+  for (auto& [file, names] : by_file) out.push_back({index.parent_path() / file, std::move(names)});
+  return out;
+}
+
+// Where one selected tensor goes and which bytes of the file it needs.
+struct item {
+  const tensor_info* info = nullptr;
+  std::size_t file_index = 0;
+  slice_plan plan;
+  std::uint64_t alloc_offset = 0;
+};
+
+// A run of contiguous (single-segment) items of one file, read with one request.
+struct run {
+  std::size_t file_index = 0;
+  std::uint64_t file_begin = 0;
+  std::uint64_t file_end = 0;
+  std::uint64_t alloc_offset = 0;
+  std::vector<item*> items;
+};
+
+// Copies host bytes into the destination at an offset (memcpy for host memory, a driver copy for the GPU).
+using host_copier = std::function<void(const void* src, std::size_t nbytes, std::size_t dst_offset)>;
+
+// Reads a multi-segment slice into `dst` (packed). Large segments are read directly; small ones through a
+// staging buffer of at most `budget` bytes when a copier is given.
+void read_strided(const file_handle& f, const tensor_info& t, const slice_plan& plan, buffer_view dst,
+                  const host_copier& copy, std::size_t budget, load_stats& stats) {
+  const std::uint64_t base = t.file_offset_bytes + plan.first_offset;
+  if (plan.nbytes() == 0) return;
+  const bool direct = plan.segment_bytes >= k_direct_segment_bytes || !copy || budget < plan.stride_bytes;
+  if (direct) {
+    for (std::uint64_t i = 0; i < plan.segments; ++i) {
+      f.read_exact(dst.sub(i * plan.segment_bytes, plan.segment_bytes), plan.segment_bytes, base + i * plan.stride_bytes);
+      stats.bytes_read += plan.segment_bytes;
+      ++stats.read_requests;
+    }
+    return;
+  }
+  // Windows of whole segments: k segments span (k - 1) x stride + segment bytes.
+  const std::uint64_t per_window = std::max<std::uint64_t>(1, (budget - plan.segment_bytes) / plan.stride_bytes + 1);
+  const std::uint64_t window_cap = (std::min(per_window, plan.segments) - 1) * plan.stride_bytes + plan.segment_bytes;
+  std::unique_ptr<std::byte[]> staging(new std::byte[window_cap]);
+  for (std::uint64_t first = 0; first < plan.segments; first += per_window) {
+    const std::uint64_t k = std::min(per_window, plan.segments - first);
+    const std::uint64_t span = (k - 1) * plan.stride_bytes + plan.segment_bytes;
+    f.read_exact(staging.get(), span, base + first * plan.stride_bytes);
+    stats.bytes_read += span;
+    ++stats.read_requests;
+    for (std::uint64_t i = 0; i < k; ++i) {
+      copy(staging.get() + i * plan.stride_bytes, plan.segment_bytes, (first + i) * plan.segment_bytes);
+    }
+  }
+}
+
+}  // namespace
+
+struct model::storage_impl {
+  struct host_free {
+    void operator()(std::byte* p) const noexcept { ::operator delete[](p, std::align_val_t{k_host_alignment}); }
+  };
+  std::unique_ptr<std::byte[], host_free> host;
+  device_buffer device;
+  buffer_view view;
+};
+
+model::model() noexcept = default;
+model::~model() = default;
+model::model(model&&) noexcept = default;
+model& model::operator=(model&&) noexcept = default;
+
+const loaded_tensor* model::find(std::string_view name) const noexcept {
+  for (const auto& t : tensors_) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+buffer_view model::storage() const noexcept { return storage_ ? storage_->view : buffer_view{}; }
+
+std::vector<std::uint8_t> model::to_host(const loaded_tensor& t) const {
+  std::vector<std::uint8_t> out(t.data.nbytes);
+  if (out.empty()) return out;
+  if (t.data.kind == memory_kind::device) {
+    const auto offset = static_cast<std::size_t>(static_cast<std::byte*>(t.data.data) -
+                                                 static_cast<std::byte*>(storage_->view.data));
+    storage_->device.copy_to_host(out.data(), out.size(), offset);
+  } else {
+    std::memcpy(out.data(), t.data.data, out.size());
+  }
+  return out;
+}
+
+std::string model::sha256_hex(const loaded_tensor& t) const {
+  if (t.data.kind != memory_kind::device) return formats::sha256::hex(t.data.data, t.data.nbytes);
+  auto bytes = to_host(t);
+  return formats::sha256::hex(bytes.data(), bytes.size());
+}
+
+std::vector<shard> resolve_shards(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    if (fs::exists(path / "model.safetensors.index.json")) return read_index(path / "model.safetensors.index.json");
+    std::vector<fs::path> indexes, files;
+    for (const auto& e : fs::directory_iterator(path)) {
+      const auto name = e.path().filename().string();
+      if (!e.is_regular_file()) continue;
+      if (ends_with(name, ".safetensors.index.json")) indexes.push_back(e.path());
+      if (ends_with(name, ".safetensors")) files.push_back(e.path());
+    }
+    if (indexes.size() == 1) return read_index(indexes.front());
+    if (files.empty()) {
+      throw error(errno_code(ENOENT), "safetensors load", path.string(), -1, 0,
+                  "no *.safetensors or model.safetensors.index.json in this folder");
+    }
+    std::sort(files.begin(), files.end());
+    std::vector<shard> out;
+    for (auto& f : files) out.push_back({f, {}});
+    return out;
+  }
+  if (ends_with(path.filename().string(), ".index.json")) return read_index(path);
+  return {shard{path, {}}};
+}
+
+model load(const std::filesystem::path& path, const load_options& options) {
+  const auto t_headers = std::chrono::steady_clock::now();
+  const auto shards = resolve_shards(path);
+  std::vector<file_handle> files;
+  std::vector<header> headers;
+  files.reserve(shards.size());
+  headers.reserve(shards.size());
+  for (const auto& s : shards) {
+    files.emplace_back(s.file, open_mode::read, open_options{}, options.config);
+    headers.push_back(read_header(files.back()));
+  }
+
+  // Select tensors: the index's names per shard, filtered by `only`.
+  std::vector<item> items;
+  std::set<std::string> seen;
+  std::vector<bool> only_used(options.only.size(), false);
+  auto wanted = [&](const std::string& name) {
+    if (options.only.empty()) return true;
+    bool any = false;
+    for (std::size_t i = 0; i < options.only.size(); ++i) {
+      if (matches(options.only[i], name)) any = only_used[i] = true;
+    }
+    return any;
+  };
+  for (std::size_t fi = 0; fi < shards.size(); ++fi) {
+    const auto& h = headers[fi];
+    std::vector<const tensor_info*> chosen;
+    if (shards[fi].names.empty()) {
+      for (const auto& t : h.tensors) chosen.push_back(&t);
+    } else {
+      for (const auto& name : shards[fi].names) {
+        const auto* t = h.find(name);
+        if (t == nullptr) {
+          throw error(errno_code(EBADMSG), "safetensors index", shards[fi].file.string(), -1, 0,
+                      fmt::format("the index assigns \"{}\" to this file but its header lacks it", name));
+        }
+        chosen.push_back(t);
+      }
+    }
+    for (const auto* t : chosen) {
+      if (!wanted(t->name)) continue;
+      if (!seen.insert(t->name).second) {
+        throw error(errno_code(EBADMSG), "safetensors load", shards[fi].file.string(), -1, 0,
+                    fmt::format("tensor \"{}\" appears in more than one file", t->name));
+      }
+      items.push_back({t, fi, plan_slice(*t, options.slice), 0});
+    }
+  }
+  for (std::size_t i = 0; i < options.only.size(); ++i) {
+    if (!only_used[i]) invalid(fmt::format("no tensor matches \"{}\" in {}", options.only[i], path.string()));
+  }
+  const double header_seconds = seconds_since(t_headers);
+
+  // Layout: contiguous items of one file merge into runs; each run starts at an address congruent to its file
+  // offset modulo 4 KiB, so the O_DIRECT engine can read the aligned middle straight into place.
+  std::sort(items.begin(), items.end(), [](const item& a, const item& b) {
+    if (a.file_index != b.file_index) return a.file_index < b.file_index;
+    return a.info->file_offset_bytes + a.plan.first_offset < b.info->file_offset_bytes + b.plan.first_offset;
+  });
+  std::vector<run> runs;
+  std::vector<item*> strided;
+  std::uint64_t cursor = 0;
+  for (auto& it : items) {
+    if (it.plan.segments > 1) {
+      strided.push_back(&it);
+      continue;
+    }
+    const std::uint64_t b = it.info->file_offset_bytes + it.plan.first_offset;
+    const std::uint64_t e = b + it.plan.segment_bytes;
+    if (!runs.empty() && runs.back().file_index == it.file_index && b >= runs.back().file_end &&
+        b - runs.back().file_end <= options.coalesce_gap_bytes) {
+      runs.back().file_end = std::max(runs.back().file_end, e);
+    } else if (!runs.empty() && runs.back().file_index == it.file_index && b < runs.back().file_end) {
+      runs.back().file_end = std::max(runs.back().file_end, e);  // empty tensors sitting inside a run
+    } else {
+      runs.push_back({it.file_index, b, e, 0, {}});
+    }
+    runs.back().items.push_back(&it);
+  }
+  for (auto& r : runs) {
+    r.alloc_offset = align_up(cursor, k_host_alignment) + r.file_begin % k_host_alignment;
+    for (auto* it : r.items) {
+      it->alloc_offset = r.alloc_offset + (it->info->file_offset_bytes + it->plan.first_offset - r.file_begin);
+    }
+    cursor = r.alloc_offset + (r.file_end - r.file_begin);
+  }
+  for (auto* it : strided) {
+    it->alloc_offset = align_up(cursor, 256);
+    cursor = it->alloc_offset + it->plan.nbytes();
+  }
+  const std::uint64_t total = std::max<std::uint64_t>(cursor, 1);
+
+  model m;
+  m.storage_ = std::make_shared<model::storage_impl>();
+  auto& st = *m.storage_;
+  if (options.device < 0) {
+    st.host.reset(static_cast<std::byte*>(::operator new[](total, std::align_val_t{k_host_alignment})));
+    st.view = buffer_view::host(st.host.get(), total);
+  } else {
+    st.device = device_buffer(total, options.device);
+    st.view = st.device.view();
+  }
+  load_stats stats;
+  stats.files = shards.size();
+  stats.header_seconds = header_seconds;
+  if (!files.empty()) stats.path = files.front().plan(st.view);
+  host_copier copy;
+  if (options.device < 0) {
+    copy = [&st](const void* src, std::size_t n, std::size_t off) { std::memcpy(st.host.get() + off, src, n); };
+  } else {
+    copy = [&st](const void* src, std::size_t n, std::size_t off) { st.device.copy_from_host(src, n, off); };
+  }
+
+  const auto t_read = std::chrono::steady_clock::now();
+  for (const auto& r : runs) {
+    const std::uint64_t n = r.file_end - r.file_begin;
+    if (n == 0) continue;
+    files[r.file_index].read_exact(st.view.sub(r.alloc_offset, n), n, r.file_begin);
+    stats.bytes_read += n;
+    ++stats.read_requests;
+  }
+  for (auto* it : strided) {
+    auto with_offset = [&, base = it->alloc_offset](const void* src, std::size_t n, std::size_t off) {
+      copy(src, n, base + off);
+    };
+    read_strided(files[it->file_index], *it->info, it->plan, st.view.sub(it->alloc_offset, it->plan.nbytes()),
+                 with_offset, options.staging_budget_bytes, stats);
+  }
+  stats.seconds = seconds_since(t_read);
+
+  // Report tensors in file order (shard by shard), as the headers list them by offset.
+  std::sort(items.begin(), items.end(), [](const item& a, const item& b) {
+    if (a.file_index != b.file_index) return a.file_index < b.file_index;
+    return a.info->begin_bytes != b.info->begin_bytes ? a.info->begin_bytes < b.info->begin_bytes
+                                                      : a.info->name < b.info->name;
+  });
+  for (const auto& it : items) {
+    loaded_tensor t;
+    t.name = it.info->name;
+    t.dtype = it.info->dtype;
+    t.shape = it.plan.shape;
+    t.full_shape = it.info->shape;
+    t.data = st.view.sub(it.alloc_offset, it.plan.nbytes());
+    t.file = shards[it.file_index].file;
+    stats.tensor_bytes += it.plan.nbytes();
+    m.tensors_.push_back(std::move(t));
+  }
+  if (!headers.empty()) m.metadata_ = headers.front().metadata;
+  m.stats_ = std::move(stats);
+  return m;
+}
+
+load_stats load_into(const std::filesystem::path& path, const std::map<std::string, buffer_view>& destinations,
+                     const load_options& options) {
+  file_handle f(path, open_mode::read, open_options{}, options.config);
+  const auto t_headers = std::chrono::steady_clock::now();
+  const auto h = read_header(f);
+  load_stats stats;
+  stats.files = 1;
+  stats.header_seconds = seconds_since(t_headers);
+  std::vector<std::pair<const tensor_info*, slice_plan>> work;
+  for (const auto& [name, dst] : destinations) {
+    const auto* t = h.find(name);
+    if (t == nullptr) invalid(fmt::format("{} has no tensor \"{}\"", path.string(), name));
+    auto plan = plan_slice(*t, options.slice);
+    if (dst.nbytes < plan.nbytes()) {
+      invalid(fmt::format("destination of \"{}\" holds {} bytes; the tensor needs {}", name, dst.nbytes,
+                          plan.nbytes()));
+    }
+    work.emplace_back(t, std::move(plan));
+  }
+  if (!destinations.empty()) stats.path = f.plan(destinations.begin()->second);
+  const auto t_read = std::chrono::steady_clock::now();
+  for (const auto& [t, plan] : work) {
+    const buffer_view dst = destinations.at(t->name);
+    if (plan.segments == 1) {
+      if (plan.segment_bytes > 0) {
+        f.read_exact(dst.sub(0, plan.segment_bytes), plan.segment_bytes, t->file_offset_bytes + plan.first_offset);
+        stats.bytes_read += plan.segment_bytes;
+        ++stats.read_requests;
+      }
+    } else {
+      host_copier copy;
+      if (dst.kind != memory_kind::device) {
+        copy = [d = static_cast<std::byte*>(dst.data)](const void* src, std::size_t n, std::size_t off) {
+          std::memcpy(d + off, src, n);
+        };
+      }
+      read_strided(f, *t, plan, dst, copy, options.staging_budget_bytes, stats);
+    }
+    stats.tensor_bytes += plan.nbytes();
+  }
+  stats.seconds = seconds_since(t_read);
+  return stats;
+}
+
+}  // namespace gdskit::safetensors

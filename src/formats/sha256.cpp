@@ -1,0 +1,129 @@
+#include "formats/sha256.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace gdskit::formats {
+namespace {
+
+// First 32 bits of the fractional parts of the cube roots of the first 64 primes (FIPS 180-4, 4.2.2).
+constexpr std::uint32_t k_round[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+
+constexpr std::uint32_t rotr(std::uint32_t x, int n) noexcept { return (x >> n) | (x << (32 - n)); }
+
+}  // namespace
+
+void sha256::reset() noexcept {
+  state_ = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  block_used_ = 0;
+  total_bytes_ = 0;
+}
+
+void sha256::compress(const std::uint8_t* p) noexcept {
+  std::uint32_t w[64];
+  for (int i = 0; i < 16; ++i) {
+    w[i] = (std::uint32_t{p[4 * i]} << 24) | (std::uint32_t{p[4 * i + 1]} << 16) |
+           (std::uint32_t{p[4 * i + 2]} << 8) | std::uint32_t{p[4 * i + 3]};
+  }
+  for (int i = 16; i < 64; ++i) {
+    std::uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
+    std::uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
+    w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+  }
+  std::uint32_t a = state_[0], b = state_[1], c = state_[2], d = state_[3];
+  std::uint32_t e = state_[4], f = state_[5], g = state_[6], h = state_[7];
+  for (int i = 0; i < 64; ++i) {
+    std::uint32_t s1 = rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25);
+    std::uint32_t ch = (e & f) ^ (~e & g);
+    std::uint32_t t1 = h + s1 + ch + k_round[i] + w[i];
+    std::uint32_t s0 = rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22);
+    std::uint32_t maj = (a & b) ^ (a & c) ^ (b & c);
+    std::uint32_t t2 = s0 + maj;
+    h = g;
+    g = f;
+    f = e;
+    e = d + t1;
+    d = c;
+    c = b;
+    b = a;
+    a = t1 + t2;
+  }
+  state_[0] += a;
+  state_[1] += b;
+  state_[2] += c;
+  state_[3] += d;
+  state_[4] += e;
+  state_[5] += f;
+  state_[6] += g;
+  state_[7] += h;
+}
+
+void sha256::update(const void* data, std::size_t nbytes) noexcept {
+  const auto* p = static_cast<const std::uint8_t*>(data);
+  total_bytes_ += nbytes;
+  if (block_used_ > 0) {
+    std::size_t take = std::min(nbytes, block_.size() - block_used_);
+    std::memcpy(block_.data() + block_used_, p, take);
+    block_used_ += take;
+    p += take;
+    nbytes -= take;
+    if (block_used_ < block_.size()) return;
+    compress(block_.data());
+    block_used_ = 0;
+  }
+  for (; nbytes >= 64; nbytes -= 64, p += 64) compress(p);
+  if (nbytes > 0) {
+    std::memcpy(block_.data(), p, nbytes);
+    block_used_ = nbytes;
+  }
+}
+
+std::array<std::uint8_t, 32> sha256::finish() noexcept {
+  const std::uint64_t bits = total_bytes_ * 8;
+  // Padding: one 0x80 byte, zeros up to 56 mod 64, then the message length in bits, big-endian.
+  block_[block_used_++] = 0x80;
+  if (block_used_ > 56) {
+    std::memset(block_.data() + block_used_, 0, 64 - block_used_);
+    compress(block_.data());
+    block_used_ = 0;
+  }
+  std::memset(block_.data() + block_used_, 0, 56 - block_used_);
+  for (int i = 0; i < 8; ++i) block_[56 + i] = static_cast<std::uint8_t>(bits >> (56 - 8 * i));
+  compress(block_.data());
+  block_used_ = 0;
+  std::array<std::uint8_t, 32> out{};
+  for (int i = 0; i < 8; ++i) {
+    out[4 * i] = static_cast<std::uint8_t>(state_[i] >> 24);
+    out[4 * i + 1] = static_cast<std::uint8_t>(state_[i] >> 16);
+    out[4 * i + 2] = static_cast<std::uint8_t>(state_[i] >> 8);
+    out[4 * i + 3] = static_cast<std::uint8_t>(state_[i]);
+  }
+  return out;
+}
+
+std::string sha256::finish_hex() {
+  static constexpr char digits[] = "0123456789abcdef";
+  auto d = finish();
+  std::string s(64, '0');
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    s[2 * i] = digits[d[i] >> 4];
+    s[2 * i + 1] = digits[d[i] & 15];
+  }
+  return s;
+}
+
+std::string sha256::hex(const void* data, std::size_t nbytes) {
+  sha256 h;
+  h.update(data, nbytes);
+  return h.finish_hex();
+}
+
+}  // namespace gdskit::formats
