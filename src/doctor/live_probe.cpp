@@ -255,10 +255,15 @@ child_outcome spawn_probe_child(const fs::path& exe, const std::string& mode, co
   out.stderr_tail = tail(slurp(err_file), 2000);
   std::string why;
   out.report = parse_child_report(slurp(out_file), &why);
-  if (timed_out) out.failure = fmt::format("probe process ({}) did not finish within {} s and was killed", mode, timeout_s);
-  else if (WIFSIGNALED(status)) out.failure = fmt::format("probe process ({}) {}", mode, signal_text(WTERMSIG(status)));
-  else if (!out.report) out.failure = fmt::format("probe process ({}) exited with status {}: {}", mode, WEXITSTATUS(status), why);
-  if (!out.failure.empty()) out.report.reset();
+  // A complete report stands even when the process died afterwards (in library teardown at exit).
+  std::string ended;
+  if (timed_out) ended = fmt::format("probe process ({}) did not finish within {} s and was killed", mode, timeout_s);
+  else if (WIFSIGNALED(status)) ended = fmt::format("probe process ({}) {}", mode, signal_text(WTERMSIG(status)));
+  if (out.report) {
+    if (!ended.empty()) out.note = ended + " after writing its report";
+  } else {
+    out.failure = !ended.empty() ? ended : fmt::format("probe process ({}) exited with status {}: {}", mode, WEXITSTATUS(status), why);
+  }
   return out;
 }
 
@@ -348,6 +353,7 @@ probe_results run_live_probe(const probe_options& options) {
       r.strict_read = reached_or(c.read, c, "strict read");
       r.strict_stats_delta = c.stats;
       for (const auto& n : c.notes) r.notes.push_back("strict: " + n);
+      if (!strict.note.empty()) r.notes.push_back(strict.note);
     } else {
       r.driver_open_strict = {true, -1, strict.failure};
       r.strict_read = r.driver_open_strict;
@@ -368,6 +374,7 @@ probe_results run_live_probe(const probe_options& options) {
       r.file_device = c.file_device;
       r.o_direct = c.o_direct;
       for (const auto& n : c.notes) r.notes.push_back("default: " + n);
+      if (!deflt.note.empty()) r.notes.push_back(deflt.note);
     } else {
       r.driver_open_default = {true, -1, deflt.failure};
       r.default_read = r.driver_open_default;

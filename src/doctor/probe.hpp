@@ -104,6 +104,7 @@ struct child_outcome {
   std::optional<child_report> report;
   std::string failure;  // why there is no report: "killed by signal 11 (Segmentation fault)", "timed out", ...
   std::string stderr_tail;
+  std::string note;  // a complete report came, but the process then ended abnormally (at exit)
 };
 /// Starts `exe doctor --probe-child MODE --probe-file FILE [--probe-bytes N] [--probe-qd LIST]` with stdin on
 /// /dev/null and `env` (NAME=VALUE entries, replacing same-named ones of this process), waits up to

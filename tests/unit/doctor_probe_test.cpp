@@ -193,6 +193,15 @@ TEST(doctor_probe, a_crashing_or_hanging_probe_process_is_evidence_not_a_crash) 
   EXPECT_NE(hang.failure.find("did not finish"), std::string::npos) << hang.failure;
   auto silent = gd::spawn_probe_child(script(dir, "silent", "exit 3"), "default", dir / "f", 4096, {}, {}, dir.path(), 30);
   EXPECT_NE(silent.failure.find("exited with status 3"), std::string::npos) << silent.failure;
+  // Dying after a complete report (library teardown at exit) keeps the report and says so.
+  auto late = gd::spawn_probe_child(
+      script(dir, "late", "echo 'GDSKIT-PROBE-CHILD {\"mode\":\"default\",\"verified\":true}'; kill -SEGV $$"), "default",
+      dir / "f", 4096, {}, {}, dir.path(), 30);
+  ASSERT_TRUE(late.report) << late.failure;
+  EXPECT_TRUE(late.report->verified);
+  EXPECT_TRUE(late.failure.empty());
+  EXPECT_NE(late.note.find("signal 11"), std::string::npos) << late.note;
+  EXPECT_NE(late.note.find("after writing its report"), std::string::npos) << late.note;
   auto missing = gd::spawn_probe_child(dir / "nope", "default", dir / "f", 4096, {}, {}, dir.path(), 30);
   EXPECT_FALSE(missing.report);
   EXPECT_FALSE(missing.failure.empty());
