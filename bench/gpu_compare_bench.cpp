@@ -147,6 +147,58 @@ void verdict(const char* what, double value, double target, const char* unit = "
 
 }  // namespace
 
+// Parameter sweep of the staged path (slot size, workers, O_DIRECT depth) to choose defaults by measurement.
+int tune(const std::filesystem::path& path, std::uint64_t size, device_buffer& d) {
+  std::printf("tune: staged path parameters, %s file\n", format_size(size).c_str());
+  auto one = [&](const char* what, settings s, bool cold, bool write) {
+    std::filesystem::path target = write ? std::filesystem::path(path.string() + ".tw") : path;
+    gdskit::file_handle f(target, write ? open_mode::read_write : open_mode::read,
+                          {.create = write, .truncate = write}, s);
+    if (write) {
+      f.write(d.view(), 64u << 20, 0);  // warm-up: pinned staging set for this shape
+    } else {
+      f.read(d.view(), 64u << 20, 0);
+    }
+    if (!write) cold ? drop_cache(path) : warm_cache(path);
+    double c0 = cpu_s(), t0 = now_s();
+    if (write) {
+      f.write(d.view(), size, 0);
+      f.sync();
+    } else {
+      f.read(d.view(), size, 0);
+    }
+    double dt = now_s() - t0;
+    std::printf("  %-6s %-5s %-34s %8.2f GiB/s  %6.3f CPU-s/GiB\n", write ? "write" : "read", cold ? "cold" : "warm", what,
+                gib(size) / dt, (cpu_s() - c0) / gib(size));
+    std::fflush(stdout);
+  };
+  settings base = default_settings();
+  base.mode = path_mode::staged;
+  // Two passes over every variant, so drift of the (virtual) disk shows as spread instead of a false trend.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (std::size_t slot : {std::size_t{2} << 20, std::size_t{4} << 20, std::size_t{8} << 20}) {
+      for (unsigned threads : {8u, 16u}) {
+        settings s = base;
+        s.staging_slot_bytes = slot;
+        s.threads = threads;
+        one(fmt::format("slot {} x2 threads {}", format_size(slot), threads).c_str(), s, false, false);
+      }
+    }
+    for (unsigned depth : {1u, 2u, 4u, 8u, 16u}) {
+      settings s = base;
+      s.direct_depth = depth;
+      one(fmt::format("direct depth {}", depth).c_str(), s, true, false);
+    }
+  }
+  for (unsigned depth : {1u, 4u, 16u}) {
+    settings s = base;
+    s.direct_depth = depth;
+    one(fmt::format("direct depth {}", depth).c_str(), s, true, true);
+  }
+  std::filesystem::remove(path.string() + ".tw");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   std::filesystem::path path = argc > 1 ? argv[1] : "gdskit-gpu-bench.dat";
   std::uint64_t size = argc > 2 ? parse_size(argv[2]).value_or(0) : (std::uint64_t{8} << 30);
@@ -160,8 +212,9 @@ int main(int argc, char** argv) {
   ensure_file(path, size);
   std::filesystem::path wpath = path.string() + ".w";
   device_buffer d(size, 0);
-  std::printf("file %s, %s; GPU 0; gdskit threads %u, staging %u x %s per worker\n", path.c_str(), format_size(size).c_str(),
-              default_settings().threads, default_settings().staging_slots,
+  if (argc > 4 && std::string_view(argv[4]) == "tune") return tune(path, size, d);
+  std::printf("file %s, %s; GPU 0; gdskit threads %u, O_DIRECT depth %u, staging %u x %s per worker\n", path.c_str(),
+              format_size(size).c_str(), default_settings().threads, default_settings().direct_depth, default_settings().staging_slots,
               format_size(default_settings().staging_slot_bytes).c_str());
 
   std::printf("\nceilings\n");

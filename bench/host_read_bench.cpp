@@ -26,11 +26,12 @@ struct measured {
   double resident_before = 0;
 };
 
-measured gdskit_read(const std::filesystem::path& path, std::uint8_t* dst, std::uint64_t size, bool cold, int repeats) {
+measured gdskit_read(const std::filesystem::path& path, std::uint8_t* dst, std::uint64_t size, bool cold, int repeats,
+                     const settings& s = default_settings()) {
   measured best;
   for (int r = 0; r < repeats; ++r) {
     double res = cold ? drop_cache(path) : warm_cache(path);
-    file_handle f(path, open_mode::read);
+    file_handle f(path, open_mode::read, {}, s);
     double c0 = cpu_s(), t0 = now_s();
     std::size_t got = f.pread(dst, size, 0);
     double dt = now_s() - t0;
@@ -86,6 +87,24 @@ int main(int argc, char** argv) {
               cold.resident_before * 100);
   std::printf("%-44s %9.2f %8s %11.3f   (resident before: %.0f%%)\n", "(b) gdskit pread, warm", warm.gib_s, "", warm.cpu_per_gib,
               warm.resident_before * 100);
+  std::printf("\nO_DIRECT ceiling by threads:");
+  for (unsigned t = 1; t <= max_threads; t *= 2) {
+    drop_cache(path);
+    std::printf("  %u: %.2f", t, parallel_read(path, t, true).gib_s);
+  }
+  std::printf(" GiB/s\ngdskit variants (one run each):\n");
+  for (engine_kind e : {engine_kind::io_uring, engine_kind::threads}) {
+    for (unsigned depth : {1u, 2u, 4u, 8u, 16u}) {
+      settings v = default_settings();
+      v.engine = e;
+      v.direct_depth = depth;
+      std::printf("  %-8s depth %2u  cold %6.2f GiB/s\n", std::string(to_string(e)).c_str(), depth,
+                  gdskit_read(path, dst, size, true, 1, v).gib_s);
+    }
+    settings v = default_settings();
+    v.engine = e;
+    std::printf("  %-8s warm     %6.2f GiB/s\n", std::string(to_string(e)).c_str(), gdskit_read(path, dst, size, false, 1, v).gib_s);
+  }
   std::printf("\nratio cold b/a             %.3f   (target >= 0.95)\n", cold.gib_s / direct_best.gib_s);
   std::printf("ratio warm b/a             %.3f   (target >= 0.95)\n", warm.gib_s / direct_best.gib_s);
   std::printf("ratio warm b/buffered warm %.3f   (page-cache ceiling)\n", warm.gib_s / buffered_best.gib_s);

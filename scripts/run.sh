@@ -21,19 +21,26 @@ esac
 
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/gdskit-run.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-size=${GDSKIT_RUN_SIZE:-1G}
+# -s is bytes per worker (as in gdsio): 8 workers x 128 MiB = 1 GiB by default.
+per_worker=${GDSKIT_RUN_SIZE_PER_WORKER:-128M}
 
-if "$gdskit" version | grep -q '^gpu: yes'; then
-  target=(-x auto -d 0)
+gpu_line=$("$gdskit" version | sed -n 's/^gpu: //p')
+if [ "$doctor_rc" = 0 ]; then
+  target=(-x gds -d 0)
   echo
-  echo "== a GPU is usable: benchmarking file <-> GPU memory through the planner's path"
+  echo "== true GDS works here: benchmarking storage <-> GPU memory through cuFile's direct path"
+elif [[ "$gpu_line" == yes* ]]; then
+  target=(-x staged -d 0)
+  echo
+  echo "== a GPU is usable but not true GDS: benchmarking storage <-> GPU memory through gdskit's staged path"
 else
   target=(-x host)
   echo
-  echo "== no usable GPU here ($("$gdskit" version | sed -n 's/^gpu: //p')): benchmarking the host path"
+  echo "== no usable GPU here ($gpu_line): benchmarking the host path (storage <-> host memory)"
 fi
 
-echo "== write $size with verification pattern"
-"$gdskit" bench -f "$work/bench.dat" -s "$size" -i 1M -w 8 -I 1 -V "${target[@]}"
-echo "== read it back, verifying every byte"
-"$gdskit" bench -f "$work/bench.dat" -s "$size" -i 1M -w 8 -I 0 -V "${target[@]}"
+echo "== write, every byte from a seeded pattern"
+"$gdskit" bench -f "$work/bench.dat" -s "$per_worker" -i 1M -w 8 -I 1 -V "${target[@]}"
+echo
+echo "== read back cold (page cache dropped), verifying every byte"
+"$gdskit" bench -f "$work/bench.dat" -s "$per_worker" -i 1M -w 8 -I 0 -V --cold "${target[@]}"

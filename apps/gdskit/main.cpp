@@ -1,11 +1,14 @@
 #include <fmt/format.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <system_error>
 
 #include "commands.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/version.hpp"
+#include "shim/cufile.hpp"
 
 namespace gdskit::cli {
 int& exit_code() {
@@ -47,6 +50,12 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     fmt::print(stderr, "gdskit: {}\n", e.what());
     return 2;
+  }
+  // libcufile 1.15.1 was seen crashing in its own exit handlers (H200 VM): once it has been opened, leave
+  // without running library teardown. Files are closed by now and their data is with the kernel.
+  if (gdskit::shim::cufile_driver_opened()) {
+    std::fflush(nullptr);
+    std::_Exit(exit_code());
   }
   return exit_code();
 }

@@ -22,6 +22,9 @@ enum class path_mode { automatic, gds, staged, compat, host };
 struct settings {
   /// Worker threads (and io_uring queue depth) for one large request. GDSKIT_THREADS.
   unsigned threads = 8;
+  /// Requests in flight for O_DIRECT transfers (reads of data not in the page cache, and writes): storage
+  /// wants depth, not every core. GDSKIT_DIRECT_DEPTH.
+  unsigned direct_depth = 16;
   /// Large requests are split into tasks of this many bytes. GDSKIT_CHUNK_BYTES.
   std::size_t chunk_bytes = std::size_t{4} << 20;
   /// Requests of at most this many bytes run inline on the calling thread. GDSKIT_INLINE_BYTES.

@@ -165,7 +165,11 @@ PYBIND11_MODULE(_gdskit, m) {
       .def("__dlpack__", [](const tensor_handle& t, py::object /*stream*/, py::kwargs) { return t.to_capsule(); },
            py::arg("stream") = py::none())
       .def("__dlpack_device__",
-           [](const tensor_handle& t) { return t.device < 0 ? py::make_tuple(1, 0) : py::make_tuple(2, t.device); })
+           [](const tensor_handle& t) -> py::tuple {
+             // DLPack device types: 1 = CPU, 2 = CUDA.
+             if (t.device < 0) return py::make_tuple(1, 0);
+             return py::make_tuple(2, static_cast<int>(t.device));
+           })
       .def("capsule", &tensor_handle::to_capsule, "A fresh 'dltensor' capsule.")
       .def("tobytes", &tensor_handle::to_bytes, "The raw bytes (host tensors only).")
       .def_property_readonly("dtype", [](const tensor_handle& t) { return std::string(st::to_string(t.dtype)); })

@@ -59,6 +59,7 @@ settings settings::from_env() {
   unsigned hw = std::thread::hardware_concurrency();
   s.threads = std::clamp(hw == 0 ? 8u : hw, 4u, 16u);
   s.threads = env_unsigned("GDSKIT_THREADS", s.threads);
+  s.direct_depth = env_unsigned("GDSKIT_DIRECT_DEPTH", s.direct_depth);
   s.chunk_bytes = env_size("GDSKIT_CHUNK_BYTES", s.chunk_bytes);
   s.inline_bytes = env_size("GDSKIT_INLINE_BYTES", s.inline_bytes);
   s.direct = env_enum("GDSKIT_DIRECT", s.direct, &parse_direct_mode, "auto, on, off");
@@ -75,6 +76,7 @@ void settings::validate() const {
     bad_setting(name, fmt::format("{}", value), why);
   };
   if (threads < 1 || threads > 1024) fail("threads", threads, "must be 1..1024");
+  if (direct_depth < 1 || direct_depth > 1024) fail("direct_depth", direct_depth, "must be 1..1024");
   if (chunk_bytes < 4096 || chunk_bytes % 4096 != 0) fail("chunk_bytes", chunk_bytes, "must be a multiple of 4096");
   if (staging_slots < 2) fail("staging_slots", staging_slots, "must be at least 2 (reads run ahead of copies)");
   if (staging_slot_bytes < 65536 || staging_slot_bytes % 4096 != 0)

@@ -1,6 +1,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <vector>
 
@@ -115,8 +116,11 @@ void file_handle::impl::execute(std::vector<io_task>& tasks, std::size_t nbytes)
     }
     return;
   }
-  if (choice.engine == engine_kind::io_uring && engine::run_uring(tasks, config.threads)) return;
-  engine::run_threads(tasks, config.threads);
+  // Storage wants a bounded queue depth; page-cache copies want every worker.
+  const bool any_direct = std::any_of(tasks.begin(), tasks.end(), [](const io_task& t) { return t.direct; });
+  const unsigned depth = any_direct ? std::min(config.threads, config.direct_depth) : config.threads;
+  if (choice.engine == engine_kind::io_uring && engine::run_uring(tasks, depth)) return;
+  engine::run_threads(tasks, depth);
 }
 
 void file_handle::impl::throw_first_error(const std::vector<io_task>& tasks, const char* op) const {
@@ -165,6 +169,8 @@ std::size_t file_handle::impl::write(const void* buf, std::size_t nbytes, std::u
   throw_first_error(tasks, "pwrite");
   return nbytes;
 }
+
+file_handle::impl::~impl() { engine::release_residency_map(*this); }
 
 file_handle::file_handle() noexcept = default;
 file_handle::~file_handle() = default;

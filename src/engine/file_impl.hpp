@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <mutex>
+#include <shared_mutex>
 #include <optional>
 #include <vector>
 
@@ -32,6 +33,20 @@ struct file_handle::impl {
     shim::cufile_handle cufile;
   };
   mutable gpu_state gpu;
+
+  // A read-only mapping of the file kept for page-cache residency checks (mincore). Kept for the handle's
+  // life: mapping and unmapping per check would cost a TLB shootdown across every worker thread each time.
+  struct residency_map {
+    std::shared_mutex mutex;
+    void* addr = nullptr;
+    std::size_t nbytes = 0;
+  };
+  mutable residency_map rmap;
+
+  impl() = default;
+  ~impl();
+  impl(const impl&) = delete;
+  impl& operator=(const impl&) = delete;
 
   /// Splits a request into tasks: aligned O_DIRECT chunks, bounce or buffered pieces at the edges.
   std::vector<engine::io_task> plan(bool write, std::byte* buf, std::size_t nbytes, std::uint64_t offset) const;

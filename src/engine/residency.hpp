@@ -9,8 +9,16 @@
 
 namespace gdskit::engine {
 
-/// Fraction (0..1) of the pages of [offset, offset+nbytes) that are in the page cache; -1 when unknown.
-double resident_fraction(int fd, std::uint64_t offset, std::size_t nbytes);
+/// Fraction (0..1) of the pages of [offset, offset+nbytes) of the file that are in the page cache; -1 when
+/// unknown (write-only handle, mapping refused).
+double resident_fraction(const file_handle::impl& f, std::uint64_t offset, std::size_t nbytes);
+
+/// Like resident_fraction, but for large ranges samples 32 windows of 256 KiB spread over the range instead
+/// of asking about every page (a full scan of 8 GiB costs tens of milliseconds).
+double sampled_resident_fraction(const file_handle::impl& f, std::uint64_t offset, std::size_t nbytes);
+
+/// Unmaps the handle's residency mapping (called when the handle closes).
+void release_residency_map(const file_handle::impl& f) noexcept;
 
 /// True when a read of this range should use the buffered descriptor: the file has one and at least half
 /// the range is resident, unless GDSKIT_DIRECT=on forces O_DIRECT.

@@ -125,7 +125,7 @@ void device_buffer::fill(unsigned char value) {
 pinned_buffer::pinned_buffer(std::size_t nbytes) : nbytes_(nbytes) {
   const cuda_api& a = need_cuda();
   use_device(0);
-  check_cuda(a.cuMemHostAlloc(&ptr_, nbytes == 0 ? 1 : nbytes, CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc");
+  check_cuda(a.cuMemHostAlloc(&ptr_, nbytes == 0 ? 1 : nbytes, MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc");
 }
 
 pinned_buffer::~pinned_buffer() {

@@ -1,5 +1,6 @@
 #include "gpu/cuda_copier.hpp"
 
+#include <cstring>
 #include <mutex>
 
 #include "gdskit/error.hpp"
@@ -22,9 +23,11 @@ cuda_copier::cuda_copier(int device, unsigned lanes, unsigned slots_per_lane, st
   const cuda_api& a = api();
   use_device(device);
   void* p = nullptr;
-  check_cuda(a.cuMemHostAlloc(&p, static_cast<std::size_t>(lanes) * slots_per_lane * slot_bytes, CU_MEMHOSTALLOC_PORTABLE),
+  check_cuda(a.cuMemHostAlloc(&p, static_cast<std::size_t>(lanes) * slots_per_lane * slot_bytes, MEMHOSTALLOC_PORTABLE),
              "cuMemHostAlloc (staging slots)");
   pinned_ = static_cast<std::byte*>(p);
+  // Touch every page now: first-touch faults would otherwise land inside the first transfers.
+  std::memset(pinned_, 0, static_cast<std::size_t>(lanes) * slots_per_lane * slot_bytes);
   try {
     for (unsigned l = 0; l < lanes; ++l) {
       CUstream s = nullptr;

@@ -5,6 +5,7 @@
 
 #include "engine/file_impl.hpp"
 #include "engine/planner.hpp"
+#include "engine/residency.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
 #include "gpu/cuda_copier.hpp"
@@ -63,7 +64,13 @@ std::size_t device_transfer(const file_handle& file, bool write, buffer_view buf
       return gpu::cufile_transfer(f, write, buf, nbytes, offset);
     default: {
       const int device = buf.device < 0 ? 0 : buf.device;
-      gpu::staging_lease lease(device, f.config.threads, f.config.staging_slots, f.config.staging_slot_bytes);
+      // Lanes: every worker when the bytes come from the page cache (memory copies), the O_DIRECT depth when
+      // they come from storage or go to it.
+      const bool from_cache =
+          !write && (!f.choice.direct || (f.config.direct != direct_mode::on &&
+                                          engine::sampled_resident_fraction(f, offset, nbytes) >= 0.5));
+      const unsigned lanes = from_cache ? f.config.threads : std::min(f.config.threads, f.config.direct_depth);
+      gpu::staging_lease lease(device, lanes, f.config.staging_slots, f.config.staging_slot_bytes);
       const auto far = reinterpret_cast<std::uintptr_t>(buf.data);
       return write ? gpu::staged_write(file, lease.get(), far, nbytes, offset)
                    : gpu::staged_read(file, lease.get(), far, nbytes, offset);

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -99,6 +100,10 @@ const cufile_api* cufile(std::string* reason) {
 
 int cufile_version() { return state().version; }
 
+namespace {
+std::atomic<bool> driver_opened{false};
+}
+
 int cufile_driver_open() {
   static std::once_flag once;
   static int status = CU_FILE_DRIVER_NOT_INITIALIZED;
@@ -106,9 +111,12 @@ int cufile_driver_open() {
     const cufile_api* a = cufile();
     if (a == nullptr) return;
     status = a->cuFileDriverOpen().err;
+    driver_opened = status == CU_FILE_SUCCESS;
   });
   return status;
 }
+
+bool cufile_driver_opened() noexcept { return driver_opened.load(); }
 
 bool cufile_enable_stats() {
   const cufile_api* a = cufile();

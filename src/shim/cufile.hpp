@@ -108,6 +108,8 @@ int cufile_version();
 
 /// Opens the cuFile driver once per process (thread-safe). Returns the cuFile status (0 = open).
 int cufile_driver_open();
+/// Whether this process opened the cuFile driver (cufile_driver_open succeeded).
+bool cufile_driver_opened() noexcept;
 
 /// Per-GPU path counters from level-3 statistics (zero when stats are unavailable).
 struct cufile_path_counters {

@@ -49,7 +49,7 @@ static_assert(sizeof(CUfileStatsLevel3_t) <= s::kStatsL3BufferBytes);
 // Driver API.
 static_assert(sizeof(s::CUdeviceptr) == sizeof(CUdeviceptr));
 static_assert(s::CUDA_ERROR_NOT_READY == CUDA_ERROR_NOT_READY);
-static_assert(s::CU_MEMHOSTALLOC_PORTABLE == CU_MEMHOSTALLOC_PORTABLE);
+static_assert(s::MEMHOSTALLOC_PORTABLE == CU_MEMHOSTALLOC_PORTABLE);
 static_assert(s::CU_EVENT_BLOCKING_SYNC == CU_EVENT_BLOCKING_SYNC);
 static_assert(s::CU_EVENT_DISABLE_TIMING == CU_EVENT_DISABLE_TIMING);
 static_assert(s::CU_STREAM_NON_BLOCKING == CU_STREAM_NON_BLOCKING);

@@ -201,7 +201,9 @@ TEST(settings, environment_overrides_and_errors) {
   ::setenv("GDSKIT_DIRECT", "off", 1);
   ::setenv("GDSKIT_ENGINE", "threads", 1);
   ::setenv("GDSKIT_MODE", "staged", 1);
+  ::setenv("GDSKIT_DIRECT_DEPTH", "2", 1);
   settings s = settings::from_env();
+  EXPECT_EQ(s.direct_depth, 2u);
   EXPECT_EQ(s.threads, 3u);
   EXPECT_EQ(s.chunk_bytes, 1u << 20);
   EXPECT_EQ(s.direct, direct_mode::off);
@@ -218,7 +220,9 @@ TEST(settings, environment_overrides_and_errors) {
   ::setenv("GDSKIT_ENGINE", "auto", 1);
   ::setenv("GDSKIT_CHUNK_BYTES", "1000", 1);
   EXPECT_THROW(settings::from_env(), error);
-  for (const char* v : {"GDSKIT_THREADS", "GDSKIT_CHUNK_BYTES", "GDSKIT_DIRECT", "GDSKIT_ENGINE", "GDSKIT_MODE"}) ::unsetenv(v);
+  for (const char* v : {"GDSKIT_THREADS", "GDSKIT_CHUNK_BYTES", "GDSKIT_DIRECT", "GDSKIT_ENGINE", "GDSKIT_MODE", "GDSKIT_DIRECT_DEPTH"}) {
+    ::unsetenv(v);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Runs the GPU tests and benchmarks on a GPU machine in one go, from binaries built elsewhere:
+#   scripts/gpu-run.sh BIN_DIR OUT_DIR [tests|bench|all]
+# BIN_DIR holds gdskit, gpu_paths_test, file_handle_test, io_faults_test, staged_test, host_read_bench and
+# gpu_compare_bench (scripts/gpu-pack.sh makes it). Every log goes to OUT_DIR; a summary prints last.
+set -uo pipefail
+bin=$(cd "$1" && pwd)
+out=$2
+what=${3:-all}
+mkdir -p "$out"
+work=${GDSKIT_WORK:-/var/tmp/gdskit-gpu}
+mkdir -p "$work"
+summary="$out/summary.txt"
+: > "$summary"
+
+step() {  # step NAME TIMEOUT_S COMMAND...
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name" | tee -a "$summary"
+  local t0=$SECONDS
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  echo "   rc=$rc ($((SECONDS - t0)) s)" | tee -a "$summary"
+  tail -n "${TAIL:-25}" "$out/$name.log" >> "$summary"
+}
+
+{
+  date -u
+  uname -r
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  nproc
+  free -g | head -2
+  df -h "$work" | tail -1
+  ls -la /run/udev 2>&1 | head -3
+} > "$out/machine.txt" 2>&1
+cat "$out/machine.txt" >> "$summary"
+
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  step abi_check 120 bash -c "g++ -std=c++20 -Isrc -I/usr/local/cuda/include tests/gpu/abi_check.cpp -o $work/abi_check && $work/abi_check"
+  step version 30 "$bin/gdskit" version
+  step unit_host 300 bash -c "cd $work && $bin/file_handle_test --gtest_brief=1 && $bin/io_faults_test --gtest_brief=1 && $bin/staged_test --gtest_brief=1"
+  step gpu_tests 400 env TMPDIR=$work "$bin/gpu_paths_test"
+  step verify 300 "$bin/gdskit" verify -D "$work" --sizes 4K,1M+1,64M+4095,1G,4G -o 4097
+  step doctor 120 "$bin/gdskit" doctor --path "$work"
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  TAIL=40 step host_read_bench 400 "$bin/host_read_bench" "$work/hb.dat" "${BENCH_SIZE:-8G}" 16 2
+  rm -f "$work/hb.dat"
+  TAIL=40 step gpu_compare_bench 500 "$bin/gpu_compare_bench" "$work/gb.dat" "${BENCH_SIZE:-8G}" 16
+  rm -f "$work/gb.dat"
+fi
+if [ "$what" = tune ]; then
+  TAIL=60 step tune 500 "$bin/gpu_compare_bench" "$work/tune.dat" "${BENCH_SIZE:-8G}" 16 tune
+  rm -f "$work/tune.dat"
+fi
+if [ "$what" = python ] || [ "$what" = all ]; then
+  # The extension is compiled here against this machine's Python and pybind11, linking the carried library.
+  carry=$(cd "$bin/.." && pwd)
+  py="$work/py"
+  mkdir -p "$py/gdskit"
+  cp python/gdskit/__init__.py "$py/gdskit/"
+  step python_build 300 bash -c "g++ -O2 -std=c++20 -shared -fPIC -Iinclude -I$carry/include -Isrc \
+      -I\$(python3 -c 'import sysconfig;print(sysconfig.get_paths()[\"include\"])') \
+      -I\$(python3 -c 'import pybind11;print(pybind11.get_include())') -DGDSKIT_VERSION_TEXT='\"0.1.0\"' \
+      python/src/module.cpp $carry/lib/libgdskit.a \$(ls $carry/lib/liburing.a 2>/dev/null) -ldl -lpthread \
+      -o $py/gdskit/_gdskit\$(python3 -c 'import sysconfig;print(sysconfig.get_config_var(\"EXT_SUFFIX\"))')"
+  TAIL=40 step python_tests 400 env PYTHONPATH="$py" PYTHONUNBUFFERED=1 python3 scripts/gpu-safetensors-test.py --cli "$bin/gdskit" --dir "$work"
+  TAIL=40 step python_perf 500 env PYTHONPATH="$py" PYTHONUNBUFFERED=1 python3 scripts/perf-safetensors.py --dir "$work" --size-gib "${ST_SIZE_GIB:-4}" --runs 2 --cli "$bin/gdskit"
+fi
+echo "== done" >> "$summary"
+cat "$summary"
