@@ -13,15 +13,6 @@ namespace gdskit {
 
 using namespace shim;
 
-namespace {
-const cuda_api& need_cuda() {
-  std::string reason;
-  const cuda_api* a = cuda(&reason);
-  if (a == nullptr) throw error(errno_code(ENODEV), "no usable GPU: " + reason);
-  return *a;
-}
-}  // namespace
-
 std::string_view to_string(memory_kind k) noexcept {
   switch (k) {
     case memory_kind::pinned: return "pinned";
@@ -76,7 +67,7 @@ buffer_view describe_pointer(void* ptr, std::size_t nbytes) {
 }
 
 device_buffer::device_buffer(std::size_t nbytes, int device) : nbytes_(nbytes), device_(device) {
-  const cuda_api& a = need_cuda();
+  const cuda_api& a = cuda_or_throw();
   use_device(device);
   CUdeviceptr p = 0;
   check_cuda(a.cuMemAlloc(&p, nbytes == 0 ? 1 : nbytes), "cuMemAlloc");
@@ -108,22 +99,22 @@ device_buffer& device_buffer::operator=(device_buffer&& o) noexcept {
 void device_buffer::copy_from_host(const void* src, std::size_t nbytes, std::size_t offset_bytes) {
   view().sub(offset_bytes, nbytes);
   use_device(device_);
-  check_cuda(need_cuda().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(ptr_) + offset_bytes, src, nbytes), "cuMemcpyHtoD");
+  check_cuda(cuda_or_throw().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(ptr_) + offset_bytes, src, nbytes), "cuMemcpyHtoD");
 }
 
 void device_buffer::copy_to_host(void* dst, std::size_t nbytes, std::size_t offset_bytes) const {
   view().sub(offset_bytes, nbytes);
   use_device(device_);
-  check_cuda(need_cuda().cuMemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(ptr_) + offset_bytes, nbytes), "cuMemcpyDtoH");
+  check_cuda(cuda_or_throw().cuMemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(ptr_) + offset_bytes, nbytes), "cuMemcpyDtoH");
 }
 
 void device_buffer::fill(unsigned char value) {
   use_device(device_);
-  check_cuda(need_cuda().cuMemsetD8(reinterpret_cast<CUdeviceptr>(ptr_), value, nbytes_), "cuMemsetD8");
+  check_cuda(cuda_or_throw().cuMemsetD8(reinterpret_cast<CUdeviceptr>(ptr_), value, nbytes_), "cuMemsetD8");
 }
 
 pinned_buffer::pinned_buffer(std::size_t nbytes) : nbytes_(nbytes) {
-  const cuda_api& a = need_cuda();
+  const cuda_api& a = cuda_or_throw();
   use_device(0);
   check_cuda(a.cuMemHostAlloc(&ptr_, nbytes == 0 ? 1 : nbytes, MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc");
 }

@@ -9,18 +9,9 @@ namespace gdskit::gpu {
 
 using namespace shim;
 
-namespace {
-const cuda_api& api() {
-  std::string reason;
-  const cuda_api* a = cuda(&reason);
-  if (a == nullptr) throw error(errno_code(ENODEV), "no usable GPU: " + reason);
-  return *a;
-}
-}  // namespace
-
 cuda_copier::cuda_copier(int device, unsigned lanes, unsigned slots_per_lane, std::size_t slot_bytes)
     : device_(device), lanes_(lanes), slots_(slots_per_lane), slot_bytes_(slot_bytes) {
-  const cuda_api& a = api();
+  const cuda_api& a = cuda_or_throw();
   use_device(device);
   void* p = nullptr;
   check_cuda(a.cuMemHostAlloc(&p, static_cast<std::size_t>(lanes) * slots_per_lane * slot_bytes, MEMHOSTALLOC_PORTABLE),
@@ -65,21 +56,21 @@ std::byte* cuda_copier::slot(unsigned lane, unsigned slot) {
 }
 
 void cuda_copier::to_far(unsigned lane, unsigned s, std::size_t slot_offset, std::uintptr_t far, std::size_t nbytes) {
-  const cuda_api& a = api();
+  const cuda_api& a = cuda_or_throw();
   check_cuda(a.cuMemcpyHtoDAsync(static_cast<CUdeviceptr>(far), slot(lane, s) + slot_offset, nbytes, streams_[lane]),
              "cuMemcpyHtoDAsync");
   check_cuda(a.cuEventRecord(events_[lane * slots_ + s], streams_[lane]), "cuEventRecord");
 }
 
 void cuda_copier::from_far(unsigned lane, unsigned s, std::size_t slot_offset, std::uintptr_t far, std::size_t nbytes) {
-  const cuda_api& a = api();
+  const cuda_api& a = cuda_or_throw();
   check_cuda(a.cuMemcpyDtoHAsync(slot(lane, s) + slot_offset, static_cast<CUdeviceptr>(far), nbytes, streams_[lane]),
              "cuMemcpyDtoHAsync");
   check_cuda(a.cuEventRecord(events_[lane * slots_ + s], streams_[lane]), "cuEventRecord");
 }
 
 void cuda_copier::wait(unsigned lane, unsigned s) {
-  check_cuda(api().cuEventSynchronize(events_[lane * slots_ + s]), "cuEventSynchronize");
+  check_cuda(cuda_or_throw().cuEventSynchronize(events_[lane * slots_ + s]), "cuEventSynchronize");
 }
 
 namespace {

@@ -103,6 +103,13 @@ const cuda_api* cuda(std::string* reason) {
   return &s.api;
 }
 
+const cuda_api& cuda_or_throw() {
+  std::string reason;
+  const cuda_api* a = cuda(&reason);
+  if (a == nullptr) throw error(errno_code(ENODEV), "no usable GPU: " + reason);
+  return *a;
+}
+
 std::string cuda_error_name(CUresult r) {
   if (const cuda_api* a = cuda()) {
     const char* name = nullptr;
@@ -116,9 +123,7 @@ void check_cuda(CUresult r, const char* what) {
 }
 
 void use_device(int device) {
-  std::string reason;
-  const cuda_api* a = cuda(&reason);
-  if (a == nullptr) throw error(errno_code(ENODEV), "no usable GPU: " + reason);
+  const cuda_api* a = &cuda_or_throw();
   static std::mutex mutex;
   static std::vector<CUcontext> contexts;
   CUcontext ctx = nullptr;

@@ -83,6 +83,9 @@ struct cuda_api {
 /// Loads and calls cuInit(0) once per process; thread-safe.
 const cuda_api* cuda(std::string* reason = nullptr);
 
+/// The loaded driver API; throws gdskit::error (ENODEV) with the reason when no GPU is usable.
+const cuda_api& cuda_or_throw();
+
 /// "CUDA_ERROR_OUT_OF_MEMORY" etc. via cuGetErrorName, or the number.
 std::string cuda_error_name(CUresult r);
 
