@@ -43,8 +43,8 @@ struct settings {
   /// Defaults overridden by the GDSKIT_* variables that are set. Throws gdskit::error (EINVAL) naming the
   /// variable when a value cannot be parsed or is out of range.
   static settings from_env();
-  /// Throws gdskit::error (EINVAL) when a field is out of range (threads 1..1024, chunk >= 4 KiB and a multiple
-  /// of 4 KiB, staging_slots >= 2, staging slot >= 64 KiB and a multiple of 4 KiB).
+  /// Throws gdskit::error (EINVAL) when a field is out of range (threads and direct_depth 1..1024, chunk 4 KiB..1 GiB
+  /// and a multiple of 4 KiB, staging_slots >= 2, staging slot 64 KiB..1 GiB and a multiple of 4 KiB).
   void validate() const;
 };
 

@@ -77,10 +77,14 @@ void settings::validate() const {
   };
   if (threads < 1 || threads > 1024) fail("threads", threads, "must be 1..1024");
   if (direct_depth < 1 || direct_depth > 1024) fail("direct_depth", direct_depth, "must be 1..1024");
-  if (chunk_bytes < 4096 || chunk_bytes % 4096 != 0) fail("chunk_bytes", chunk_bytes, "must be a multiple of 4096");
+  // io_uring and pread move at most 2 GiB - 4 KiB per call; 1 GiB keeps every chunk one call.
+  if (chunk_bytes < 4096 || chunk_bytes % 4096 != 0 || chunk_bytes > (std::size_t{1} << 30)) {
+    fail("chunk_bytes", chunk_bytes, "must be a multiple of 4096, at most 1 GiB");
+  }
   if (staging_slots < 2) fail("staging_slots", staging_slots, "must be at least 2 (reads run ahead of copies)");
-  if (staging_slot_bytes < 65536 || staging_slot_bytes % 4096 != 0)
-    fail("staging_slot_bytes", staging_slot_bytes, "must be >= 64 KiB and a multiple of 4096");
+  if (staging_slot_bytes < 65536 || staging_slot_bytes % 4096 != 0 || staging_slot_bytes > (std::size_t{1} << 30)) {
+    fail("staging_slot_bytes", staging_slot_bytes, "must be 64 KiB..1 GiB and a multiple of 4096");
+  }
 }
 
 settings& default_settings() {
