@@ -84,6 +84,7 @@ void add_verify_command(CLI::App& app) {
     if (!note.empty() && !o->json) fmt::print("note: {}\n", note);
     nlohmann::json out = {{"file", v.file.string()}, {"device", v.device}, {"note", note}, {"results", nlohmann::json::array()}};
     bool all_ok = true;
+    std::string last_summary;
     auto results = gpu::run_verify(v, [&](const gpu::verify_result& r) {
       all_ok = all_ok && r.ok;
       if (o->json) {
@@ -92,8 +93,13 @@ void add_verify_command(CLI::App& app) {
                                   {"first_mismatch", r.first_mismatch}, {"error", r.error}});
         return;
       }
-      fmt::print("{:>12}  {:<4}  write {:7.2f} GiB/s  read {:7.2f} GiB/s  path {}\n", format_size(r.nbytes),
-                 r.ok ? "ok" : "FAIL", r.write_gib_s, r.read_gib_s, r.path.summary());
+      // The path and its reasons once, and again only when they change.
+      if (r.path.summary() != last_summary) {
+        last_summary = r.path.summary();
+        fmt::print("path: {}\n", last_summary);
+      }
+      fmt::print("{:>12}  {:<4}  write {:7.2f} GiB/s  read {:7.2f} GiB/s  ({})\n", format_size(r.nbytes),
+                 r.ok ? "ok" : "FAIL", r.write_gib_s, r.read_gib_s, to_string(r.path.path));
       if (r.first_mismatch >= 0) fmt::print("              first differing byte at offset {}\n", r.first_mismatch);
       if (!r.error.empty()) fmt::print("              {}\n", r.error);
     });
