@@ -105,6 +105,12 @@ int main(int argc, char** argv) {
     v.engine = e;
     std::printf("  %-8s warm     %6.2f GiB/s\n", std::string(to_string(e)).c_str(), gdskit_read(path, dst, size, false, 1, v).gib_s);
   }
+  for (std::size_t chunk : {std::size_t{1} << 20, std::size_t{4} << 20, std::size_t{16} << 20}) {
+    settings v = default_settings();
+    v.chunk_bytes = chunk;
+    std::printf("  chunk %-6s cold %6.2f GiB/s  warm %6.2f GiB/s\n", format_size(chunk).c_str(),
+                gdskit_read(path, dst, size, true, 1, v).gib_s, gdskit_read(path, dst, size, false, 1, v).gib_s);
+  }
   std::printf("\nratio cold b/a             %.3f   (target >= 0.95)\n", cold.gib_s / direct_best.gib_s);
   std::printf("ratio warm b/a             %.3f   (target >= 0.95)\n", warm.gib_s / direct_best.gib_s);
   std::printf("ratio warm b/buffered warm %.3f   (page-cache ceiling)\n", warm.gib_s / buffered_best.gib_s);
