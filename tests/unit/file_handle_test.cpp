@@ -91,6 +91,7 @@ TEST_P(engine_variants, reads_equal_pread_reference) {
       std::size_t got = f.pread(buf.data, len, off);
       const std::size_t expect = off >= size ? 0 : std::min<std::size_t>(len, size - off);
       ASSERT_EQ(got, expect) << "size " << size << " off " << off << " len " << len;
+      if (got == 0) continue;  // nothing to compare (and memcmp must not see an empty vector's null data)
       ASSERT_EQ(0, std::memcmp(buf.data, data.data() + std::min<std::uint64_t>(off, size), got))
           << "size " << size << " off " << off << " len " << len << " misalign " << misalign;
     }
