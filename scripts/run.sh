@@ -36,7 +36,7 @@ elif [[ "$gpu_line" == yes* ]]; then
 else
   target=(-x host)
   echo
-  echo "== no usable GPU here ($gpu_line): benchmarking the host path (storage <-> host memory)"
+  echo "== no usable GPU here (${gpu_line#no }): benchmarking the host path (storage <-> host memory)"
 fi
 
 echo "== write, every byte from a seeded pattern"
