@@ -71,11 +71,6 @@ bool under(const std::string& path, const std::string& mount_point) {
   return path == mount_point || path.rfind(mount_point + "/", 0) == 0;
 }
 
-bool has_option(const std::string& opts, const std::string& opt) {
-  std::string s = "," + opts + ",";
-  return s.find("," + opt + ",") != std::string::npos;
-}
-
 std::string option_value(const std::string& opts, const std::string& key) {
   std::string s = "," + opts + ",";
   auto p = s.find("," + key + "=");
