@@ -124,6 +124,19 @@ void check_cancel(const transfer& t) {
   }
 }
 
+// Waits for every copy still pending on a lane's slots: no copy may touch a slot after the transfer returns.
+// A failure here is recorded after any earlier one (a sequential reader would have met that one first).
+void drain_lane(transfer& t, unsigned lane, const std::vector<bool>& pending) {
+  for (unsigned s = 0; s < pending.size(); ++s) {
+    if (!pending[s]) continue;
+    try {
+      t.cp.wait(lane, s);
+    } catch (...) {
+      t.fail(UINT64_MAX - 1);
+    }
+  }
+}
+
 void read_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t base_offset) {
   copier& cp = t.cp;
   const unsigned nslots = cp.slots_per_lane();
@@ -161,15 +174,7 @@ void read_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t bas
   } catch (...) {
     t.fail(0);
   }
-  // Drain: no copy may still read a slot after the transfer returns.
-  for (unsigned s = 0; s < nslots; ++s) {
-    if (!pending[s]) continue;
-    try {
-      cp.wait(lane, s);
-    } catch (...) {
-      t.fail(UINT64_MAX - 1);
-    }
-  }
+  drain_lane(t, lane, pending);
 }
 
 void write_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t base_offset) {
@@ -221,13 +226,7 @@ void write_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t ba
   } catch (...) {
     t.fail(0);
   }
-  for (unsigned s = 0; s < nslots; ++s) {
-    if (!pending[s]) continue;
-    try {
-      cp.wait(lane, s);
-    } catch (...) {
-    }
-  }
+  drain_lane(t, lane, pending);
 }
 
 void finish(transfer& t, staged_stats* stats) {
