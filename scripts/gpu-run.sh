@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and benchmarks on a GPU machine in one go, from binaries built elsewhere:
-#   scripts/gpu-run.sh BIN_DIR OUT_DIR [tests|bench|all]
+#   scripts/gpu-run.sh BIN_DIR OUT_DIR [tests|bench|cli|tune|python|all]
 # BIN_DIR holds gdskit, gpu_paths_test, file_handle_test, io_faults_test, staged_test, host_read_bench and
 # gpu_compare_bench (scripts/gpu-pack.sh makes it). Every log goes to OUT_DIR; a summary prints last.
 set -uo pipefail
@@ -49,7 +49,38 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   TAIL=40 step gpu_compare_bench 500 "$bin/gpu_compare_bench" "$work/gb.dat" "${BENCH_SIZE:-8G}" 16
   rm -f "$work/gb.dat"
 fi
-if [ "$what" = tune ]; then
+if [ "$what" = cli ] || [ "$what" = all ]; then
+  # gdskit bench's GPU transfer types, as a user runs them: 8 workers x 1 GiB, 8 MiB requests.
+  g="$bin/gdskit"
+  f="$work/bench.dat"
+  common=(-f "$f" -w 8 -s 1G -i 8M -d 0 -k 7)
+  TAIL=20 step bench_write_staged 200 "$g" bench "${common[@]}" -I 1 -x staged -V
+  TAIL=20 step bench_read_staged_warm 200 "$g" bench "${common[@]}" -I 0 -x staged -V --warm
+  TAIL=20 step bench_read_staged_cold 200 "$g" bench "${common[@]}" -I 0 -x staged -V --cold
+  TAIL=20 step bench_read_naive_warm 200 "$g" bench "${common[@]}" -I 0 -x naive --warm
+  TAIL=20 step bench_read_naive_cold 200 "$g" bench "${common[@]}" -I 0 -x naive --cold
+  TAIL=20 step bench_read_host_warm 200 "$g" bench "${common[@]}" -I 0 -x host --warm
+  TAIL=20 step bench_randread_staged 200 "$g" bench "${common[@]}" -I 2 -i 64K -x staged -T 3 -V
+  TAIL=20 step bench_gds_refused 60 "$g" bench "${common[@]}" -I 0 -x gds
+  TAIL=20 step bench_compat_no_udev 120 "$g" bench "${common[@]}" -s 256M -I 0 -x compat
+  # cuFile registers a file only with udev data for its block device; give it what udev would have written.
+  majmin=$(findmnt -no MAJ:MIN -T "$work" | tr -d ' ')
+  if [ ! -e "/run/udev/data/b$majmin" ]; then
+    mkdir -p /run/udev/data
+    printf 'E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=%s\n' "$(findmnt -no FSTYPE -T "$work")" > "/run/udev/data/b$majmin"
+    echo "created /run/udev/data/b$majmin" >> "$summary"
+  fi
+  TAIL=20 step bench_compat_warm 200 "$g" bench "${common[@]}" -s 256M -I 0 -x compat -V --warm
+  TAIL=20 step bench_compat_cold 200 "$g" bench "${common[@]}" -s 256M -I 0 -x compat --cold
+  TAIL=20 step bench_compat_write 200 "$g" bench "${common[@]}" -s 256M -I 1 -x compat -V
+  TAIL=20 step bench_compat_json 120 "$g" bench "${common[@]}" -s 256M -I 0 -x compat --json
+  printf '[global]\nxfer_type=3\nrw=read\nbs=8M\nsize=512M\ndo_verify=1\ngpu_dev_id=0\n[a]\nfilename=%s\nnum_threads=4\n[b]\nfilename=%s\nnum_threads=4\nstart_offset=4G\n' "$f" "$f" > "$work/jobs.gdsio"
+  TAIL=30 step bench_jobfile 200 "$g" bench "$work/jobs.gdsio"
+  TAIL=40 step bench_sweep_cold 400 "$g" bench -f "$f" -s 256M -i 1M --cold --sweep threads=1,2,4,8,16,x=staged,naive,compat --plot "$out/sweep_cold.png"
+  TAIL=40 step bench_sweep_warm 400 "$g" bench -f "$f" -s 256M -i 1M --warm --sweep threads=1,2,4,8,16,x=staged,naive,compat,host --plot "$out/sweep_warm.png"
+  rm -f "$f"
+fi
+if [ "$what" = tune ] || [ "$what" = all ]; then
   TAIL=60 step tune 500 "$bin/gpu_compare_bench" "$work/tune.dat" "${BENCH_SIZE:-8G}" 16 tune
   rm -f "$work/tune.dat"
 fi

@@ -36,6 +36,12 @@ bool gpu_available(std::string* reason = nullptr);
 /// Number of CUDA devices (0 when none can be used).
 int gpu_count();
 
+/// Synchronous copies between host memory and any view: memcpy for host and pinned views, the CUDA driver for
+/// device and managed ones. For tools, tests and small pieces, not the fast path. Throw EINVAL when the range
+/// lies outside the view, and CUDA errors from the driver.
+void copy_into(const buffer_view& dst, std::size_t offset_bytes, const void* src, std::size_t nbytes);
+void copy_out(const buffer_view& src, std::size_t offset_bytes, void* dst, std::size_t nbytes);
+
 /// Owning GPU memory (cuMemAlloc on `device`). Move-only. Throws gdskit::error (cuda category) when the
 /// allocation fails or no GPU is usable.
 class device_buffer {

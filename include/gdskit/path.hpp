@@ -19,6 +19,9 @@ struct path_decision {
   /// Why this path, and why not GDS: "nvidia-fs not loaded", "/run/udev missing: cuFile cannot register
   /// files", "tmpfs refuses O_DIRECT", "GDSKIT_MODE=staged", ... Never empty for a GPU buffer.
   std::vector<std::string> reasons;
+  /// Whether the system facts show a direct DMA route for this file (nvidia-fs with the NVMe hook and the file
+  /// on NVMe, or PCI P2PDMA) that cuFile can use. False when the path is gds only because it was forced.
+  bool direct_possible = false;
   /// "staged (nvidia-fs not loaded; libcufile not found)"
   std::string summary() const;
 };

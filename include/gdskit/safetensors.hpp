@@ -110,6 +110,10 @@ struct load_options {
   std::size_t coalesce_gap_bytes = std::size_t{64} << 10;
   /// Settings for opening the files.
   settings config = default_settings();
+  /// Where the one allocation comes from. Empty: the loader allocates it (host memory or cuMemAlloc) and the
+  /// model owns it. Set: called once with the byte count, it returns memory of at least that size on
+  /// `device` (e.g. from a framework's caching allocator); the caller keeps it alive as long as the tensors.
+  std::function<buffer_view(std::uint64_t nbytes)> allocate;
 };
 
 /// A loaded tensor: a view into the model's allocation (or the caller's destination).
@@ -130,6 +134,7 @@ struct load_stats {
   std::size_t read_requests = 0;
   double seconds = 0;              ///< wall time of the reads (header parsing and allocation excluded)
   double header_seconds = 0;       ///< wall time spent reading and parsing headers
+  double alloc_seconds = 0;        ///< wall time spent obtaining the allocation
   path_decision path;              ///< the planner's path for the destination memory
   double gib_per_s() const noexcept { return seconds > 0 ? static_cast<double>(tensor_bytes) / seconds / 1073741824.0 : 0; }
 };

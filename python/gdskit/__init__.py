@@ -31,6 +31,14 @@ _TORCH_VIEW = {
 }
 
 
+# safetensors dtype -> torch dtype name, for views of a torch-owned allocation.
+_TORCH_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
+    "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool", "C64": "complex64",
+}
+
+
 def _torch():
     try:
         import torch  # noqa: PLC0415
@@ -49,10 +57,34 @@ def _to_torch(torch, t: Tensor):
     return x
 
 
-def load_safetensors_raw(path, device: str = "cpu", *, only=None, rank=None, world=None, split_dim: int = 0):
+def _torch_view(torch, storage, base: int, t: Tensor):
+    """t as a torch tensor viewing `storage` (a uint8 CUDA tensor the load wrote into)."""
+    x = storage.narrow(0, t.data_ptr - base, t.nbytes)
+    if t.raw_bytes:
+        name = _TORCH_VIEW.get(t.dtype)
+        if name is None:
+            return x  # packed 4-/6-bit floats stay bytes, as through DLPack
+        x = x.view(list(t.shape))
+        return x.view(getattr(torch, name)) if hasattr(torch, name) else x
+    dt = getattr(torch, _TORCH_DTYPES.get(t.dtype, ""), None)
+    if dt is None:
+        # A dtype this torch build lacks: DLPack's view, copied, since the view would not keep `storage` alive.
+        return _to_torch(torch, t).clone()
+    try:
+        x = x.view(dt)
+    except RuntimeError:
+        # The tensor's offset in the file is not a multiple of its element size (legal in safetensors, rare):
+        # torch cannot view it in place, so it gets its own aligned copy.
+        x = x.clone().view(dt)
+    return x.view(list(t.shape))
+
+
+def load_safetensors_raw(path, device: str = "cpu", *, only=None, rank=None, world=None, split_dim: int = 0,
+                         allocate=None):
     """Loads like load_safetensors but returns gdskit.Tensor objects (DLPack exporters) and the stats dict.
-    Works without torch or numpy: each Tensor has .dtype, .shape, .nbytes, .tobytes() (host) and __dlpack__."""
-    tensors, stats = _gdskit.load(str(path), device, list(only or []), rank, world, split_dim)
+    Works without torch or numpy: each Tensor has .dtype, .shape, .nbytes, .tobytes() (host) and __dlpack__.
+    allocate(nbytes) -> address, if given, supplies the one allocation; the caller keeps it alive."""
+    tensors, stats = _gdskit.load(str(path), device, list(only or []), rank, world, split_dim, allocate)
     return tensors, stats
 
 
@@ -67,8 +99,6 @@ def load_safetensors(path, device: str = "cuda:0", *, only=None, rank=None, worl
     last tensor that views it is gone. Statistics of the load: gdskit.last_stats().
     """
     global _last_stats
-    tensors, stats = load_safetensors_raw(path, device, only=only, rank=rank, world=world, split_dim=split_dim)
-    _last_stats = stats
     if framework == "auto":
         if _torch() is not None:
             framework = "torch"
@@ -76,6 +106,25 @@ def load_safetensors(path, device: str = "cuda:0", *, only=None, rank=None, worl
             framework = "numpy"
         else:
             framework = "dlpack"
+    if framework == "torch" and device != "cpu":
+        # GPU memory from torch's caching allocator: no cuMemAlloc per load when torch has the memory cached,
+        # and the tensors are ordinary views of one torch tensor.
+        torch = _torch()
+        if torch is None:
+            raise ImportError("framework='torch' needs torch")
+        storage = []
+
+        def allocate(nbytes):
+            storage.append(torch.empty(nbytes, dtype=torch.uint8, device=device))
+            return storage[-1].data_ptr()
+
+        tensors, stats = load_safetensors_raw(path, device, only=only, rank=rank, world=world, split_dim=split_dim,
+                                              allocate=allocate)
+        _last_stats = stats
+        base = storage[0].data_ptr()
+        return {k: _torch_view(torch, storage[0], base, v) for k, v in tensors.items()}
+    tensors, stats = load_safetensors_raw(path, device, only=only, rank=rank, world=world, split_dim=split_dim)
+    _last_stats = stats
     if framework == "torch":
         torch = _torch()
         if torch is None:
@@ -107,8 +156,8 @@ def _to_numpy(np, t: Tensor):
 
 
 def last_stats() -> dict:
-    """Statistics of the last load_safetensors call: seconds, gib_per_s, tensor_bytes, bytes_read,
-    read_requests, files, path, reasons, metadata."""
+    """Statistics of the last load_safetensors call: seconds (the reads), header_seconds, alloc_seconds,
+    gib_per_s, tensor_bytes, bytes_read, read_requests, files, path, reasons, metadata."""
     return dict(_last_stats)
 
 

@@ -182,11 +182,20 @@ PYBIND11_MODULE(_gdskit, m) {
   m.def(
       "load",
       [](const std::filesystem::path& path, const std::string& device, std::vector<std::string> only,
-         std::optional<unsigned> rank, std::optional<unsigned> world, unsigned split_dim) {
+         std::optional<unsigned> rank, std::optional<unsigned> world, unsigned split_dim, py::object allocate) {
         st::load_options o;
         o.device = parse_device(device);
         o.only = std::move(only);
         if (rank || world) o.slice = st::slice_spec{rank.value_or(0), world.value_or(1), split_dim};
+        if (!allocate.is_none()) {
+          // The caller's allocator (torch's caching allocator, say) returns the address of nbytes bytes on the
+          // device and keeps them alive; the exported tensors then view memory the caller owns.
+          o.allocate = [allocate, dev = o.device](std::uint64_t n) {
+            py::gil_scoped_acquire locked;
+            const auto ptr = allocate(n).cast<std::uintptr_t>();
+            return view_for(ptr, static_cast<std::size_t>(n), dev);
+          };
+        }
         st::model model;
         {
           py::gil_scoped_release unlocked;
@@ -214,6 +223,8 @@ PYBIND11_MODULE(_gdskit, m) {
         const auto& s = owner->stats();
         py::dict stats;
         stats["seconds"] = s.seconds;
+        stats["header_seconds"] = s.header_seconds;
+        stats["alloc_seconds"] = s.alloc_seconds;
         stats["gib_per_s"] = s.gib_per_s();
         stats["tensor_bytes"] = s.tensor_bytes;
         stats["bytes_read"] = s.bytes_read;
@@ -226,7 +237,9 @@ PYBIND11_MODULE(_gdskit, m) {
       },
       py::arg("path"), py::arg("device") = "cpu", py::arg("only") = std::vector<std::string>{},
       py::arg("rank") = py::none(), py::arg("world") = py::none(), py::arg("split_dim") = 0,
-      "Loads a safetensors file, index or folder: returns ({name: Tensor}, stats).");
+      py::arg("allocate") = py::none(),
+      "Loads a safetensors file, index or folder: returns ({name: Tensor}, stats). allocate(nbytes) -> address, "
+      "if given, supplies the one allocation (the caller keeps it alive).");
 
   m.def(
       "read_into",

@@ -74,6 +74,7 @@ struct job_spec {
 /// Flags that are not per job.
 struct run_options {
   bool cold = false;          ///< --cold: drop the files' pages before the run and check they are gone
+  bool warm = false;          ///< --warm: read the files through the page cache before a read run
   bool json = false;          ///< --json
   bool csv = false;           ///< --csv
   bool quiet = false;         ///< --quiet: no progress line
@@ -127,6 +128,8 @@ std::optional<std::size_t> check_pattern(std::uint64_t seed, std::uint64_t offse
 std::optional<double> page_cache_residency(const std::filesystem::path& file, std::string* why = nullptr);
 /// posix_fadvise(DONTNEED) after fdatasync. Returns the error text, empty on success.
 std::string drop_page_cache(const std::filesystem::path& file);
+/// Reads the whole file through the page cache (for --warm); returns an error text, empty on success.
+std::string fill_page_cache(const std::filesystem::path& file);
 
 /// Latency percentiles in microseconds.
 struct latency_stats {
@@ -163,6 +166,8 @@ struct job_result {
   std::optional<double> residency_before, residency_after;  ///< page-cache fraction (first file)
   std::string residency_note;           ///< why residency is missing, when it is
   bool cold_asked = false;
+  bool warm_asked = false;
+  std::string warm_error;  ///< why --warm could not read a file through the page cache
   std::optional<double> residency_after_drop;  ///< measured right after DONTNEED
   std::string drop_error;
   std::vector<std::filesystem::path> created;  ///< files this run created

@@ -76,7 +76,7 @@ path_report describe_gpu_path(xfer_kind xfer, const file_handle& f, int gpu) {
   // A one-page device buffer is enough to ask the planner; the decision is per file and device.
   device_buffer probe(4096, gpu);
   path_decision d = f.plan(probe.view());
-  return {std::string(path_name(d.path)), d.reasons};
+  return {std::string(path_name(d.path)), d.reasons, d.direct_possible};
 }
 
 }  // namespace gdskit::bench

@@ -261,6 +261,7 @@ gdsio flags (same meaning):
   -O 0|1        0 O_DIRECT where the file system allows it, 1 page cache             [0]
 gdskit flags:
   --cold        drop the files from the page cache first (posix_fadvise DONTNEED) and check with mincore
+  --warm        read the files through the page cache first (reads only), so the run measures cached data
   --sweep threads=1,2,4,8,16[,io=1M,4M][,x=host,naive]   run the matrix, print a table and a scaling verdict
   --plateau GIB_S   host copy rate the verdict compares against (default: the best staged/naive curve)
   --json | --csv    machine-readable output
@@ -295,6 +296,7 @@ request parse_args(const std::vector<std::string>& args) {
     if (a == "-h" || a == "--help") { r.help = true; continue; }
     if (a == "-V") { job.verify = true; job_flags.emplace_back(a, ""); continue; }
     if (a == "--cold") { r.options.cold = true; continue; }
+    if (a == "--warm") { r.options.warm = true; continue; }
     if (a == "--json") { r.options.json = true; continue; }
     if (a == "--csv") { r.options.csv = true; continue; }
     if (a == "--quiet" || a == "-q") { r.options.quiet = true; continue; }
@@ -361,6 +363,12 @@ request parse_args(const std::vector<std::string>& args) {
   if (r.sweep && r.jobs.size() > 1) fail("--sweep runs one job: use flags, not a job file");
   if (!r.options.plot.empty() && !r.sweep) fail("--plot needs --sweep (it draws throughput against threads)");
   if (r.options.json && r.options.csv) fail("--json and --csv: pick one");
+  if (r.options.warm && r.options.cold) fail("--warm and --cold: pick one");
+  if (r.options.warm) {
+    for (const auto& j : r.jobs) {
+      if (is_write(j.type)) fail("--warm fills the page cache for reads; a write run (-I 1|3) has nothing to warm");
+    }
+  }
   return r;
 }
 

@@ -50,4 +50,24 @@ std::string drop_page_cache(const std::filesystem::path& file) {
   return {};
 }
 
+std::string fill_page_cache(const std::filesystem::path& file) {
+  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::string("open: ") + std::strerror(errno);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  std::vector<char> buf(std::size_t{16} << 20);
+  std::string err;
+  for (off_t at = 0;;) {
+    ssize_t n = ::pread(fd, buf.data(), buf.size(), at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      err = std::string("read: ") + std::strerror(errno);
+      break;
+    }
+    if (n == 0) break;
+    at += n;
+  }
+  ::close(fd);
+  return err;
+}
+
 }  // namespace gdskit::bench

@@ -75,8 +75,11 @@ std::string detail_lines(const job_result& r) {
       cache += fmt::format("; --cold: {} ({} resident after DONTNEED)", gone ? "dropped" : "NOT fully dropped",
                            percent(r.residency_after_drop));
     }
+  } else if (r.warm_asked) {
+    cache += r.warm_error.empty() ? "; --warm: read through the page cache first (before = after warming)"
+                                  : fmt::format("; --warm failed: {}", r.warm_error);
   } else {
-    cache += "; not dropped (warm run; --cold drops it)";
+    cache += "; not dropped (--cold drops it, --warm fills it)";
   }
   if (!r.residency_before && !r.residency_note.empty()) cache += fmt::format(" [{}]", r.residency_note);
   s += fmt::format("  page cache:  {}\n", cache);
@@ -127,7 +130,7 @@ nlohmann::json to_json(const job_result& r) {
                       {"p999", r.latency.p999_us}, {"max", r.latency.max_us}}},
       {"cpu", {{"user_s", r.cpu_user_s}, {"sys_s", r.cpu_sys_s}, {"s_per_gib", r.cpu_s_per_gib()}}},
       {"page_cache", {{"before", opt_json(r.residency_before)}, {"after", opt_json(r.residency_after)},
-                      {"cold", r.cold_asked}, {"after_drop", opt_json(r.residency_after_drop)},
+                      {"cold", r.cold_asked}, {"warm", r.warm_asked}, {"after_drop", opt_json(r.residency_after_drop)},
                       {"drop_error", r.drop_error}, {"note", r.residency_note}}},
       {"created", files},
       {"verify", {{"ran", r.verified}, {"ok", r.verify_ok}, {"bytes", r.verified_bytes}, {"message", r.verify_message}}},

@@ -76,6 +76,13 @@ scaling_verdict judge_scaling(std::vector<curve_point> curve, std::optional<doub
           "peaks at {:.2f} GiB/s, below the host copy rate of {:.2f} GiB/s: storage is the limit, so the curve "
           "cannot tell a direct path from a bounce",
           v.peak_gib_s, p);
+    } else if (!grows) {
+      v.kind = verdict_kind::inconclusive;
+      v.text = fmt::format(
+          "does not grow with queue depth ({:.2f} GiB/s at {} threads, peak {:.2f} at {}, {:.2f} at {}) against a "
+          "host copy rate of {:.2f} GiB/s: no sign of direct DMA, which would grow with depth; the storage sets "
+          "this curve",
+          first, curve.front().threads, v.peak_gib_s, peak_it->threads, last.gib_per_s, last.threads, p);
     } else {
       v.kind = verdict_kind::inconclusive;
       v.text = fmt::format(

@@ -29,6 +29,7 @@ class transfer {
 struct path_report {
   std::string path;
   std::vector<std::string> reasons;
+  bool direct_possible = false;  ///< the planner found a direct DMA route (see path_decision)
 };
 
 /// Whether the GPU transfer types can run here; `reason` says why not.

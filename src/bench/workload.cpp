@@ -233,16 +233,21 @@ void prepare(job_state& s, const run_options& opt) {
     if (!existed) r.created.push_back(f);
   }
   path_report p = describe_path(j.xfer.kind, s.handles.front(), j.gpu);
-  if (j.xfer.kind == xfer_kind::gds && p.path != "gds") {
+  if (j.xfer.kind == xfer_kind::gds && (p.path != "gds" || !p.direct_possible)) {
+    // Asking for gds where no direct route exists would measure cuFile failing or falling back, not GDS.
     std::string reasons;
-    for (const auto& x : p.reasons) reasons += (reasons.empty() ? "" : "; ") + x;
+    for (const auto& x : p.reasons) {
+      if (x == "GDSKIT_MODE=gds") continue;
+      reasons += (reasons.empty() ? "" : "; ") + (x.rfind("warning: ", 0) == 0 ? x.substr(9) : x);
+    }
     // A file this run created is removed again: a refused run leaves nothing behind.
     for (const auto& f : r.created) {
       std::error_code rm_ec;
       std::filesystem::remove(f, rm_ec);
     }
-    throw usage_error(fmt::format("-x gds: no direct path for {} (the planner would take {}): {}",
-                                  s.files.front().string(), p.path, reasons));
+    throw usage_error(fmt::format("-x gds: no direct path for {}: {}. -x staged is gdskit's best path here; "
+                                  "-x compat measures cuFile's POSIX mode (gdskit doctor explains each reason)",
+                                  s.files.front().string(), reasons));
   }
   r.path_ran = p.path;
   r.reasons = p.reasons;
@@ -257,6 +262,14 @@ void prepare(job_state& s, const run_options& opt) {
       if (!e.empty()) r.drop_error = e;
     }
     r.residency_after_drop = residency(s.files, &r.residency_note);
+  }
+  if (opt.warm) {
+    r.warm_asked = true;
+    for (const auto& f : s.files) {
+      std::string e = fill_page_cache(f);
+      if (!e.empty()) r.warm_error = e;
+    }
+    r.residency_before = residency(s.files, &r.residency_note);
   }
   r.cufile_stats = cufile_stats_note(j.xfer.kind);  // empty: counted around the timed phase
   for (unsigned n = 0; n < j.threads; ++n) {

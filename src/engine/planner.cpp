@@ -132,6 +132,7 @@ path_decision decide(const system_facts& sys, const runtime_facts& rt, memory_ki
   } else if (!sys.block_device.empty() && !sys.udev_entry) {
     why_not.push_back(fmt::format("no udev data for {}: cuFile cannot register the file", sys.block_device));
   }
+  d.direct_possible = why_not.empty();
   switch (mode) {
     case path_mode::gds:
       d.path = data_path::gds;

@@ -181,7 +181,8 @@ header parse_header(const void* bytes, std::size_t nbytes, std::uint64_t file_nb
   try {
     root = nlohmann::json::parse(json_begin, json_begin + end, cb, /*allow_exceptions=*/true,
                                  /*ignore_comments=*/false);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // parse_error, and out_of_range for numbers too large to hold (1E400).
     bad(source, fmt::format("invalid JSON: {}", e.what()));
   }
   if (!root.is_object()) bad(source, "header is not a JSON object");

@@ -33,6 +33,20 @@ constexpr std::uint64_t k_direct_segment_bytes = std::uint64_t{256} << 10;
 
 std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
+// A caller's allocation must be large enough and live where load_options::device says.
+void check_allocation(const buffer_view& v, std::uint64_t need, int device) {
+  if (v.data == nullptr || v.nbytes < need) {
+    invalid(fmt::format("the allocate callback returned {} bytes; the load needs {}", v.data == nullptr ? 0 : v.nbytes,
+                        need));
+  }
+  const bool host = v.kind == memory_kind::host || v.kind == memory_kind::pinned;
+  if (device < 0 ? !host : (v.kind != memory_kind::device || v.device != device)) {
+    invalid(fmt::format("the allocate callback returned {} memory{}; the load asked for {}", to_string(v.kind),
+                        v.device >= 0 ? fmt::format(" of device {}", v.device) : std::string(),
+                        device < 0 ? std::string("host memory") : fmt::format("device {}", device)));
+  }
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -155,13 +169,7 @@ buffer_view model::storage() const noexcept { return storage_ ? storage_->view :
 std::vector<std::uint8_t> model::to_host(const loaded_tensor& t) const {
   std::vector<std::uint8_t> out(t.data.nbytes);
   if (out.empty()) return out;
-  if (t.data.kind == memory_kind::device) {
-    const auto offset = static_cast<std::size_t>(static_cast<std::byte*>(t.data.data) -
-                                                 static_cast<std::byte*>(storage_->view.data));
-    storage_->device.copy_to_host(out.data(), out.size(), offset);
-  } else {
-    std::memcpy(out.data(), t.data.data, out.size());
-  }
+  copy_out(t.data, 0, out.data(), out.size());
   return out;
 }
 
@@ -292,7 +300,11 @@ model load(const std::filesystem::path& path, const load_options& options) {
   model m;
   m.storage_ = std::make_shared<model::storage_impl>();
   auto& st = *m.storage_;
-  if (options.device < 0) {
+  const auto t_alloc = std::chrono::steady_clock::now();
+  if (options.allocate) {
+    st.view = options.allocate(total);
+    check_allocation(st.view, total, options.device);
+  } else if (options.device < 0) {
     st.host.reset(static_cast<std::byte*>(::operator new[](total, std::align_val_t{k_host_alignment})));
     st.view = buffer_view::host(st.host.get(), total);
   } else {
@@ -300,15 +312,11 @@ model load(const std::filesystem::path& path, const load_options& options) {
     st.view = st.device.view();
   }
   load_stats stats;
+  stats.alloc_seconds = seconds_since(t_alloc);
   stats.files = shards.size();
   stats.header_seconds = header_seconds;
   if (!files.empty()) stats.path = files.front().plan(st.view);
-  host_copier copy;
-  if (options.device < 0) {
-    copy = [&st](const void* src, std::size_t n, std::size_t off) { std::memcpy(st.host.get() + off, src, n); };
-  } else {
-    copy = [&st](const void* src, std::size_t n, std::size_t off) { st.device.copy_from_host(src, n, off); };
-  }
+  host_copier copy = [&st](const void* src, std::size_t n, std::size_t off) { copy_into(st.view, off, src, n); };
 
   const auto t_read = std::chrono::steady_clock::now();
   for (const auto& r : runs) {

@@ -1,5 +1,6 @@
 // device_buffer, pinned_buffer, cufile_registration and pointer classification over the driver shim.
 #include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include <fmt/format.h>
@@ -96,16 +97,34 @@ device_buffer& device_buffer::operator=(device_buffer&& o) noexcept {
   return *this;
 }
 
+void copy_into(const buffer_view& dst, std::size_t offset_bytes, const void* src, std::size_t nbytes) {
+  const buffer_view d = dst.sub(offset_bytes, nbytes);
+  if (nbytes == 0) return;
+  if (d.kind == memory_kind::host || d.kind == memory_kind::pinned) {
+    std::memcpy(d.data, src, nbytes);
+    return;
+  }
+  use_device(d.device < 0 ? 0 : d.device);
+  check_cuda(cuda_or_throw().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(d.data), src, nbytes), "cuMemcpyHtoD");
+}
+
+void copy_out(const buffer_view& src, std::size_t offset_bytes, void* dst, std::size_t nbytes) {
+  const buffer_view s = src.sub(offset_bytes, nbytes);
+  if (nbytes == 0) return;
+  if (s.kind == memory_kind::host || s.kind == memory_kind::pinned) {
+    std::memcpy(dst, s.data, nbytes);
+    return;
+  }
+  use_device(s.device < 0 ? 0 : s.device);
+  check_cuda(cuda_or_throw().cuMemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(s.data), nbytes), "cuMemcpyDtoH");
+}
+
 void device_buffer::copy_from_host(const void* src, std::size_t nbytes, std::size_t offset_bytes) {
-  view().sub(offset_bytes, nbytes);
-  use_device(device_);
-  check_cuda(cuda_or_throw().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(ptr_) + offset_bytes, src, nbytes), "cuMemcpyHtoD");
+  copy_into(view(), offset_bytes, src, nbytes);
 }
 
 void device_buffer::copy_to_host(void* dst, std::size_t nbytes, std::size_t offset_bytes) const {
-  view().sub(offset_bytes, nbytes);
-  use_device(device_);
-  check_cuda(cuda_or_throw().cuMemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(ptr_) + offset_bytes, nbytes), "cuMemcpyDtoH");
+  copy_out(view(), offset_bytes, dst, nbytes);
 }
 
 void device_buffer::fill(unsigned char value) {

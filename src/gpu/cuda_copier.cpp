@@ -1,7 +1,8 @@
 #include "gpu/cuda_copier.hpp"
 
-#include <cstring>
+#include <map>
 #include <mutex>
+#include <tuple>
 
 #include "gdskit/error.hpp"
 
@@ -9,107 +10,116 @@ namespace gdskit::gpu {
 
 using namespace shim;
 
-cuda_copier::cuda_copier(int device, unsigned lanes, unsigned slots_per_lane, std::size_t slot_bytes)
-    : device_(device), lanes_(lanes), slots_(slots_per_lane), slot_bytes_(slot_bytes) {
+staging_lane::staging_lane(int dev, unsigned nslots, std::size_t bytes) : device(dev), slots(nslots), slot_bytes(bytes) {
   const cuda_api& a = cuda_or_throw();
   use_device(device);
   void* p = nullptr;
-  check_cuda(a.cuMemHostAlloc(&p, static_cast<std::size_t>(lanes) * slots_per_lane * slot_bytes, MEMHOSTALLOC_PORTABLE),
+  // cuMemHostAlloc returns pinned, resident pages: nothing to fault in later.
+  check_cuda(a.cuMemHostAlloc(&p, static_cast<std::size_t>(slots) * slot_bytes, MEMHOSTALLOC_PORTABLE),
              "cuMemHostAlloc (staging slots)");
-  pinned_ = static_cast<std::byte*>(p);
-  // Touch every page now: first-touch faults would otherwise land inside the first transfers.
-  std::memset(pinned_, 0, static_cast<std::size_t>(lanes) * slots_per_lane * slot_bytes);
+  pinned = static_cast<std::byte*>(p);
   try {
-    for (unsigned l = 0; l < lanes; ++l) {
-      CUstream s = nullptr;
-      check_cuda(a.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-      streams_.push_back(s);
-      for (unsigned k = 0; k < slots_per_lane; ++k) {
-        CUevent e = nullptr;
-        // Blocking sync: a worker waiting for a slot sleeps instead of spinning a core.
-        check_cuda(a.cuEventCreate(&e, CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-        events_.push_back(e);
-      }
+    check_cuda(a.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    for (unsigned k = 0; k < slots; ++k) {
+      CUevent e = nullptr;
+      // Blocking sync: a worker waiting for a slot sleeps instead of spinning a core.
+      check_cuda(a.cuEventCreate(&e, CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+      events.push_back(e);
     }
   } catch (...) {
-    this->~cuda_copier();
+    this->~staging_lane();
     throw;
   }
 }
 
-cuda_copier::~cuda_copier() {
+staging_lane::~staging_lane() {
   const cuda_api* a = cuda();
   if (a == nullptr) return;
-  use_device(device_);
-  for (auto e : events_) a->cuEventDestroy(e);
-  for (auto s : streams_) a->cuStreamDestroy(s);
-  events_.clear();
-  streams_.clear();
-  if (pinned_ != nullptr) a->cuMemFreeHost(pinned_);
-  pinned_ = nullptr;
+  use_device(device);
+  for (auto e : events) a->cuEventDestroy(e);
+  events.clear();
+  if (stream != nullptr) a->cuStreamDestroy(stream);
+  stream = nullptr;
+  if (pinned != nullptr) a->cuMemFreeHost(pinned);
+  pinned = nullptr;
 }
 
-void cuda_copier::begin_lane(unsigned) { use_device(device_); }
+cuda_copier::cuda_copier(std::vector<std::unique_ptr<staging_lane>> lanes) : lanes_(std::move(lanes)) {
+  if (lanes_.empty()) throw error(errno_code(EINVAL), "cuda_copier: no lanes");
+}
 
-std::byte* cuda_copier::slot(unsigned lane, unsigned slot) {
-  return pinned_ + (static_cast<std::size_t>(lane) * slots_ + slot) * slot_bytes_;
+void cuda_copier::begin_lane(unsigned lane) { use_device(lanes_[lane]->device); }
+
+std::byte* cuda_copier::slot(unsigned lane, unsigned s) {
+  const staging_lane& l = *lanes_[lane];
+  return l.pinned + static_cast<std::size_t>(s) * l.slot_bytes;
 }
 
 void cuda_copier::to_far(unsigned lane, unsigned s, std::size_t slot_offset, std::uintptr_t far, std::size_t nbytes) {
   const cuda_api& a = cuda_or_throw();
-  check_cuda(a.cuMemcpyHtoDAsync(static_cast<CUdeviceptr>(far), slot(lane, s) + slot_offset, nbytes, streams_[lane]),
+  const staging_lane& l = *lanes_[lane];
+  check_cuda(a.cuMemcpyHtoDAsync(static_cast<CUdeviceptr>(far), slot(lane, s) + slot_offset, nbytes, l.stream),
              "cuMemcpyHtoDAsync");
-  check_cuda(a.cuEventRecord(events_[lane * slots_ + s], streams_[lane]), "cuEventRecord");
+  check_cuda(a.cuEventRecord(l.events[s], l.stream), "cuEventRecord");
 }
 
 void cuda_copier::from_far(unsigned lane, unsigned s, std::size_t slot_offset, std::uintptr_t far, std::size_t nbytes) {
   const cuda_api& a = cuda_or_throw();
-  check_cuda(a.cuMemcpyDtoHAsync(slot(lane, s) + slot_offset, static_cast<CUdeviceptr>(far), nbytes, streams_[lane]),
+  const staging_lane& l = *lanes_[lane];
+  check_cuda(a.cuMemcpyDtoHAsync(slot(lane, s) + slot_offset, static_cast<CUdeviceptr>(far), nbytes, l.stream),
              "cuMemcpyDtoHAsync");
-  check_cuda(a.cuEventRecord(events_[lane * slots_ + s], streams_[lane]), "cuEventRecord");
+  check_cuda(a.cuEventRecord(l.events[s], l.stream), "cuEventRecord");
 }
 
 void cuda_copier::wait(unsigned lane, unsigned s) {
-  check_cuda(cuda_or_throw().cuEventSynchronize(events_[lane * slots_ + s]), "cuEventSynchronize");
+  check_cuda(cuda_or_throw().cuEventSynchronize(lanes_[lane]->events[s]), "cuEventSynchronize");
 }
 
 namespace {
-struct cache_key {
-  int device;
-  unsigned lanes, slots;
-  std::size_t slot_bytes;
-  bool operator==(const cache_key&) const = default;
-};
-std::mutex cache_mutex;
+using pool_key = std::tuple<int, unsigned, std::size_t>;  // device, slots per lane, slot bytes
+std::mutex pool_mutex;
 // Never destroyed: at exit the driver may already be gone, and the OS returns pinned memory anyway.
-std::vector<std::pair<cache_key, std::unique_ptr<cuda_copier>>>& cache() {
-  static auto* c = new std::vector<std::pair<cache_key, std::unique_ptr<cuda_copier>>>();
-  return *c;
+std::map<pool_key, std::vector<std::unique_ptr<staging_lane>>>& pool() {
+  static auto* p = new std::map<pool_key, std::vector<std::unique_ptr<staging_lane>>>();
+  return *p;
 }
 }  // namespace
 
 staging_lease::staging_lease(int device, unsigned lanes, unsigned slots_per_lane, std::size_t slot_bytes) {
-  cache_key key{device, lanes, slots_per_lane, slot_bytes};
+  const pool_key key{device, slots_per_lane, slot_bytes};
+  std::vector<std::unique_ptr<staging_lane>> got;
+  got.reserve(lanes);
   {
-    std::lock_guard lock(cache_mutex);
-    auto& c = cache();
-    for (auto it = c.begin(); it != c.end(); ++it) {
-      if (it->first == key) {
-        copier_ = std::move(it->second);
-        c.erase(it);
-        return;
-      }
+    std::lock_guard lock(pool_mutex);
+    auto& idle = pool()[key];
+    while (got.size() < lanes && !idle.empty()) {
+      got.push_back(std::move(idle.back()));
+      idle.pop_back();
     }
   }
-  copier_ = std::make_unique<cuda_copier>(device, lanes, slots_per_lane, slot_bytes);
+  try {
+    while (got.size() < std::max(lanes, 1u)) got.push_back(std::make_unique<staging_lane>(device, slots_per_lane, slot_bytes));
+  } catch (...) {
+    std::lock_guard lock(pool_mutex);
+    for (auto& l : got) pool()[key].push_back(std::move(l));
+    throw;
+  }
+  copier_ = std::make_unique<cuda_copier>(std::move(got));
 }
 
 staging_lease::~staging_lease() {
   if (!copier_) return;
-  cache_key key{copier_->device(), copier_->lanes(), copier_->slots_per_lane(), copier_->slot_bytes()};
-  std::lock_guard lock(cache_mutex);
-  // Keep a few idle sets; pinned memory is precious.
-  if (cache().size() < 4) cache().emplace_back(key, std::move(copier_));
+  auto lanes = copier_->release();
+  if (lanes.empty()) return;
+  const auto& first = *lanes.front();
+  const pool_key key{first.device, first.slots, first.slot_bytes};
+  const std::size_t lane_bytes = static_cast<std::size_t>(first.slots) * first.slot_bytes;
+  std::lock_guard lock(pool_mutex);
+  auto& idle = pool()[key];
+  for (auto& l : lanes) {
+    if ((idle.size() + 1) * lane_bytes > k_idle_pinned_bytes && !idle.empty()) break;  // the rest are freed here
+    idle.push_back(std::move(l));
+  }
 }
 
 }  // namespace gdskit::gpu

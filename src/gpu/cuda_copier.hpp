@@ -9,38 +9,52 @@
 
 namespace gdskit::gpu {
 
-/// Pinned staging memory and streams for `lanes` workers on `device`. Expensive to create (pinning):
-/// acquire one from staging_cache() instead of constructing per request.
+/// One worker's staging on `device`: `slots` pinned slots of `slot_bytes`, one stream, one event per slot.
+/// Expensive to create (pinning): staging_lease takes lanes from a process-wide pool instead.
+struct staging_lane {
+  staging_lane(int device, unsigned slots, std::size_t slot_bytes);
+  ~staging_lane();
+  staging_lane(const staging_lane&) = delete;
+  staging_lane& operator=(const staging_lane&) = delete;
+
+  int device;
+  unsigned slots;
+  std::size_t slot_bytes;
+  std::byte* pinned = nullptr;
+  shim::CUstream stream = nullptr;
+  std::vector<shim::CUevent> events;
+};
+
+/// A copier over a set of lanes of one shape.
 class cuda_copier final : public copier {
  public:
-  cuda_copier(int device, unsigned lanes, unsigned slots_per_lane, std::size_t slot_bytes);
-  ~cuda_copier() override;
+  explicit cuda_copier(std::vector<std::unique_ptr<staging_lane>> lanes);
   cuda_copier(const cuda_copier&) = delete;
   cuda_copier& operator=(const cuda_copier&) = delete;
 
-  unsigned lanes() const override { return lanes_; }
-  unsigned slots_per_lane() const override { return slots_; }
-  std::size_t slot_bytes() const override { return slot_bytes_; }
-  int device() const { return device_; }
+  unsigned lanes() const override { return static_cast<unsigned>(lanes_.size()); }
+  unsigned slots_per_lane() const override { return lanes_.front()->slots; }
+  std::size_t slot_bytes() const override { return lanes_.front()->slot_bytes; }
   void begin_lane(unsigned lane) override;
   std::byte* slot(unsigned lane, unsigned slot) override;
   void to_far(unsigned lane, unsigned slot, std::size_t slot_offset, std::uintptr_t far, std::size_t nbytes) override;
   void from_far(unsigned lane, unsigned slot, std::size_t slot_offset, std::uintptr_t far, std::size_t nbytes) override;
   void wait(unsigned lane, unsigned slot) override;
 
+  std::vector<std::unique_ptr<staging_lane>> release() { return std::move(lanes_); }
+
  private:
-  int device_;
-  unsigned lanes_;
-  unsigned slots_;
-  std::size_t slot_bytes_;
-  std::byte* pinned_ = nullptr;
-  std::vector<shim::CUstream> streams_;
-  std::vector<shim::CUevent> events_;
+  std::vector<std::unique_ptr<staging_lane>> lanes_;
 };
 
-/// A cache of copiers per (device, lanes, slots, slot size): a request takes one for its duration.
+/// Lanes for one request, taken from a process-wide pool per (device, slots, slot size) and given back when the
+/// lease ends, so concurrent requests (bench workers, loader threads) each hold only the lanes they use and
+/// pinned memory is allocated once per lane, not once per request. The pool keeps at most
+/// k_idle_pinned_bytes of idle lanes per shape; lanes beyond that are freed on return.
 class staging_lease {
  public:
+  static constexpr std::size_t k_idle_pinned_bytes = std::size_t{1} << 30;
+
   staging_lease(int device, unsigned lanes, unsigned slots_per_lane, std::size_t slot_bytes);
   ~staging_lease();
   staging_lease(const staging_lease&) = delete;

@@ -35,6 +35,15 @@ std::vector<piece> split(std::uint64_t offset, std::size_t nbytes, std::size_t s
   return out;
 }
 
+}  // namespace
+
+std::size_t piece_count(std::uint64_t offset, std::size_t nbytes, std::size_t slot_bytes) noexcept {
+  if (nbytes == 0 || slot_bytes == 0) return 0;
+  return static_cast<std::size_t>((offset + nbytes - 1) / slot_bytes - offset / slot_bytes + 1);
+}
+
+namespace {
+
 // Shared state of one transfer: the first error wins and stops every lane.
 struct transfer {
   transfer(const file_handle::impl& f, copier& c, const staged_options& o, std::vector<piece> p)

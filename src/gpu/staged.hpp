@@ -47,6 +47,10 @@ struct staged_options {
   std::function<void(std::uint64_t)> on_piece;
 };
 
+/// How many pieces (slot-sized, ending at absolute multiples of slot_bytes) a transfer is cut into: more lanes
+/// than this would idle.
+std::size_t piece_count(std::uint64_t offset, std::size_t nbytes, std::size_t slot_bytes) noexcept;
+
 /// Reads [offset, offset+nbytes) of `file` to `far` (+0 .. +nbytes). Returns the bytes moved: fewer only at
 /// end of file. Throws gdskit::error naming the failing file range on any read or copy error; every copy
 /// has finished (or failed) before it returns or throws.

@@ -116,6 +116,8 @@ TEST(BenchOptions, EachErrorIsAUsageError) {
   expect_usage_error({"-f", "x", "-s", "1M", "--plot", "a.svg", "--sweep", "threads=1,2"});
   expect_usage_error({"-f", "x", "-s", "1M", "--plot", "a.png"});     // plot without sweep
   expect_usage_error({"-f", "x", "-s", "1M", "--json", "--csv"});
+  expect_usage_error({"-f", "x", "-s", "1M", "--warm", "--cold"});
+  expect_usage_error({"-f", "x", "-s", "1M", "-I", "1", "--warm"});  // nothing to warm for a write
   expect_usage_error({"-f", "x", "-s", "1M", "--plateau", "0"});
   expect_usage_error({"-f", "x", "-s", "1M", "--sweep", "io=1M"});
   expect_usage_error({"-f", "x", "-s", "1M", "--sweep", "threads=1,zero"});

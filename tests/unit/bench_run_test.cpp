@@ -65,6 +65,14 @@ TEST(BenchRun, WriteThenVerifiedReadOnHostMemory) {
   EXPECT_NE(r.out.find("path:        host"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("--cold:"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("created:"), std::string::npos);
+  // --warm reads the data set through the page cache first: the run starts fully resident.
+  auto warm = run({"-f", f, "-s", "1M", "-i", "64K", "-w", "4", "-I", "0", "-k", "5", "--warm", "--cold", "--json"});
+  EXPECT_EQ(warm.rc, 2);
+  warm = run({"-f", f, "-s", "1M", "-i", "64K", "-w", "4", "-I", "0", "-k", "5", "--warm", "--json"});
+  ASSERT_EQ(warm.rc, 0) << warm.err;
+  auto wj = nlohmann::json::parse(warm.out)["results"][0]["page_cache"];
+  EXPECT_TRUE(wj["warm"].get<bool>());
+  EXPECT_DOUBLE_EQ(wj["before"].get<double>(), 1.0) << warm.out;
   // A different seed is caught.
   auto bad = run({"-f", f, "-s", "1M", "-i", "64K", "-w", "4", "-I", "0", "-V", "-k", "6"});
   EXPECT_EQ(bad.rc, 1);

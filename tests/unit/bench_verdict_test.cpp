@@ -33,6 +33,15 @@ TEST(BenchVerdict, StillGrowingNearThePlateauIsInconclusive) {
   EXPECT_EQ(v.kind, gb::verdict_kind::inconclusive);
 }
 
+TEST(BenchVerdict, ACurveThatFallsWithDepthDoesNotGrow) {
+  // cuFile compat on a virtio disk (GPU machine): best at one thread, above a slow staged plateau.
+  auto v = gb::judge_scaling({{1, 1.57}, {2, 1.472}, {4, 1.132}, {8, 1.237}, {16, 1.089}}, 1.22);
+  EXPECT_EQ(v.kind, gb::verdict_kind::inconclusive);
+  EXPECT_NE(v.text.find("does not grow with queue depth"), std::string::npos) << v.text;
+  EXPECT_NE(v.text.find("peak 1.57 at 1"), std::string::npos) << v.text;
+  EXPECT_NE(v.text.find("1.09 at 16"), std::string::npos) << v.text;
+}
+
 TEST(BenchVerdict, WithoutAPlateauGrowthIsNotProof) {
   auto v = gb::judge_scaling({{4, 5.0}, {1, 1.9}, {2, 3.4}}, std::nullopt);  // unsorted input
   EXPECT_EQ(v.kind, gb::verdict_kind::inconclusive);

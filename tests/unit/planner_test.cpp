@@ -61,6 +61,8 @@ TEST(planner, synthetic_root_with_nvfs_and_nvme_goes_gds) {
   EXPECT_TRUE(f.udev_entry);
   path_decision d = decide(f, gpu_and_cufile(), memory_kind::device, path_mode::automatic);
   EXPECT_EQ(d.path, data_path::gds) << d.summary();
+  EXPECT_TRUE(d.direct_possible);
+  EXPECT_TRUE(decide(f, gpu_and_cufile(), memory_kind::device, path_mode::staged).direct_possible);
   EXPECT_TRUE(has_reason(d, "nvidia-fs version: 2.28.4"));
   // The same system without libcufile stages, and says why.
   runtime_facts rt = gpu_and_cufile();
@@ -88,6 +90,7 @@ TEST(planner, modes_and_buffers) {
   EXPECT_TRUE(has_reason(staged, "tmpfs refuses O_DIRECT"));
   auto forced = decide(none, rt, memory_kind::device, path_mode::gds);
   EXPECT_EQ(forced.path, data_path::gds);
+  EXPECT_FALSE(forced.direct_possible);  // gds only because it was forced: bench -x gds refuses this
   EXPECT_TRUE(has_reason(forced, "warning: nvidia-fs not loaded"));
   EXPECT_EQ(decide(none, rt, memory_kind::device, path_mode::compat).path, data_path::compat);
   EXPECT_EQ(decide(none, rt, memory_kind::device, path_mode::staged).path, data_path::staged);

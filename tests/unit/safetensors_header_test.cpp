@@ -155,6 +155,8 @@ TEST(SafetensorsHeader, RejectsMalformedHeaders) {
       {R"({"a":{"dtype":"U8","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,0]}})", 0, "shape overflow"},
       {R"({"a":{"dtype":"U8","shape":[99999999999999999999],"data_offsets":[0,1]}})", 1, "dim beyond 64 bits"},
       {R"([])", 0, "not an object"},
+      {R"({"a":222222222E2222222222})", 0, "number too large for a double (out_of_range, found by fuzzing)"},
+      {R"({"a":{"dtype":"U8","shape":[1e400],"data_offsets":[0,1]}})", 1, "dim too large for a double"},
       {R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}} x)", 1, "trailing garbage"},
       {R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}{})", 1, "two objects"},
       {R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]})", 1, "truncated JSON"},

@@ -127,6 +127,36 @@ TEST(SafetensorsLoad, WholeFileIntoHostMemory) {
   EXPECT_EQ(m.find("empty")->data.nbytes, 0u);
 }
 
+TEST(SafetensorsLoad, AllocateCallbackSuppliesTheStorage) {
+  temp_dir dir;
+  auto w = write_st(dir / "m.safetensors", k_model);
+  // Misaligned on purpose: the loader must cope with whatever address the caller's allocator returns.
+  std::vector<std::uint8_t> arena;
+  std::uint64_t asked = 0;
+  st::load_options o;
+  o.slice = st::slice_spec{1, 2, 1};  // strided slices go through the gather copy into the caller's memory
+  o.allocate = [&](std::uint64_t n) {
+    asked = n;
+    arena.assign(n + 3, 0xAB);
+    return gdskit::buffer_view::host(arena.data() + 3, n);
+  };
+  auto m = st::load(dir / "m.safetensors", o);
+  ASSERT_GT(asked, 0u);
+  EXPECT_EQ(m.storage().data, arena.data() + 3);
+  for (const auto& t : m.tensors()) {
+    const auto& s = w.specs.at(t.name);
+    EXPECT_EQ(view_bytes(t), ref_slice(w.bytes.at(t.name), s.shape, s.elem_bytes, 1, 2, 1)) << t.name;
+    auto* p = static_cast<std::uint8_t*>(t.data.data);
+    EXPECT_TRUE(p >= arena.data() + 3 && p + t.data.nbytes <= arena.data() + 3 + asked) << t.name;
+  }
+  // Too small, or the wrong kind of memory: EINVAL before any read.
+  o.slice.reset();
+  o.allocate = [&](std::uint64_t n) { return gdskit::buffer_view::host(arena.data(), n - 1); };
+  EXPECT_EQ(load_errno(dir / "m.safetensors", o), EINVAL);
+  o.allocate = [&](std::uint64_t n) { return gdskit::buffer_view{arena.data(), n, gdskit::memory_kind::device, 0}; };
+  EXPECT_EQ(load_errno(dir / "m.safetensors", o), EINVAL);
+}
+
 TEST(SafetensorsLoad, NoCoalescingGivesOneReadPerRun) {
   temp_dir dir;
   auto w = write_st(dir / "m.safetensors", k_model);

@@ -144,6 +144,31 @@ TEST_P(staged, writes_read_back_equal) {
 INSTANTIATE_TEST_SUITE_P(direct, staged, ::testing::Values(direct_mode::automatic, direct_mode::on, direct_mode::off),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
+TEST(staged_pipeline, piece_count_matches_the_pieces_a_transfer_uses) {
+  EXPECT_EQ(gpu::piece_count(0, 0, 4096), 0u);
+  EXPECT_EQ(gpu::piece_count(0, 1, 4096), 1u);
+  EXPECT_EQ(gpu::piece_count(0, 4096, 4096), 1u);
+  EXPECT_EQ(gpu::piece_count(0, 4097, 4096), 2u);
+  EXPECT_EQ(gpu::piece_count(4095, 2, 4096), 2u);  // straddles a slot boundary
+  EXPECT_EQ(gpu::piece_count(4096, 4096, 4096), 1u);
+  EXPECT_EQ(gpu::piece_count((std::uint64_t{5} << 32) + 1, 3 * 4096, 4096), 4u);
+  // Cross-check against what a transfer reports: one piece per slot-sized step of the file.
+  temp_dir dir;
+  auto data = random_bytes(100000, 3);
+  test::write_file(dir / "f", data);
+  file_handle f(dir / "f", open_mode::read, {}, test_settings(direct_mode::off));
+  std::mt19937_64 rng(9);
+  for (int r = 0; r < 50; ++r) {
+    const std::uint64_t off = rng() % 90000;
+    const std::size_t len = 1 + static_cast<std::size_t>(rng() % (100000 - off));
+    deferred_copier cp(2, 2, 8192);
+    std::vector<std::uint8_t> out(len);
+    gpu::staged_stats st;
+    gpu::staged_read(f, cp, reinterpret_cast<std::uintptr_t>(out.data()), len, off, {}, &st);
+    EXPECT_EQ(st.pieces, gpu::piece_count(off, len, 8192)) << off << "+" << len;
+  }
+}
+
 TEST(staged_pipeline, slots_are_reused_and_reads_run_ahead) {
   temp_dir dir;
   auto data = random_bytes(8u << 20, 1);
