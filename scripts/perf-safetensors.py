@@ -168,7 +168,8 @@ def main():
             if name == "gdskit":
                 st = gdskit.last_stats()
                 extra = (f"  [last run: reads {st['seconds']:.3f} s ({st['gib_per_s']:.2f} GiB/s), headers "
-                         f"{st['header_seconds'] * 1e3:.1f} ms, allocation {st['alloc_seconds'] * 1e3:.1f} ms]")
+                         f"{st['header_seconds'] * 1e3:.1f} ms, allocation {st['alloc_seconds'] * 1e3:.1f} ms, "
+                         f"whole C++ load {st['load_seconds'] * 1e3:.1f} ms]")
             print(f"{mode:4} {name:10} best {best:7.3f} s  {gib / best:6.2f} GiB/s  (cached before run: {fr}){extra}",
                   flush=True)
 

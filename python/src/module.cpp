@@ -5,6 +5,7 @@
 #include <pybind11/stl/filesystem.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <memory>
 
@@ -197,10 +198,12 @@ PYBIND11_MODULE(_gdskit, m) {
           };
         }
         st::model model;
+        const auto t0 = std::chrono::steady_clock::now();
         {
           py::gil_scoped_release unlocked;
           model = st::load(path, o);
         }
+        const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         auto keep = model.keep_alive();
         auto owner = std::make_shared<st::model>(std::move(model));
         // The allocation lives as long as any exported tensor: the model's shared storage is held by each.
@@ -225,6 +228,7 @@ PYBIND11_MODULE(_gdskit, m) {
         stats["seconds"] = s.seconds;
         stats["header_seconds"] = s.header_seconds;
         stats["alloc_seconds"] = s.alloc_seconds;
+        stats["load_seconds"] = load_seconds;  // all of st::load: headers, plan, allocation, reads
         stats["gib_per_s"] = s.gib_per_s();
         stats["tensor_bytes"] = s.tensor_bytes;
         stats["bytes_read"] = s.bytes_read;

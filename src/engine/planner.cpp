@@ -2,7 +2,10 @@
 
 #include <sys/sysmacros.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <mutex>
+#include <optional>
 #include <fstream>
 #include <sstream>
 
@@ -28,6 +31,24 @@ bool file_contains_symbol(const std::filesystem::path& p, std::initializer_list<
     }
   }
   return false;
+}
+
+// The live system's kallsyms holds a few hundred thousand lines (tens of milliseconds to scan), and every file
+// opened for a GPU read asks; the answer only changes when the NVMe module is swapped, so it is kept a while.
+bool nvme_hook_present(const std::filesystem::path& root) {
+  static constexpr std::initializer_list<const char*> k_symbols = {"nvme_v1_register_nvfs_dma_ops",
+                                                                   "nvme_v2_register_nvfs_dma_ops"};
+  if (root != "/") return file_contains_symbol(root / "proc/kallsyms", k_symbols);
+  static std::mutex mutex;
+  static std::optional<bool> cached;
+  static std::chrono::steady_clock::time_point when;
+  std::lock_guard lock(mutex);
+  const auto now = std::chrono::steady_clock::now();
+  if (!cached || now - when > std::chrono::seconds(30)) {
+    cached = file_contains_symbol("/proc/kallsyms", k_symbols);
+    when = now;
+  }
+  return *cached;
 }
 
 bool cufile_json_requests_p2pdma(const std::filesystem::path& root) {
@@ -88,7 +109,7 @@ system_facts gather_facts(const std::filesystem::path& root, dev_t dev, const st
     f.nvidia_fs_loaded = true;
     std::getline(ver, f.nvidia_fs_version);
   }
-  f.nvme_nvfs_hook = file_contains_symbol(root / "proc/kallsyms", {"nvme_v1_register_nvfs_dma_ops", "nvme_v2_register_nvfs_dma_ops"});
+  f.nvme_nvfs_hook = nvme_hook_present(root);
   f.p2pdma_requested = cufile_json_requests_p2pdma(root);
   std::error_code ec;
   f.run_udev = std::filesystem::is_directory(root / "run/udev", ec);
