@@ -60,7 +60,7 @@ if [ "$what" = cli ] || [ "$what" = all ]; then
   TAIL=20 step bench_read_naive_warm 200 "$g" bench "${common[@]}" -I 0 -x naive --warm
   TAIL=20 step bench_read_naive_cold 200 "$g" bench "${common[@]}" -I 0 -x naive --cold
   TAIL=20 step bench_read_host_warm 200 "$g" bench "${common[@]}" -I 0 -x host --warm
-  TAIL=20 step bench_randread_staged 200 "$g" bench "${common[@]}" -I 2 -i 64K -x staged -T 3 -V
+  TAIL=20 step bench_randread_staged 200 "$g" bench "${common[@]}" -s 256M -I 2 -i 64K -x staged -V --warm
   TAIL=20 step bench_gds_refused 60 "$g" bench "${common[@]}" -I 0 -x gds
   TAIL=20 step bench_compat_no_udev 120 "$g" bench "${common[@]}" -s 256M -I 0 -x compat
   # cuFile registers a file only with udev data for its block device; give it what udev would have written.
@@ -74,8 +74,8 @@ if [ "$what" = cli ] || [ "$what" = all ]; then
   TAIL=20 step bench_compat_cold 200 "$g" bench "${common[@]}" -s 256M -I 0 -x compat --cold
   TAIL=20 step bench_compat_write 200 "$g" bench "${common[@]}" -s 256M -I 1 -x compat -V
   TAIL=20 step bench_compat_json 120 "$g" bench "${common[@]}" -s 256M -I 0 -x compat --json
-  printf '[global]\nxfer_type=3\nrw=read\nbs=8M\nsize=512M\ndo_verify=1\ngpu_dev_id=0\n[a]\nfilename=%s\nnum_threads=4\n[b]\nfilename=%s\nnum_threads=4\nstart_offset=4G\n' "$f" "$f" > "$work/jobs.gdsio"
-  TAIL=30 step bench_jobfile 200 "$g" bench "$work/jobs.gdsio"
+  printf '[global]\nxfer_type=3\nrw=read\nbs=8M\nsize=512M\ndo_verify=1\nrandom_seed=7\ngpu_dev_id=0\n[a]\nfilename=%s\nnum_threads=4\n[b]\nfilename=%s\nnum_threads=4\nstart_offset=4G\n' "$f" "$f" > "$work/jobs.gdsio"
+  TAIL=30 step bench_jobfile 200 "$g" bench "$work/jobs.gdsio" --warm
   TAIL=40 step bench_sweep_cold 400 "$g" bench -f "$f" -s 256M -i 1M --cold --sweep threads=1,2,4,8,16,x=staged,naive,compat --plot "$out/sweep_cold.png"
   TAIL=40 step bench_sweep_warm 400 "$g" bench -f "$f" -s 256M -i 1M --warm --sweep threads=1,2,4,8,16,x=staged,naive,compat,host --plot "$out/sweep_warm.png"
   rm -f "$f"

@@ -37,14 +37,18 @@ struct settings {
   path_mode mode = path_mode::automatic;
   /// Pinned staging slots per worker of the staged GPU path (>= 2). GDSKIT_STAGING_SLOTS.
   unsigned staging_slots = 2;
-  /// Size of one pinned staging slot. GDSKIT_STAGING_SLOT_BYTES.
+  /// Size of one pinned staging slot when the bytes come from or go to storage (O_DIRECT).
+  /// GDSKIT_STAGING_SLOT_BYTES.
   std::size_t staging_slot_bytes = std::size_t{8} << 20;
+  /// Size of one pinned staging slot when a read's bytes come from the page cache (memory copies): smaller, so
+  /// the slots a copy writes and the DMA reads stay in the CPU's last-level cache. GDSKIT_CACHED_SLOT_BYTES.
+  std::size_t cached_slot_bytes = std::size_t{4} << 20;
 
   /// Defaults overridden by the GDSKIT_* variables that are set. Throws gdskit::error (EINVAL) naming the
   /// variable when a value cannot be parsed or is out of range.
   static settings from_env();
   /// Throws gdskit::error (EINVAL) when a field is out of range (threads and direct_depth 1..1024, chunk 4 KiB..1 GiB
-  /// and a multiple of 4 KiB, staging_slots >= 2, staging slot 64 KiB..1 GiB and a multiple of 4 KiB).
+  /// and a multiple of 4 KiB, staging_slots >= 2, both staging slot sizes 64 KiB..1 GiB and a multiple of 4 KiB).
   void validate() const;
 };
 

@@ -210,7 +210,8 @@ std::string sweep_verdicts(const std::vector<sweep_row>& rows, std::optional<dou
     scaling_verdict v = judge_scaling(pts, bounce ? std::nullopt : ref);
     std::string what = v.text;
     if (key.first == "host") {
-      what = fmt::format("host memory, no GPU copy: peaks at {:.2f} GiB/s (the storage read rate)", v.peak_gib_s);
+      what = fmt::format("host memory, no GPU copy: peaks at {:.2f} GiB/s (the file read rate: storage, or the page "
+                         "cache when warm)", v.peak_gib_s);
     } else if (bounce) {
       what = fmt::format("bounces through host memory by construction: peaks at {:.2f} GiB/s (the host copy rate)",
                          v.peak_gib_s);

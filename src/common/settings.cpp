@@ -67,6 +67,7 @@ settings settings::from_env() {
   s.mode = env_enum("GDSKIT_MODE", s.mode, &parse_path_mode, "auto, gds, staged, compat, host");
   s.staging_slots = env_unsigned("GDSKIT_STAGING_SLOTS", s.staging_slots);
   s.staging_slot_bytes = env_size("GDSKIT_STAGING_SLOT_BYTES", s.staging_slot_bytes);
+  s.cached_slot_bytes = env_size("GDSKIT_CACHED_SLOT_BYTES", s.cached_slot_bytes);
   s.validate();
   return s;
 }
@@ -82,8 +83,8 @@ void settings::validate() const {
     fail("chunk_bytes", chunk_bytes, "must be a multiple of 4096, at most 1 GiB");
   }
   if (staging_slots < 2) fail("staging_slots", staging_slots, "must be at least 2 (reads run ahead of copies)");
-  if (staging_slot_bytes < 65536 || staging_slot_bytes % 4096 != 0 || staging_slot_bytes > (std::size_t{1} << 30)) {
-    fail("staging_slot_bytes", staging_slot_bytes, "must be 64 KiB..1 GiB and a multiple of 4096");
+  for (auto [name, v] : {std::pair{"staging_slot_bytes", staging_slot_bytes}, std::pair{"cached_slot_bytes", cached_slot_bytes}}) {
+    if (v < 65536 || v % 4096 != 0 || v > (std::size_t{1} << 30)) fail(name, v, "must be 64 KiB..1 GiB and a multiple of 4096");
   }
 }
 

@@ -70,9 +70,9 @@ std::size_t device_transfer(const file_handle& file, bool write, buffer_view buf
           !write && (!f.choice.direct || (f.config.direct != direct_mode::on &&
                                           engine::sampled_resident_fraction(f, offset, nbytes) >= 0.5));
       const unsigned want = from_cache ? f.config.threads : std::min(f.config.threads, f.config.direct_depth);
-      const auto lanes = static_cast<unsigned>(
-          std::min<std::size_t>(want, gpu::piece_count(offset, nbytes, f.config.staging_slot_bytes)));
-      gpu::staging_lease lease(device, lanes, f.config.staging_slots, f.config.staging_slot_bytes);
+      const std::size_t slot = from_cache ? f.config.cached_slot_bytes : f.config.staging_slot_bytes;
+      const auto lanes = static_cast<unsigned>(std::min<std::size_t>(want, gpu::piece_count(offset, nbytes, slot)));
+      gpu::staging_lease lease(device, lanes, f.config.staging_slots, slot);
       const auto far = reinterpret_cast<std::uintptr_t>(buf.data);
       return write ? gpu::staged_write(file, lease.get(), far, nbytes, offset)
                    : gpu::staged_read(file, lease.get(), far, nbytes, offset);

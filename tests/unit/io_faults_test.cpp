@@ -202,8 +202,15 @@ TEST(settings, environment_overrides_and_errors) {
   ::setenv("GDSKIT_ENGINE", "threads", 1);
   ::setenv("GDSKIT_MODE", "staged", 1);
   ::setenv("GDSKIT_DIRECT_DEPTH", "2", 1);
+  ::setenv("GDSKIT_STAGING_SLOT_BYTES", "16M", 1);
+  ::setenv("GDSKIT_CACHED_SLOT_BYTES", "1M", 1);
   settings s = settings::from_env();
   EXPECT_EQ(s.direct_depth, 2u);
+  EXPECT_EQ(s.staging_slot_bytes, 16u << 20);
+  EXPECT_EQ(s.cached_slot_bytes, 1u << 20);
+  ::setenv("GDSKIT_CACHED_SLOT_BYTES", "60K", 1);  // below 64 KiB
+  EXPECT_THROW(settings::from_env(), error);
+  ::setenv("GDSKIT_CACHED_SLOT_BYTES", "1M", 1);
   EXPECT_EQ(s.threads, 3u);
   EXPECT_EQ(s.chunk_bytes, 1u << 20);
   EXPECT_EQ(s.direct, direct_mode::off);
@@ -220,7 +227,8 @@ TEST(settings, environment_overrides_and_errors) {
   ::setenv("GDSKIT_ENGINE", "auto", 1);
   ::setenv("GDSKIT_CHUNK_BYTES", "1000", 1);
   EXPECT_THROW(settings::from_env(), error);
-  for (const char* v : {"GDSKIT_THREADS", "GDSKIT_CHUNK_BYTES", "GDSKIT_DIRECT", "GDSKIT_ENGINE", "GDSKIT_MODE", "GDSKIT_DIRECT_DEPTH"}) {
+  for (const char* v : {"GDSKIT_THREADS", "GDSKIT_CHUNK_BYTES", "GDSKIT_DIRECT", "GDSKIT_ENGINE", "GDSKIT_MODE",
+                        "GDSKIT_DIRECT_DEPTH", "GDSKIT_STAGING_SLOT_BYTES", "GDSKIT_CACHED_SLOT_BYTES"}) {
     ::unsetenv(v);
   }
 }
