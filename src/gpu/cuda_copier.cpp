@@ -1,5 +1,6 @@
 #include "gpu/cuda_copier.hpp"
 
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -72,7 +73,17 @@ void cuda_copier::from_far(unsigned lane, unsigned s, std::size_t slot_offset, s
 }
 
 void cuda_copier::wait(unsigned lane, unsigned s) {
-  check_cuda(cuda_or_throw().cuEventSynchronize(lanes_[lane]->events[s]), "cuEventSynchronize");
+  const cuda_api& a = cuda_or_throw();
+  CUevent e = lanes_[lane]->events[s];
+  // A copy about to finish is polled for a few tens of microseconds: a blocking wait costs a sleep and a wake-up
+  // (tens of microseconds), which a small request pays in full. Longer waits sleep, so cold reads stay cheap.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(40);
+  do {
+    const CUresult r = a.cuEventQuery(e);
+    if (r == CUDA_SUCCESS) return;
+    if (r != CUDA_ERROR_NOT_READY) check_cuda(r, "cuEventQuery");
+  } while (std::chrono::steady_clock::now() < until);
+  check_cuda(a.cuEventSynchronize(e), "cuEventSynchronize");
 }
 
 namespace {
