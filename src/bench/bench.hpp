@@ -235,6 +235,9 @@ std::string sweep_verdicts(const std::vector<sweep_row>& rows, std::optional<dou
 /// Draws throughput against threads, one line per (xfer, io) curve, with gnuplot. Returns the error text,
 /// empty on success.
 std::string plot_sweep(const std::vector<sweep_row>& rows, const std::filesystem::path& png);
+/// Why --plot PNG cannot work here (gnuplot missing from PATH, the folder missing), or empty: checked before a
+/// sweep runs, so a long sweep does not end in an error.
+std::string plot_precheck(const std::filesystem::path& png);
 
 /// `gdskit bench ARGS`: parses, runs and reports. Returns the exit code: 0 success, 1 verification failed,
 /// 2 usage or bad input (nothing run), 3 I/O error during the run.

@@ -102,6 +102,11 @@ int run_sweep(const request& req, std::ostream& out, std::ostream& err, const ho
         if (!is_write(j.type)) validate(j);
         points.push_back(j);
       }
+  if (!req.options.plot.empty()) {
+    if (std::string why = plot_precheck(req.options.plot); !why.empty()) {
+      throw usage_error(fmt::format("--plot {}: {}", req.options.plot.string(), why));
+    }
+  }
   std::vector<sweep_row> rows;
   for (const auto& j : points) {
     auto r = run_with_progress({j}, req.options, h, err);

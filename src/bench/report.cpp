@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -220,6 +221,23 @@ std::string sweep_verdicts(const std::vector<sweep_row>& rows, std::optional<dou
                      !bounce && ref ? fmt::format(" [plateau from {}]", ref_from) : std::string());
   }
   return s;
+}
+
+std::string plot_precheck(const std::filesystem::path& png) {
+  const std::filesystem::path dir = png.parent_path().empty() ? std::filesystem::path(".") : png.parent_path();
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return fmt::format("folder {} does not exist", dir.string());
+  const char* path = std::getenv("PATH");
+  std::string_view rest = path != nullptr ? path : "";
+  while (true) {
+    const auto colon = rest.find(':');
+    const std::string_view d = rest.substr(0, colon);
+    const std::filesystem::path candidate = std::filesystem::path(d.empty() ? "." : std::string(d)) / "gnuplot";
+    if (::access(candidate.c_str(), X_OK) == 0) return {};
+    if (colon == std::string_view::npos) break;
+    rest.remove_prefix(colon + 1);
+  }
+  return "gnuplot is not on PATH (Debian: apt-get install gnuplot-nox); drop --plot, or use --csv and draw elsewhere";
 }
 
 std::string plot_sweep(const std::vector<sweep_row>& rows, const std::filesystem::path& png) {
