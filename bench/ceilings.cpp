@@ -132,7 +132,9 @@ rate best_parallel_read(const std::filesystem::path& path, unsigned max_threads,
 }
 
 rate parallel_write_direct(const std::filesystem::path& path, std::uint64_t nbytes, unsigned threads) {
-  fd_guard g{open_or_throw(path, O_WRONLY | O_CREAT | O_DIRECT)};
+  // A fresh file every time, as the paths it is compared with write: overwriting blocks that an earlier thread
+  // count already allocated skips the allocation and unwritten-extent work a new file pays.
+  fd_guard g{open_or_throw(path, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT)};
   const std::uint64_t slice = (nbytes / threads + kIo - 1) / kIo * kIo;
   std::atomic<bool> failed{false};
   double c0 = cpu_s(), t0 = now_s();

@@ -44,7 +44,8 @@ def cached_fraction(path):
             return None
         libc = ctypes.CDLL(None, use_errno=True)
         with open(path, "rb") as f:
-            m = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+            # A private (copy-on-write) mapping is writable for ctypes and, untouched, shows the page cache.
+            m = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
             page = mmap.PAGESIZE
             n = (size + page - 1) // page
             vec = (ctypes.c_ubyte * n)()
