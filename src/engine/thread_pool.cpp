@@ -1,5 +1,7 @@
 #include "engine/thread_pool.hpp"
 
+#include <pthread.h>
+
 #include <atomic>
 #include <exception>
 #include <memory>
@@ -36,6 +38,8 @@ unsigned thread_pool::size() const {
 }
 
 void thread_pool::work() {
+  // Named, so top -H, perf and /proc/PID/task tell gdskit's workers from the application's and the driver's.
+  ::pthread_setname_np(::pthread_self(), "gdskit-worker");
   for (;;) {
     std::function<void()> job;
     {
