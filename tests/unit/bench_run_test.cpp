@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.hpp"
@@ -196,4 +197,19 @@ TEST(BenchRun, CsvAndSweepOnHost) {
   EXPECT_EQ(nognuplot.rc, 2);
   EXPECT_NE(nognuplot.err.find("gnuplot is not on PATH"), std::string::npos) << nognuplot.err;
   EXPECT_EQ(nognuplot.out.find("verdict"), std::string::npos) << "the sweep ran before the refusal";
+}
+
+TEST(BenchRun, SweepPlotIsAPng) {
+  gdskit::test::temp_dir dir;
+  const auto png = dir / "sweep.png";
+  if (std::string why = gb::plot_precheck(png); !why.empty()) GTEST_SKIP() << why;
+  const std::string f = (dir / "s").string();
+  ASSERT_EQ(run({"-f", f, "-s", "256K", "-i", "64K", "-w", "2", "-I", "1"}).rc, 0);
+  auto s = run({"-f", f, "-s", "256K", "-i", "64K", "--sweep", "threads=1,2", "--plot", png.string()});
+  ASSERT_EQ(s.rc, 0) << s.err;
+  EXPECT_NE(s.out.find("chart: " + png.string()), std::string::npos) << s.out;
+  auto bytes = gdskit::test::read_file(png);
+  ASSERT_GE(bytes.size(), 8u);
+  const unsigned char magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  EXPECT_EQ(0, std::memcmp(bytes.data(), magic, 8));
 }
