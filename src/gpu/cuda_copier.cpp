@@ -28,15 +28,21 @@ staging_lane::staging_lane(int dev, unsigned nslots, std::size_t bytes) : device
       events.push_back(e);
     }
   } catch (...) {
-    this->~staging_lane();
+    release();  // a throwing constructor runs no destructor: free what was created
     throw;
   }
 }
 
-staging_lane::~staging_lane() {
+staging_lane::~staging_lane() { release(); }
+
+void staging_lane::release() noexcept {
   const cuda_api* a = cuda();
   if (a == nullptr) return;
-  use_device(device);
+  try {
+    use_device(device);
+  } catch (...) {
+    return;  // no context to free them in; the process's exit returns the memory
+  }
   for (auto e : events) a->cuEventDestroy(e);
   events.clear();
   if (stream != nullptr) a->cuStreamDestroy(stream);

@@ -23,6 +23,9 @@ struct staging_lane {
   std::byte* pinned = nullptr;
   shim::CUstream stream = nullptr;
   std::vector<shim::CUevent> events;
+
+ private:
+  void release() noexcept;
 };
 
 /// A copier over a set of lanes of one shape.
