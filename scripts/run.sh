@@ -36,7 +36,10 @@ elif [[ "$gpu_line" == yes* ]]; then
 else
   target=(-x host)
   echo
-  echo "== no usable GPU here (${gpu_line#no }): benchmarking the host path (storage <-> host memory)"
+  why=${gpu_line#no }
+  why=${why#(}
+  why=${why%)}
+  echo "== no usable GPU here ($why): benchmarking the host path (storage <-> host memory)"
 fi
 
 echo "== write, every byte from a seeded pattern"
