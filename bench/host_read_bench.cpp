@@ -88,9 +88,12 @@ int main(int argc, char** argv) {
   std::printf("%-44s %9.2f %8s %11.3f   (resident before: %.0f%%)\n", "(b) gdskit pread, warm", warm.gib_s, "", warm.cpu_per_gib,
               warm.resident_before * 100);
   std::printf("\nO_DIRECT ceiling by threads:");
+  double sweep_best = 0;
   for (unsigned t = 1; t <= max_threads; t *= 2) {
     drop_cache(path);
-    std::printf("  %u: %.2f", t, parallel_read(path, t, true).gib_s);
+    const double g = parallel_read(path, t, true).gib_s;
+    sweep_best = std::max(sweep_best, g);
+    std::printf("  %u: %.2f", t, g);
   }
   std::printf(" GiB/s\ngdskit variants (one run each):\n");
   for (engine_kind e : {engine_kind::io_uring, engine_kind::threads}) {
@@ -111,8 +114,14 @@ int main(int argc, char** argv) {
     std::printf("  chunk %-6s cold %6.2f GiB/s  warm %6.2f GiB/s\n", format_size(chunk).c_str(),
                 gdskit_read(path, dst, size, true, 1, v).gib_s, gdskit_read(path, dst, size, false, 1, v).gib_s);
   }
-  std::printf("\nratio cold b/a             %.3f   (target >= 0.95)\n", cold.gib_s / direct_best.gib_s);
-  std::printf("ratio warm b/a             %.3f   (target >= 0.95)\n", warm.gib_s / direct_best.gib_s);
+  // The ceiling is the best raw sample of the whole run: the later per-thread sweep counts too, so a disk that
+  // speeds up during the run cannot flatter the ratio.
+  const double ceiling = std::max(direct_best.gib_s, sweep_best);
+  if (sweep_best > direct_best.gib_s) {
+    std::printf("\n(the per-thread sweep beat the first raw pass: the ceiling below is its %.2f GiB/s)\n", sweep_best);
+  }
+  std::printf("\nratio cold b/a             %.3f   (target >= 0.95)\n", cold.gib_s / ceiling);
+  std::printf("ratio warm b/a             %.3f   (target >= 0.95)\n", warm.gib_s / ceiling);
   std::printf("ratio warm b/buffered warm %.3f   (page-cache ceiling)\n", warm.gib_s / buffered_best.gib_s);
   std::free(dst);
   return 0;
