@@ -230,6 +230,15 @@ std::map<std::string, double> cpu_by_thread() {
   return out;
 }
 
+// Prints the CPU time each thread name used since `before`, per GiB moved.
+void print_cpu_by_thread(const std::map<std::string, double>& before, std::uint64_t size, const char* indent) {
+  for (const auto& [name, sec] : cpu_by_thread()) {
+    const auto it = before.find(name);
+    const double delta = sec - (it != before.end() ? it->second : 0.0);
+    if (delta > 0) std::printf("%s%-20s %.3f CPU-s/GiB\n", indent, name.c_str(), delta / gib(size));
+  }
+}
+
 // Where the CPU time of a cold staged read goes, by thread name.
 int cpu_profile(const std::filesystem::path& path, std::uint64_t size, device_buffer& d) {
   gdskit::file_handle f(path, open_mode::read, {}, with_mode(path_mode::staged));
@@ -240,13 +249,9 @@ int cpu_profile(const std::filesystem::path& path, std::uint64_t size, device_bu
   double c0 = cpu_s(), t0 = now_s();
   f.read(d.view(), size, 0);
   double dt = now_s() - t0, cpu = cpu_s() - c0;
-  auto after = cpu_by_thread();
   std::printf("cold staged read, %s: %.2f GiB/s, %.3f CPU-s/GiB (getrusage)\n", format_size(size).c_str(),
               gib(size) / dt, cpu / gib(size));
-  for (const auto& [name, s] : after) {
-    const double delta = s - (before.count(name) ? before[name] : 0.0);
-    if (delta > 0) std::printf("  %-20s %.3f CPU-s/GiB\n", name.c_str(), delta / gib(size));
-  }
+  print_cpu_by_thread(before, size, "  ");
   return 0;
 }
 
@@ -303,12 +308,8 @@ int main(int argc, char** argv) {
       prep();
       auto threads_before = cpu_by_thread();
       timed(fmt::format("gdskit staged, {}", tag), size, [&] { f.read(d.view(), size, 0); }, f.plan(d.view()).summary());
-      std::printf("    CPU by thread:");
-      for (const auto& [name, sec] : cpu_by_thread()) {
-        const double delta = sec - (threads_before.count(name) ? threads_before[name] : 0.0);
-        if (delta > 0) std::printf(" %s %.3f", name.c_str(), delta / gib(size));
-      }
-      std::printf(" CPU-s/GiB\n");
+      std::printf("    CPU by thread:\n");
+      print_cpu_by_thread(threads_before, size, "      ");
       spot_check(path, d, size, "staged read");
     }
     {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bench/bench.hpp"
+#include "posix/syscalls.hpp"
 
 namespace gdskit::bench {
 
@@ -55,19 +56,14 @@ std::string fill_page_cache(const std::filesystem::path& file) {
   if (fd < 0) return std::string("open: ") + std::strerror(errno);
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   std::vector<char> buf(std::size_t{16} << 20);
-  std::string err;
-  for (off_t at = 0;;) {
-    ssize_t n = ::pread(fd, buf.data(), buf.size(), at);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      err = std::string("read: ") + std::strerror(errno);
-      break;
-    }
-    if (n == 0) break;
+  std::error_code ec;
+  for (std::uint64_t at = 0;;) {
+    const std::size_t n = posix::pread_full(fd, buf.data(), buf.size(), at, ec);
+    if (ec || n == 0) break;
     at += n;
   }
   ::close(fd);
-  return err;
+  return ec ? "read: " + ec.message() : std::string();
 }
 
 }  // namespace gdskit::bench

@@ -203,6 +203,16 @@ std::optional<double> residency(const std::vector<std::filesystem::path>& files,
   return r;
 }
 
+// Runs a page-cache operation on every file; returns the last error text (empty when all succeeded).
+std::string on_each_file(const std::vector<std::filesystem::path>& files,
+                         std::string (*op)(const std::filesystem::path&)) {
+  std::string err;
+  for (const auto& f : files) {
+    if (std::string e = op(f); !e.empty()) err = std::move(e);
+  }
+  return err;
+}
+
 void prepare(job_state& s, const run_options& opt) {
   const job_spec& j = *s.spec;
   validate(j);
@@ -257,18 +267,12 @@ void prepare(job_state& s, const run_options& opt) {
   r.residency_before = residency(s.files, &r.residency_note);
   if (opt.cold) {
     r.cold_asked = true;
-    for (const auto& f : s.files) {
-      std::string e = drop_page_cache(f);
-      if (!e.empty()) r.drop_error = e;
-    }
+    r.drop_error = on_each_file(s.files, drop_page_cache);
     r.residency_after_drop = residency(s.files, &r.residency_note);
   }
   if (opt.warm) {
     r.warm_asked = true;
-    for (const auto& f : s.files) {
-      std::string e = fill_page_cache(f);
-      if (!e.empty()) r.warm_error = e;
-    }
+    r.warm_error = on_each_file(s.files, fill_page_cache);
     r.residency_before = residency(s.files, &r.residency_note);
   }
   r.cufile_stats = cufile_stats_note(j.xfer.kind);  // empty: counted around the timed phase

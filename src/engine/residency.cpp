@@ -69,7 +69,7 @@ void release_residency_map(const file_handle::impl& f) noexcept {
 bool prefer_page_cache(const file_handle::impl& f, std::uint64_t offset, std::size_t nbytes) {
   if (!f.choice.direct) return true;
   if (f.config.direct == direct_mode::on || f.mode == open_mode::write) return false;
-  return resident_fraction(f, offset, nbytes) >= 0.5;
+  return sampled_resident_fraction(f, offset, nbytes) >= 0.5;
 }
 
 }  // namespace gdskit::engine

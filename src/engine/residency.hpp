@@ -21,7 +21,8 @@ double sampled_resident_fraction(const file_handle::impl& f, std::uint64_t offse
 void release_residency_map(const file_handle::impl& f) noexcept;
 
 /// True when a read of this range should use the buffered descriptor: the file has one and at least half
-/// the range is resident, unless GDSKIT_DIRECT=on forces O_DIRECT.
+/// the range is resident (sampled for large ranges), unless GDSKIT_DIRECT=on forces O_DIRECT. The host engine
+/// asks per chunk, the staged path per piece and once per request to size its lanes.
 bool prefer_page_cache(const file_handle::impl& f, std::uint64_t offset, std::size_t nbytes);
 
 }  // namespace gdskit::engine

@@ -66,9 +66,7 @@ std::size_t device_transfer(const file_handle& file, bool write, buffer_view buf
       const int device = buf.device < 0 ? 0 : buf.device;
       // Lanes: every worker when the bytes come from the page cache (memory copies), the O_DIRECT depth when
       // they come from storage or go to it.
-      const bool from_cache =
-          !write && (!f.choice.direct || (f.config.direct != direct_mode::on &&
-                                          engine::sampled_resident_fraction(f, offset, nbytes) >= 0.5));
+      const bool from_cache = !write && engine::prefer_page_cache(f, offset, nbytes);
       const unsigned want = from_cache ? f.config.threads : std::min(f.config.threads, f.config.direct_depth);
       const std::size_t slot = from_cache ? f.config.cached_slot_bytes : f.config.staging_slot_bytes;
       const auto lanes = static_cast<unsigned>(std::min<std::size_t>(want, gpu::piece_count(offset, nbytes, slot)));
