@@ -37,6 +37,11 @@ std::optional<dtype> parse_dtype(std::string_view text) noexcept;
 /// Bits per element: 4 (F4), 6 (F6_*), 8 .. 64.
 unsigned bits_of(dtype t) noexcept;
 
+/// `name` (a tensor name or other text read from a file) made safe to print on a terminal or in a line-based
+/// report: control bytes become C escapes (\n, \t, \x1b, ...), a backslash becomes \\, bytes that are not
+/// UTF-8 become \xNN, and C1 controls and bidirectional overrides become \uNNNN. Printable UTF-8 is kept.
+std::string printable_name(std::string_view name);
+
 /// Largest JSON header accepted (the 8-byte length field above this is rejected): 100 MiB.
 inline constexpr std::uint64_t max_header_bytes = std::uint64_t{100} << 20;
 /// Largest number of dimensions accepted for one tensor.
@@ -73,14 +78,19 @@ struct header {
 /// whole file (offsets are checked against it). `source` names the file in error messages.
 /// Throws gdskit::error with EBADMSG when the header is malformed: too short, length field above
 /// max_header_bytes or past the end of the file, invalid UTF-8, JSON syntax errors or trailing bytes other than
-/// spaces, duplicate names (at any level), an unknown dtype, a dimension that is negative, not an integer or
-/// overflows, data_offsets that are not two ordered integers, a span that differs from numel x dtype size, a
+/// spaces, duplicate names (at any level), an unknown dtype, a dimension that is negative, not an integer,
+/// above 2^63-1 (even in an empty tensor) or overflows, data_offsets that are not two ordered integers, a span that differs from numel x dtype size, a
 /// packed tensor that is not a whole number of bytes, offsets past the end of the file, or two tensors sharing
-/// bytes. Gaps between tensors are allowed.
+/// bytes. Gaps between tensors are allowed. Time and memory are linear in the header size (n log n in the
+/// tensor count).
 header parse_header(const void* bytes, std::size_t nbytes, std::uint64_t file_nbytes, std::string_view source);
+/// Opens a safetensors file, shard or index for reading. Unlike file_handle's constructor it cannot block on a
+/// FIFO, and it refuses anything but a regular file, naming the path: EISDIR for a folder, EINVAL for a FIFO,
+/// socket or device (block devices included: the engine sizes files with fstat). Open errors keep their errno.
+file_handle open_file(const std::filesystem::path& path, const settings& config = default_settings());
 /// Reads and parses the header of an open file (two small reads). Throws as parse_header, and I/O errors.
 header read_header(const file_handle& file);
-/// Opens `path` and reads its header.
+/// Opens `path` with open_file() and reads its header.
 header read_header(const std::filesystem::path& path);
 
 /// A tensor-parallel slice: rank `rank` of `world` takes its part of dimension `dim`. A dimension of size n
