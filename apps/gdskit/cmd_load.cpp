@@ -96,7 +96,10 @@ int run_load(const load_flags& f) {
   if (f.checksum) {
     for (std::size_t i = 0; i < m.tensors().size(); ++i) {
       const auto& t = m.tensors()[i];
-      fmt::print("{}  {}  {}  {}\n", sums[i], t.name, st::to_string(t.dtype), shape_text(t.shape));
+      // Names come from the file: escaped, so that a newline or ESC in one cannot forge lines or drive
+      // the terminal.
+      fmt::print("{}  {}  {}  {}\n", sums[i], st::printable_name(t.name), st::to_string(t.dtype),
+                 shape_text(t.shape));
     }
   }
   fmt::print("loaded {} tensors, {} from {} file(s) in {:.3f} s: {:.2f} GiB/s ({} reads; headers {:.3f} s)\n",
