@@ -552,6 +552,47 @@ def test_file_torch_tensors():
 
 
 
+def test_gpu_api():
+    """On a GPU machine: load_file, safe_open and File with CUDA devices give what the CPU gives."""
+    torch = _torch_or_skip()
+    if torch is None:
+        return "skip: torch not installed"
+    ok, why = gdskit.gpu_available()
+    if not ok or not torch.cuda.is_available():
+        return f"skip: no usable GPU ({why or 'torch.cuda.is_available() is False'})"
+    path = os.path.join(GOLDEN, "llama_like.safetensors")
+    cpu = gdskit.load_file(path)
+    for device in ("cuda:0", "cuda", 0, torch.device("cuda:0")):
+        gpu = gdskit.load_file(path, device=device)
+        assert list(gpu) == list(cpu)
+        for k in cpu:
+            assert gpu[k].device.type == "cuda" and torch.equal(gpu[k].cpu(), cpu[k]), k
+    with gdskit.safe_open(path, framework="pt", device="cuda:0") as f:
+        name = f.keys()[0]
+        assert torch.equal(f.get_tensor(name).cpu(), cpu[name])
+        sl = f.get_slice(name)[1:3, ::2]
+        assert sl.device.type == "cuda" and torch.equal(sl.cpu(), cpu[name][1:3, ::2])
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "g.bin")
+        data = os.urandom(3 << 20)
+        with open(p, "wb") as out:
+            out.write(data)
+        x = torch.empty(1 << 20, dtype=torch.uint8, device="cuda:0")
+        with gdskit.File(p) as f:
+            assert f.read(x, 12345) == x.numel()
+            assert x.cpu().numpy().tobytes() == data[12345:12345 + x.numel()]
+            y = torch.empty_like(x)
+            assert f.pread(y, 4096).result() == y.numel()
+            assert y.cpu().numpy().tobytes() == data[4096:4096 + y.numel()]
+            kind, reasons = f.plan(x)
+            assert kind in ("gds", "staged", "compat") and reasons, (kind, reasons)
+        with gdskit.File(p, "r+") as f:
+            assert f.write(x, 0) == x.numel()
+        with open(p, "rb") as back:
+            assert back.read(x.numel()) == data[12345:12345 + x.numel()]
+    return None
+
+
 def main():
     failed = 0
     for name, fn in sorted(globals().items()):
