@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import operator
+
 
 def parse_device(device) -> int:
     """-1 for the CPU, N for CUDA device N. ValueError for a malformed or unknown device, TypeError for a value
     that is no device at all."""
     if isinstance(device, bool):
         raise TypeError(f"device must be a str, an int or a torch.device, not {type(device).__name__}")
-    if isinstance(device, int):
-        if device < 0:
-            raise ValueError(f"device ordinal must be >= 0, not {device}")
-        return device
+    if isinstance(device, int) or (hasattr(device, "__index__") and not isinstance(device, (str, bytes))):
+        ordinal = operator.index(device)  # ints, and integer scalars such as numpy.int64
+        if ordinal < 0:
+            raise ValueError(f"device ordinal must be >= 0, not {ordinal}")
+        return ordinal
     if type(device).__name__ == "device" and hasattr(device, "type") and hasattr(device, "index"):
         kind, index = device.type, device.index
         if kind == "cpu":
@@ -20,7 +23,7 @@ def parse_device(device) -> int:
             return _current_cuda_device() if index is None else int(index)
         raise ValueError(f"device type {kind!r} is not supported (cpu or cuda)")
     if isinstance(device, str):
-        text = device.strip()
+        text = device
         if text == "cpu":
             return -1
         if text == "cuda":

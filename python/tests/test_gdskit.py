@@ -359,6 +359,17 @@ def test_devices_everywhere():
     torch = _torch_or_skip()
     with tempfile.TemporaryDirectory() as d:
         p = _tmp_model(d)
+        from gdskit._devices import parse_device
+        forms = [("cpu", -1), ("cuda:3", 3), ("cuda:0", 0), (2, 2), (0, 0)]
+        if torch is not None:
+            forms += [(torch.device("cpu"), -1), (torch.device("cuda:1"), 1), (torch.device("cuda", 2), 2)]
+        try:
+            import numpy as np
+            forms.append((np.int64(1), 1))
+        except ImportError:
+            pass
+        for form, want in forms:
+            assert parse_device(form) == want, (form, parse_device(form))
         # The default device is the CPU.
         tensors, stats = gdskit.load_safetensors_raw(p)
         assert tensors["w"].device == -1 and stats["path"] == "host"
@@ -366,7 +377,8 @@ def test_devices_everywhere():
             assert gdskit.load_safetensors(p)["w"].device.type == "cpu"
             assert gdskit.load_file(p, device=torch.device("cpu"))["w"].device.type == "cpu"
         for bad, kind in (("tpu", ValueError), ("cuda:x", ValueError), ("cuda:-1", ValueError), (-1, ValueError),
-                          (1.5, TypeError), (None, TypeError), (True, TypeError), (b"cpu", TypeError)):
+                          (1.5, TypeError), (None, TypeError), (True, TypeError), (b"cpu", TypeError),
+                          ("cuda:1x", ValueError), (" cpu", ValueError)):
             for call in (lambda: gdskit.load_safetensors_raw(p, device=bad), lambda: gdskit.load_file(p, bad),
                          lambda: gdskit.safe_open(p, device=bad), lambda: gdskit.plan(p, bad)):
                 try:
