@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "engine/file_impl.hpp"
+#include "engine/file_range.hpp"
 #include "engine/io_engine.hpp"
 #include "engine/residency.hpp"
 #include "engine/thread_pool.hpp"
@@ -53,6 +54,7 @@ void add_chunks(std::vector<io_task>& out, const io_task& proto, std::byte* buf,
 std::vector<io_task> file_handle::impl::plan(bool write, std::byte* buf, std::size_t nbytes,
                                              std::uint64_t offset) const {
   std::vector<io_task> tasks;
+  engine::check_file_range(write ? "pwrite" : "pread", path.string(), write, offset, nbytes);
   const std::uint64_t end = offset + nbytes;
   io_task proto;
   proto.write = write;
@@ -136,6 +138,7 @@ std::uint64_t file_handle::impl::current_size() const {
 }
 
 std::size_t file_handle::impl::read(void* buf, std::size_t nbytes, std::uint64_t offset) const {
+  engine::check_file_range("pread", path.string(), false, offset, nbytes);
   if (nbytes == 0) return 0;
   if (buf == nullptr) throw error(errno_code(EFAULT), "pread", path.string(), static_cast<std::int64_t>(offset), nbytes);
   if (mode == open_mode::write) {
@@ -158,6 +161,7 @@ std::size_t file_handle::impl::read(void* buf, std::size_t nbytes, std::uint64_t
 }
 
 std::size_t file_handle::impl::write(const void* buf, std::size_t nbytes, std::uint64_t offset) const {
+  engine::check_file_range("pwrite", path.string(), true, offset, nbytes);
   if (nbytes == 0) return 0;
   if (buf == nullptr) throw error(errno_code(EFAULT), "pwrite", path.string(), static_cast<std::int64_t>(offset), nbytes);
   if (mode == open_mode::read) {
@@ -279,6 +283,10 @@ std::future<std::size_t> file_handle::pwrite_async(const void* buf, std::size_t 
 std::uint64_t file_handle::size() const { return impl_->current_size(); }
 
 void file_handle::truncate(std::uint64_t nbytes) const {
+  if (nbytes > engine::max_file_offset) {
+    throw error(errno_code(EINVAL), "ftruncate", impl_->path.string(), -1, 0,
+                fmt::format("length {} is past the largest file size", nbytes));
+  }
   if (posix::sys().ftruncate(impl_->fd.get(), static_cast<off_t>(nbytes)) != 0) {
     throw error(errno_code(errno), "ftruncate", impl_->path.string(), static_cast<std::int64_t>(nbytes), 0);
   }

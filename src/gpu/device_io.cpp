@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "engine/file_impl.hpp"
+#include "engine/file_range.hpp"
 #include "engine/planner.hpp"
 #include "engine/residency.hpp"
 #include "gdskit/error.hpp"
@@ -39,7 +40,9 @@ std::string path_decision::summary() const {
 
 namespace {
 
-void check_range(const file_handle::impl& f, const char* op, buffer_view buf, std::size_t nbytes, std::uint64_t offset) {
+void check_range(const file_handle::impl& f, bool write, buffer_view buf, std::size_t nbytes, std::uint64_t offset) {
+  const char* op = write ? "pwrite" : "pread";
+  engine::check_file_range(op, f.path.string(), write, offset, nbytes);
   if (buf.data == nullptr && nbytes > 0) {
     throw error(errno_code(EFAULT), op, f.path.string(), static_cast<std::int64_t>(offset), nbytes, "null buffer");
   }
@@ -96,7 +99,7 @@ path_decision file_handle::plan(buffer_view buf) const {
 }
 
 std::size_t file_handle::read(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const {
-  check_range(*impl_, "pread", dst, nbytes, offset_bytes);
+  check_range(*impl_, false, dst, nbytes, offset_bytes);
   if (dst.kind == memory_kind::host || dst.kind == memory_kind::pinned) return impl_->read(dst.data, nbytes, offset_bytes);
   return device_transfer(*this, false, dst, nbytes, offset_bytes);
 }
@@ -107,7 +110,7 @@ void file_handle::read_exact(buffer_view dst, std::size_t nbytes, std::uint64_t 
 }
 
 std::size_t file_handle::write(buffer_view src, std::size_t nbytes, std::uint64_t offset_bytes) const {
-  check_range(*impl_, "pwrite", src, nbytes, offset_bytes);
+  check_range(*impl_, true, src, nbytes, offset_bytes);
   if (src.kind == memory_kind::host || src.kind == memory_kind::pinned) return impl_->write(src.data, nbytes, offset_bytes);
   return device_transfer(*this, true, src, nbytes, offset_bytes);
 }

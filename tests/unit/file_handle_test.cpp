@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <random>
@@ -143,6 +144,50 @@ TEST_P(engine_variants, async_forms_match_blocking) {
   EXPECT_EQ(f.pwrite_async(patch.data(), patch.size(), 12345).get(), patch.size());
   std::memcpy(data.data() + 12345, patch.data(), patch.size());
   EXPECT_EQ(test::read_file(path), data);
+}
+
+// Offsets are off_t: a range past 2^63 - 1 must be refused before any I/O. Unchecked, offset + nbytes wraps
+// around and an O_DIRECT write lands at the start of the file (or a buffered one is reported done unwritten).
+TEST_P(engine_variants, ranges_past_the_largest_offset_are_refused_before_any_io) {
+  auto data = random_bytes(65536, 99);
+  auto path = *dir_ / "limits";
+  test::write_file(path, data);
+  std::atomic<int> io_calls{0};
+  posix::scoped_syscalls guard(test::counting_syscalls(io_calls));
+  file_handle f(path, open_mode::read_write, {}, small_chunks(GetParam()));
+  constexpr std::uint64_t max = 9223372036854775807ull;  // 2^63 - 1
+  std::vector<std::uint8_t> buf(1u << 20, 0x5A);
+  auto code_of = [](auto&& call) {
+    try {
+      call();
+    } catch (const error& e) {
+      return e.code();
+    }
+    return std::error_code();
+  };
+  const auto einval = std::make_error_code(std::errc::invalid_argument);
+  const auto efbig = std::make_error_code(std::errc::file_too_large);
+  for (std::size_t n : {std::size_t{4096}, std::size_t{1} << 20}) {
+    for (std::uint64_t off : {~std::uint64_t{0}, ~std::uint64_t{0} - 4095, max + 1}) {
+      EXPECT_EQ(code_of([&] { f.pwrite(buf.data(), n, off); }), einval) << off;
+      EXPECT_EQ(code_of([&] { f.pread(buf.data(), n, off); }), einval) << off;
+      EXPECT_EQ(code_of([&] { f.read_exact(buf.data(), n, off); }), einval) << off;
+      EXPECT_EQ(code_of([&] { f.write(buffer_view::host(buf.data(), n), n, off); }), einval) << off;
+      EXPECT_EQ(code_of([&] { f.read(buffer_view::host(buf.data(), n), n, off); }), einval) << off;
+      EXPECT_EQ(code_of([&] { f.pwrite_async(buf.data(), n, off).get(); }), einval) << off;
+      EXPECT_EQ(code_of([&] { f.pread_async(buf.data(), n, off).get(); }), einval) << off;
+    }
+    // A range that starts inside the limit but ends past it: too big a file for a write, invalid for a read.
+    EXPECT_EQ(code_of([&] { f.pwrite(buf.data(), n, max - 100); }), efbig);
+    EXPECT_EQ(code_of([&] { f.write(buffer_view::host(buf.data(), n), n, max - 100); }), efbig);
+    EXPECT_EQ(code_of([&] { f.pread(buf.data(), n, max - 100); }), einval);
+  }
+  EXPECT_EQ(code_of([&] { f.truncate(max + 1); }), einval);
+  EXPECT_EQ(code_of([&] { f.truncate(~std::uint64_t{0}); }), einval);
+  EXPECT_EQ(io_calls.load(), 0) << "a refused range reached the file";
+  EXPECT_EQ(test::read_file(path), data);
+  // The last byte of the range is still usable for a read (nothing is there).
+  EXPECT_EQ(f.pread(buf.data(), 1, max - 1), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(all, engine_variants,
