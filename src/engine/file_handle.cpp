@@ -171,6 +171,13 @@ std::size_t file_handle::impl::write(const void* buf, std::size_t nbytes, std::u
   auto tasks = plan(true, const_cast<std::byte*>(static_cast<const std::byte*>(buf)), nbytes, offset);
   execute(tasks, nbytes);
   throw_first_error(tasks, "pwrite");
+  // A write never returns short: every task must account for all its bytes.
+  std::size_t total = 0;
+  for (const auto& t : tasks) total += t.done;
+  if (total != nbytes) {
+    throw error(errno_code(EIO), "pwrite", path.string(), static_cast<std::int64_t>(offset), nbytes,
+                fmt::format("only {} of {} bytes were written", total, nbytes));
+  }
   return nbytes;
 }
 
