@@ -188,8 +188,28 @@ file_handle::~file_handle() = default;
 file_handle::file_handle(file_handle&&) noexcept = default;
 file_handle& file_handle::operator=(file_handle&&) noexcept = default;
 
+namespace {
+
+// The inside of an open handle; an empty (default-constructed or moved-from) one has none.
+const file_handle::impl& open_impl(const std::shared_ptr<file_handle::impl>& m, const char* op) {
+  if (!m) throw error(errno_code(EBADF), op, "", -1, 0, "the file handle is not open");
+  return *m;
+}
+
+// Runs `body` on the shared pool; the job holds the file open until it has run.
+template <class Body>
+std::future<std::size_t> run_async(std::shared_ptr<const file_handle::impl> m, Body body) {
+  auto task = std::make_shared<std::packaged_task<std::size_t()>>(
+      [m = std::move(m), body = std::move(body)] { return body(m); });
+  auto fut = task->get_future();
+  engine::shared_pool(1).submit([task] { (*task)(); });
+  return fut;
+}
+
+}  // namespace
+
 file_handle::file_handle(const std::filesystem::path& path, open_mode mode, open_options options, const settings& config)
-    : impl_(std::make_unique<impl>()) {
+    : impl_(std::make_shared<impl>()) {
   config.validate();
   impl& m = *impl_;
   m.path = path;
@@ -258,62 +278,69 @@ file_handle::file_handle(const std::filesystem::path& path, open_mode mode, open
 }
 
 std::size_t file_handle::pread(void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const {
-  return impl_->read(buf, nbytes, offset_bytes);
+  return open_impl(impl_, "pread").read(buf, nbytes, offset_bytes);
 }
 
 void file_handle::read_exact(void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const {
-  std::size_t got = impl_->read(buf, nbytes, offset_bytes);
-  if (got != nbytes) throw short_read_error(impl_->path.string(), static_cast<std::int64_t>(offset_bytes), nbytes, got);
+  const impl& m = open_impl(impl_, "read_exact");
+  std::size_t got = m.read(buf, nbytes, offset_bytes);
+  if (got != nbytes) throw short_read_error(m.path.string(), static_cast<std::int64_t>(offset_bytes), nbytes, got);
 }
 
 std::size_t file_handle::pwrite(const void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const {
-  return impl_->write(buf, nbytes, offset_bytes);
+  return open_impl(impl_, "pwrite").write(buf, nbytes, offset_bytes);
 }
 
 std::future<std::size_t> file_handle::pread_async(void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const {
-  auto task = std::make_shared<std::packaged_task<std::size_t()>>(
-      [m = impl_.get(), buf, nbytes, offset_bytes] { return m->read(buf, nbytes, offset_bytes); });
-  auto fut = task->get_future();
-  engine::shared_pool(1).submit([task] { (*task)(); });
-  return fut;
+  return run_async(impl_, [buf, nbytes, offset_bytes](const std::shared_ptr<const impl>& m) {
+    return open_impl(std::const_pointer_cast<impl>(m), "pread").read(buf, nbytes, offset_bytes);
+  });
 }
 
 std::future<std::size_t> file_handle::pwrite_async(const void* buf, std::size_t nbytes,
                                                    std::uint64_t offset_bytes) const {
-  auto task = std::make_shared<std::packaged_task<std::size_t()>>(
-      [m = impl_.get(), buf, nbytes, offset_bytes] { return m->write(buf, nbytes, offset_bytes); });
-  auto fut = task->get_future();
-  engine::shared_pool(1).submit([task] { (*task)(); });
-  return fut;
+  return run_async(impl_, [buf, nbytes, offset_bytes](const std::shared_ptr<const impl>& m) {
+    return open_impl(std::const_pointer_cast<impl>(m), "pwrite").write(buf, nbytes, offset_bytes);
+  });
 }
 
-std::uint64_t file_handle::size() const { return impl_->current_size(); }
+std::uint64_t file_handle::size() const { return open_impl(impl_, "fstat").current_size(); }
 
 void file_handle::truncate(std::uint64_t nbytes) const {
+  const impl& m = open_impl(impl_, "ftruncate");
   if (nbytes > engine::max_file_offset) {
-    throw error(errno_code(EINVAL), "ftruncate", impl_->path.string(), -1, 0,
+    throw error(errno_code(EINVAL), "ftruncate", m.path.string(), -1, 0,
                 fmt::format("length {} is past the largest file size", nbytes));
   }
-  if (posix::sys().ftruncate(impl_->fd.get(), static_cast<off_t>(nbytes)) != 0) {
-    throw error(errno_code(errno), "ftruncate", impl_->path.string(), static_cast<std::int64_t>(nbytes), 0);
+  if (posix::sys().ftruncate(m.fd.get(), static_cast<off_t>(nbytes)) != 0) {
+    throw error(errno_code(errno), "ftruncate", m.path.string(), static_cast<std::int64_t>(nbytes), 0);
   }
 }
 
 void file_handle::sync() const {
-  if (posix::sys().fdatasync(impl_->fd.get()) != 0) throw error(errno_code(errno), "fdatasync", impl_->path.string(), -1, 0);
+  const impl& m = open_impl(impl_, "fdatasync");
+  if (posix::sys().fdatasync(m.fd.get()) != 0) throw error(errno_code(errno), "fdatasync", m.path.string(), -1, 0);
 }
 
 void file_handle::drop_cache() const {
-  if (impl_->mode != open_mode::read) posix::sys().fdatasync(impl_->fd.get());
-  int r = posix::sys().fadvise(impl_->fd.get(), 0, 0, POSIX_FADV_DONTNEED);
-  if (r != 0) throw error(errno_code(r), "posix_fadvise DONTNEED", impl_->path.string(), -1, 0);
+  const impl& m = open_impl(impl_, "posix_fadvise DONTNEED");
+  if (m.mode != open_mode::read) posix::sys().fdatasync(m.fd.get());
+  int r = posix::sys().fadvise(m.fd.get(), 0, 0, POSIX_FADV_DONTNEED);
+  if (r != 0) throw error(errno_code(r), "posix_fadvise DONTNEED", m.path.string(), -1, 0);
 }
 
+namespace {
+const file_handle::impl& empty_impl() {
+  static const file_handle::impl empty;
+  return empty;
+}
+}  // namespace
+
 bool file_handle::is_open() const noexcept { return impl_ && impl_->fd; }
-const std::filesystem::path& file_handle::path() const noexcept { return impl_->path; }
-open_mode file_handle::mode() const noexcept { return impl_->mode; }
-const io_choice& file_handle::choice() const noexcept { return impl_->choice; }
-const settings& file_handle::config() const noexcept { return impl_->config; }
+const std::filesystem::path& file_handle::path() const noexcept { return (impl_ ? *impl_ : empty_impl()).path; }
+open_mode file_handle::mode() const noexcept { return (impl_ ? *impl_ : empty_impl()).mode; }
+const io_choice& file_handle::choice() const noexcept { return (impl_ ? *impl_ : empty_impl()).choice; }
+const settings& file_handle::config() const noexcept { return (impl_ ? *impl_ : empty_impl()).config; }
 int file_handle::fd() const noexcept { return impl_ ? impl_->fd.get() : -1; }
 int file_handle::direct_fd() const noexcept { return impl_ ? impl_->direct_fd.get() : -1; }
 

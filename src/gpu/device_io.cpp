@@ -84,6 +84,7 @@ std::size_t device_transfer(const file_handle& file, bool write, buffer_view buf
 }  // namespace
 
 path_decision file_handle::plan(buffer_view buf) const {
+  if (!impl_) return {};
   const impl& f = *impl_;
   engine::runtime_facts rt;
   rt.direct_ok = f.choice.direct;
@@ -99,6 +100,7 @@ path_decision file_handle::plan(buffer_view buf) const {
 }
 
 std::size_t file_handle::read(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  if (!impl_) throw error(errno_code(EBADF), "pread", "", -1, 0, "the file handle is not open");
   check_range(*impl_, false, dst, nbytes, offset_bytes);
   if (dst.kind == memory_kind::host || dst.kind == memory_kind::pinned) return impl_->read(dst.data, nbytes, offset_bytes);
   return device_transfer(*this, false, dst, nbytes, offset_bytes);
@@ -110,6 +112,7 @@ void file_handle::read_exact(buffer_view dst, std::size_t nbytes, std::uint64_t 
 }
 
 std::size_t file_handle::write(buffer_view src, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  if (!impl_) throw error(errno_code(EBADF), "pwrite", "", -1, 0, "the file handle is not open");
   check_range(*impl_, true, src, nbytes, offset_bytes);
   if (src.kind == memory_kind::host || src.kind == memory_kind::pinned) return impl_->write(src.data, nbytes, offset_bytes);
   return device_transfer(*this, true, src, nbytes, offset_bytes);
