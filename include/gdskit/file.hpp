@@ -96,11 +96,10 @@ class file_handle {
   int fd() const noexcept;
   int direct_fd() const noexcept;
 
-  struct impl;
-  /// For gdskit's own data paths (src/gpu): the handle's internals.
-  const impl* impl_for_paths() const noexcept { return impl_.get(); }
+  struct impl;  ///< opaque
 
  private:
+  friend struct file_access;  // gdskit's own data paths
   std::shared_ptr<impl> impl_;
 };
 

@@ -12,6 +12,8 @@
 #include "engine/io_engine.hpp"
 #include "engine/residency.hpp"
 #include "engine/thread_pool.hpp"
+#include "engine/planner.hpp"
+#include "gpu/device_io.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
 #include "posix/fs_info.hpp"
@@ -183,6 +185,12 @@ std::size_t file_handle::impl::write(const void* buf, std::size_t nbytes, std::u
 
 file_handle::impl::~impl() { engine::release_residency_map(*this); }
 
+// The inside of an open handle; an empty (default-constructed or moved-from) one has none.
+const file_handle::impl& file_access::open_impl(const std::shared_ptr<file_handle::impl>& m, const char* op) {
+  if (!m) throw error(errno_code(EBADF), op, "", -1, 0, "the file handle is not open");
+  return *m;
+}
+
 file_handle::file_handle() noexcept = default;
 file_handle::~file_handle() = default;
 file_handle::file_handle(file_handle&&) noexcept = default;
@@ -190,15 +198,13 @@ file_handle& file_handle::operator=(file_handle&&) noexcept = default;
 
 namespace {
 
-// The inside of an open handle; an empty (default-constructed or moved-from) one has none.
 const file_handle::impl& open_impl(const std::shared_ptr<file_handle::impl>& m, const char* op) {
-  if (!m) throw error(errno_code(EBADF), op, "", -1, 0, "the file handle is not open");
-  return *m;
+  return file_access::open_impl(m, op);
 }
 
 // Runs `body` on the shared pool; the job holds the file open until it has run.
 template <class Body>
-std::future<std::size_t> run_async(std::shared_ptr<const file_handle::impl> m, Body body) {
+std::future<std::size_t> run_async(std::shared_ptr<file_handle::impl> m, Body body) {
   auto task = std::make_shared<std::packaged_task<std::size_t()>>(
       [m = std::move(m), body = std::move(body)] { return body(m); });
   auto fut = task->get_future();
@@ -292,15 +298,15 @@ std::size_t file_handle::pwrite(const void* buf, std::size_t nbytes, std::uint64
 }
 
 std::future<std::size_t> file_handle::pread_async(void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const {
-  return run_async(impl_, [buf, nbytes, offset_bytes](const std::shared_ptr<const impl>& m) {
-    return open_impl(std::const_pointer_cast<impl>(m), "pread").read(buf, nbytes, offset_bytes);
+  return run_async(impl_, [buf, nbytes, offset_bytes](const std::shared_ptr<impl>& m) {
+    return open_impl(m, "pread").read(buf, nbytes, offset_bytes);
   });
 }
 
 std::future<std::size_t> file_handle::pwrite_async(const void* buf, std::size_t nbytes,
                                                    std::uint64_t offset_bytes) const {
-  return run_async(impl_, [buf, nbytes, offset_bytes](const std::shared_ptr<const impl>& m) {
-    return open_impl(std::const_pointer_cast<impl>(m), "pwrite").write(buf, nbytes, offset_bytes);
+  return run_async(impl_, [buf, nbytes, offset_bytes](const std::shared_ptr<impl>& m) {
+    return open_impl(m, "pwrite").write(buf, nbytes, offset_bytes);
   });
 }
 
@@ -327,6 +333,60 @@ void file_handle::drop_cache() const {
   if (m.mode != open_mode::read) posix::sys().fdatasync(m.fd.get());
   int r = posix::sys().fadvise(m.fd.get(), 0, 0, POSIX_FADV_DONTNEED);
   if (r != 0) throw error(errno_code(r), "posix_fadvise DONTNEED", m.path.string(), -1, 0);
+}
+
+path_decision file_handle::plan(buffer_view buf) const {
+  if (!impl_) return {};
+  const impl& f = *impl_;
+  engine::runtime_facts rt;
+  rt.direct_ok = f.choice.direct;
+  rt.direct_reason = f.choice.direct_reason;
+  if (buf.kind == memory_kind::host || buf.kind == memory_kind::pinned) {
+    return engine::decide({}, rt, buf.kind, f.config.mode);
+  }
+  rt.gpu_ok = gpu_available(&rt.gpu_reason);
+  rt.cufile_ok = shim::cufile(&rt.cufile_reason) != nullptr;
+  std::lock_guard lock(f.gpu.mutex);
+  if (!f.gpu.facts) f.gpu.facts = engine::gather_facts("/", f.st_dev, f.fs_type);
+  return engine::decide(*f.gpu.facts, rt, buf.kind, f.config.mode);
+}
+
+namespace {
+
+bool host_memory(const buffer_view& b) { return b.kind == memory_kind::host || b.kind == memory_kind::pinned; }
+
+// Checks a buffer_view request: the range fits in a file, the buffer exists and holds nbytes.
+void check_view(const file_handle::impl& f, bool write, const buffer_view& buf, std::size_t nbytes, std::uint64_t offset) {
+  const char* op = write ? "pwrite" : "pread";
+  engine::check_file_range(op, f.path.string(), write, offset, nbytes);
+  if (buf.data == nullptr && nbytes > 0) {
+    throw error(errno_code(EFAULT), op, f.path.string(), static_cast<std::int64_t>(offset), nbytes, "null buffer");
+  }
+  if (buf.nbytes < nbytes) {
+    throw error(errno_code(EINVAL), op, f.path.string(), static_cast<std::int64_t>(offset), nbytes,
+                fmt::format("buffer holds only {} bytes", buf.nbytes));
+  }
+}
+
+}  // namespace
+
+std::size_t file_handle::read(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  const impl& m = open_impl(impl_, "pread");
+  check_view(m, false, dst, nbytes, offset_bytes);
+  if (host_memory(dst)) return m.read(dst.data, nbytes, offset_bytes);
+  return gpu::device_transfer(*this, false, dst, nbytes, offset_bytes);
+}
+
+void file_handle::read_exact(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  std::size_t got = read(dst, nbytes, offset_bytes);
+  if (got != nbytes) throw short_read_error(impl_->path.string(), static_cast<std::int64_t>(offset_bytes), nbytes, got);
+}
+
+std::size_t file_handle::write(buffer_view src, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  const impl& m = open_impl(impl_, "pwrite");
+  check_view(m, true, src, nbytes, offset_bytes);
+  if (host_memory(src)) return m.write(src.data, nbytes, offset_bytes);
+  return gpu::device_transfer(*this, true, src, nbytes, offset_bytes);
 }
 
 namespace {

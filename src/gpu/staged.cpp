@@ -250,7 +250,7 @@ void finish(transfer& t, staged_stats* stats) {
 
 std::size_t staged_read(const file_handle& file, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,
                         const staged_options& options, staged_stats* stats) {
-  const file_handle::impl& f = *file.impl_for_paths();
+  const file_handle::impl& f = file_access::open_impl(file, "pread");
   engine::check_file_range("pread", f.path.string(), false, offset, nbytes);
   if (nbytes == 0) return 0;
   const std::uint64_t size = f.current_size();
@@ -270,7 +270,7 @@ std::size_t staged_read(const file_handle& file, copier& cp, std::uintptr_t far,
 
 std::size_t staged_write(const file_handle& file, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,
                          const staged_options& options, staged_stats* stats) {
-  const file_handle::impl& f = *file.impl_for_paths();
+  const file_handle::impl& f = file_access::open_impl(file, "pwrite");
   engine::check_file_range("pwrite", f.path.string(), true, offset, nbytes);
   if (nbytes == 0) return 0;
   if (f.mode == open_mode::read) {
