@@ -4,6 +4,10 @@
 
 #include <cerrno>
 
+#ifdef GDSKIT_HAVE_URING
+#include <liburing.h>
+#endif
+
 namespace gdskit::posix {
 namespace {
 
@@ -19,6 +23,18 @@ syscall_table make_real() {
   t.fdatasync = [](int fd) { return ::fdatasync(fd); };
   t.fadvise = [](int fd, off_t o, off_t n, int advice) { return ::posix_fadvise(fd, o, n, advice); };
   t.uring_result = [](bool, int, std::uint64_t, std::size_t, int result) { return result; };
+#ifdef GDSKIT_HAVE_URING
+  t.uring_submit_and_wait = [](void* ring, unsigned wait_nr) {
+    return io_uring_submit_and_wait(static_cast<io_uring*>(ring), wait_nr);
+  };
+  t.uring_wait = [](void* ring) {
+    io_uring_cqe* cqe = nullptr;
+    return io_uring_wait_cqe(static_cast<io_uring*>(ring), &cqe);
+  };
+#else
+  t.uring_submit_and_wait = [](void*, unsigned) { return -ENOSYS; };
+  t.uring_wait = [](void*) { return -ENOSYS; };
+#endif
   return t;
 }
 
