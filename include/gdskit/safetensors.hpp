@@ -226,7 +226,13 @@ struct save_tensor {
   std::string name;
   safetensors::dtype dtype = safetensors::dtype::U8;
   std::vector<std::uint64_t> shape;  ///< empty for a 0-dim tensor
+  /// The bytes. With `source` set, only data.nbytes counts (data.data may be null).
   buffer_view data;
+  /// For tensors whose bytes are not in one piece of memory (strided views): called with an offset into the
+  /// tensor's C-order bytes, returns a view of the bytes from there on (at least 1 byte, at most the rest),
+  /// valid until the next call. Such tensors are written after the others, one at a time, from one thread, so
+  /// the caller needs staging memory for one view at a time.
+  std::function<buffer_view(std::uint64_t offset_bytes)> source;
 };
 
 /// "__metadata__" entries in the order they are written (safetensors itself writes them in hash order, so with

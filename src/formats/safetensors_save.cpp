@@ -142,6 +142,7 @@ std::vector<piece> split_pieces(const std::vector<save_tensor>& tensors, const s
   const std::uint64_t base = layout.header.size();
   for (std::size_t i : layout.order) {
     const auto& t = tensors[i];
+    if (t.source) continue;  // written by write_sourced
     const std::uint64_t begin = base + layout.begin_bytes[i];
     const std::uint64_t end = begin + t.data.nbytes;
     for (std::uint64_t pos = begin; pos < end;) {
@@ -151,6 +152,35 @@ std::vector<piece> split_pieces(const std::vector<save_tensor>& tensors, const s
     }
   }
   return out;
+}
+
+void check_cancel(const file_handle& f, const save_options& o) {
+  if (o.cancelled && o.cancelled()) {
+    throw error(errno_code(ECANCELED), "safetensors save", f.path().string(), -1, 0, "cancelled");
+  }
+}
+
+// Tensors that hand out their bytes view by view: one tensor, one view at a time.
+void write_sourced(const file_handle& f, const std::vector<save_tensor>& tensors, const save_layout& layout,
+                   const save_options& o, std::atomic<std::uint64_t>& done, std::uint64_t total, save_stats& stats) {
+  for (std::size_t i : layout.order) {
+    const auto& t = tensors[i];
+    if (!t.source) continue;
+    const std::uint64_t base = layout.header.size() + layout.begin_bytes[i];
+    for (std::uint64_t off = 0; off < t.data.nbytes;) {
+      check_cancel(f, o);
+      const buffer_view v = t.source(off);
+      if (v.data == nullptr || v.nbytes == 0 || v.nbytes > t.data.nbytes - off) {
+        invalid(fmt::format("tensor \"{}\": its source returned {} bytes at offset {} of {}", t.name, v.nbytes, off,
+                            t.data.nbytes));
+      }
+      f.write(v, v.nbytes, base + off);
+      off += v.nbytes;
+      ++stats.pieces;
+      const std::uint64_t now = done.fetch_add(v.nbytes) + v.nbytes;
+      if (o.progress) o.progress(now, total);
+    }
+  }
 }
 
 // Writes one file's tensor data with `in_flight` workers, then its header, then syncs it; the caller publishes.
@@ -167,7 +197,7 @@ void write_file(const file_handle& f, const std::vector<save_tensor>& tensors, c
       const std::size_t k = next.fetch_add(1);
       if (k >= pieces.size()) return;
       try {
-        if (o.cancelled && o.cancelled()) throw error(errno_code(ECANCELED), "safetensors save", f.path().string(), -1, 0, "cancelled");
+        check_cancel(f, o);
         const piece& p = pieces[k];
         f.write(p.tensor->data.sub(p.tensor_offset, p.nbytes), p.nbytes, p.file_offset);
         const std::uint64_t now = done.fetch_add(p.nbytes) + p.nbytes;
@@ -190,7 +220,8 @@ void write_file(const file_handle& f, const std::vector<save_tensor>& tensors, c
     for (auto& t : threads) t.join();
   }
   if (first_error) std::rethrow_exception(first_error);
-  if (o.cancelled && o.cancelled()) throw error(errno_code(ECANCELED), "safetensors save", f.path().string(), -1, 0, "cancelled");
+  write_sourced(f, tensors, layout, o, done, total, stats);
+  check_cancel(f, o);
   // The header goes last into the place reserved for it: a file cut short before this point has no valid header.
   f.pwrite(layout.header.data(), layout.header.size(), 0);
   const auto t_sync = std::chrono::steady_clock::now();
@@ -279,7 +310,7 @@ std::vector<std::filesystem::path> protect_old_checkpoint(const std::filesystem:
 
 path_decision plan_for(const file_handle& f, const std::vector<save_tensor>& tensors) {
   for (const auto& t : tensors) {
-    if (t.data.nbytes > 0) return f.plan(t.data);
+    if (t.data.nbytes > 0 && !t.source) return f.plan(t.data);
   }
   return f.plan(buffer_view{});
 }
@@ -300,7 +331,7 @@ save_layout plan_save(const std::vector<save_tensor>& tensors, const std::option
       invalid(fmt::format("tensor \"{}\": {} {} of shape [{}] needs {} bytes, the buffer has {}", t.name, want,
                           to_string(t.dtype), fmt::join(t.shape, ", "), want, t.data.nbytes));
     }
-    if (want > 0 && t.data.data == nullptr) invalid(fmt::format("tensor \"{}\" has no data pointer", t.name));
+    if (want > 0 && t.data.data == nullptr && !t.source) invalid(fmt::format("tensor \"{}\" has no data pointer", t.name));
   }
   if (metadata) {
     std::set<std::string_view> keys;

@@ -255,6 +255,40 @@ TEST(safetensors_save, o_direct_and_buffered_give_the_same_bytes) {
   EXPECT_EQ(read_text(dir / "d.safetensors"), read_text(dir / "b.safetensors"));
 }
 
+TEST(safetensors_save, sourced_tensors_give_the_same_bytes_one_view_at_a_time) {
+  temp_dir dir;
+  auto h = every_dtype();
+  st::save(dir / "plain.safetensors", h.tensors, std::nullopt, quiet());
+  // The same tensors, every second one handed out in views of at most 1000 bytes from a scratch buffer.
+  auto s = h.tensors;
+  std::vector<std::uint8_t> scratch(1000);
+  int calls = 0, want_calls = 0;
+  for (std::size_t i = 0; i < s.size(); i += 2) {
+    const auto src = s[i].data;
+    want_calls += static_cast<int>((src.nbytes + scratch.size() - 1) / scratch.size());
+    s[i].data = {nullptr, src.nbytes, gdskit::memory_kind::host, -1};
+    s[i].source = [src, &scratch, &calls](std::uint64_t off) {
+      ++calls;
+      const std::size_t n = std::min<std::uint64_t>(scratch.size(), src.nbytes - off);
+      std::fill(scratch.begin(), scratch.end(), 0xAB);  // the previous view is dead now
+      std::memcpy(scratch.data(), static_cast<const std::uint8_t*>(src.data) + off, n);
+      return gdskit::buffer_view::host(scratch.data(), n);
+    };
+  }
+  st::save(dir / "sourced.safetensors", s, std::nullopt, quiet());
+  EXPECT_EQ(read_text(dir / "sourced.safetensors"), read_text(dir / "plain.safetensors"));
+  EXPECT_EQ(calls, want_calls);
+  EXPECT_GT(calls, 10);
+  // A source that returns more than the rest is an error, and nothing is published.
+  s[0].source = [&](std::uint64_t) { return gdskit::buffer_view::host(scratch.data(), scratch.size()); };
+  s[0].data.nbytes = h.tensors[0].data.nbytes;
+  if (s[0].data.nbytes < scratch.size()) {
+    EXPECT_EQ(code_of([&] { st::save(dir / "bad.safetensors", s, std::nullopt, quiet()); }), std::errc::invalid_argument);
+    EXPECT_FALSE(fs::exists(dir / "bad.safetensors"));
+  }
+  EXPECT_TRUE(leftovers(dir.path()).empty());
+}
+
 TEST(safetensors_save, no_tensors_is_a_valid_file) {
   temp_dir dir;
   st::save(dir / "e.safetensors", {}, std::nullopt, quiet());
