@@ -301,6 +301,9 @@ save_stats save(const std::filesystem::path& path, const std::vector<save_tensor
 
 /// Which tensors go to which shard (indexes into `tensors`), the huggingface_hub rule (see save_options).
 std::vector<std::vector<std::size_t>> plan_shards(const std::vector<save_tensor>& tensors, std::uint64_t max_shard_bytes);
+/// A shard size limit: bytes ("1000000"), huggingface_hub's decimal units ("5GB", "500MB", "1.5GB": TB, GB, MB,
+/// KB), or binary ones ("2GiB", "512MiB": TiB, GiB, MiB, KiB). nullopt for anything else, zero, or overflow.
+std::optional<std::uint64_t> parse_shard_size(std::string_view text);
 /// "model-00002-of-00005.safetensors" (1-based `k`), or "model.safetensors" when n is 1.
 std::string shard_file_name(std::size_t k, std::size_t n);
 

@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -422,6 +424,34 @@ std::vector<std::vector<std::size_t>> plan_shards(const std::vector<save_tensor>
   }
   if (!current.empty()) shards.push_back(std::move(current));
   return shards;
+}
+
+std::optional<std::uint64_t> parse_shard_size(std::string_view text) {
+  while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
+  while (!text.empty() && text.back() == ' ') text.remove_suffix(1);
+  static constexpr std::pair<std::string_view, double> units[] = {
+      {"TiB", 1099511627776.0}, {"GiB", 1073741824.0}, {"MiB", 1048576.0}, {"KiB", 1024.0},
+      {"TB", 1e12},             {"GB", 1e9},           {"MB", 1e6},       {"KB", 1e3}};
+  double mult = 1;
+  for (const auto& [u, m] : units) {
+    if (text.size() > u.size() && std::equal(u.begin(), u.end(), text.end() - static_cast<std::ptrdiff_t>(u.size()),
+                                             [](char a, char b) { return std::toupper(static_cast<unsigned char>(a)) ==
+                                                                         std::toupper(static_cast<unsigned char>(b)); })) {
+      mult = m;
+      text.remove_suffix(u.size());
+      break;
+    }
+  }
+  while (!text.empty() && text.back() == ' ') text.remove_suffix(1);
+  if (text.empty() || text.size() > 32) return std::nullopt;
+  const std::string s(text);
+  if (s.find_first_not_of("0123456789.") != std::string::npos || std::count(s.begin(), s.end(), '.') > 1) {
+    return std::nullopt;
+  }
+  if (mult == 1 && s.find('.') != std::string::npos) return std::nullopt;
+  const double v = std::strtod(s.c_str(), nullptr) * mult;
+  if (!(v >= 1) || v > 1.8e19) return std::nullopt;
+  return static_cast<std::uint64_t>(v);
 }
 
 std::string shard_file_name(std::size_t k, std::size_t n) {

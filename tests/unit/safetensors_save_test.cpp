@@ -348,6 +348,18 @@ TEST(safetensors_save_shards, split_follows_huggingface_hub) {
   EXPECT_EQ(st::shard_file_name(1, 1), "model.safetensors");
 }
 
+TEST(safetensors_save_shards, shard_sizes_parse_like_huggingface_hub_plus_binary_units) {
+  EXPECT_EQ(st::parse_shard_size("5GB"), 5'000'000'000u);
+  EXPECT_EQ(st::parse_shard_size("500MB"), 500'000'000u);
+  EXPECT_EQ(st::parse_shard_size("1.5gb"), 1'500'000'000u);
+  EXPECT_EQ(st::parse_shard_size(" 10KB "), 10'000u);
+  EXPECT_EQ(st::parse_shard_size("2GiB"), 2ull << 30);
+  EXPECT_EQ(st::parse_shard_size("4096"), 4096u);
+  for (const char* bad : {"", "GB", "5XB", "-1GB", "0", "1.5", "1e3MB", "5 G", "99999999999999999999TB"}) {
+    EXPECT_EQ(st::parse_shard_size(bad), std::nullopt) << bad;
+  }
+}
+
 TEST(safetensors_save_shards, files_index_and_round_trip) {
   temp_dir dir;
   std::vector<std::uint8_t> b;
