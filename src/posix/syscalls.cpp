@@ -1,5 +1,6 @@
 #include "posix/syscalls.hpp"
 
+#include <stdio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -22,6 +23,12 @@ syscall_table make_real() {
   t.ftruncate = [](int fd, off_t n) { return ::ftruncate(fd, n); };
   t.fdatasync = [](int fd) { return ::fdatasync(fd); };
   t.fadvise = [](int fd, off_t o, off_t n, int advice) { return ::posix_fadvise(fd, o, n, advice); };
+  t.fsync = [](int fd) { return ::fsync(fd); };
+  t.rename = [](const char* from, const char* to, unsigned flags) {
+    return ::renameat2(AT_FDCWD, from, AT_FDCWD, to, flags);
+  };
+  t.link = [](const char* from, const char* to) { return ::link(from, to); };
+  t.unlink = [](const char* p) { return ::unlink(p); };
   t.uring_result = [](bool, int, std::uint64_t, std::size_t, int result) { return result; };
 #ifdef GDSKIT_HAVE_URING
   t.uring_submit_and_wait = [](void* ring, unsigned wait_nr) {
