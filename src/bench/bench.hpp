@@ -110,6 +110,9 @@ class usage_error : public std::runtime_error {
 request parse_args(const std::vector<std::string>& args);
 /// Reads a gdsio-style job file ([global] and [jobN] sections, key=value). Throws usage_error.
 std::vector<job_spec> parse_config(std::string_view text, const job_spec& defaults);
+/// The end of the furthest byte the job touches (offset + size x workers sharing the file). Throws usage_error when
+/// a sum or product passes 2^63 - 1 (the largest file offset).
+std::uint64_t check_extent(const job_spec& job);
 /// Checks a job against the machine before anything runs (files, folders, sizes, GPUs). Throws usage_error.
 void validate(const job_spec& job);
 /// The flag summary printed by `gdskit bench -h`.

@@ -98,7 +98,9 @@ int run_sweep(const request& req, std::ostream& out, std::ostream& err, const ho
         j.io = io;
         j.threads = t;
         j.name = fmt::format("{}-{}-{}", to_string(x.kind), io.max_bytes, t);
-        // Reads must fit the file, GPUs must exist: check every point before the first one runs.
+        // Reads must fit the file, GPUs must exist, no point may pass the largest file offset: check every point
+        // before the first one runs.
+        check_extent(j);
         if (!is_write(j.type)) validate(j);
         points.push_back(j);
       }

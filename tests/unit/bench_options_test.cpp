@@ -217,3 +217,22 @@ TEST(BenchValidate, BadInputBeforeAnythingRuns) {
   }
   if (std::filesystem::exists(dir / "ro")) EXPECT_TRUE(std::filesystem::is_empty(dir / "ro"));
 }
+
+TEST(BenchOptions, RangesPastTheLargestFileOffsetAreRefused) {
+  // Each of these wrapped around 2^64 (or passed off_t) and slipped through the size checks.
+  expect_usage_error({"-f", "x", "-s", "9223372036854775808", "-w", "2"});         // -s above 2^63 - 1
+  expect_usage_error({"-f", "x", "-s", "4611686018427387904", "-w", "2"});         // 2^62 x 2 = 2^63
+  expect_usage_error({"-f", "x", "-s", "4096", "-i", "4096", "-o", "18446744073709551615"});
+  expect_usage_error({"-f", "x", "-s", "4096", "-i", "4096", "-o", "9223372036854771712", "-I", "1"});
+  expect_usage_error({"-D", "/tmp", "-s", "4611686018427387904", "-w", "2", "-i", "4K"});  // total bytes
+  gb::job_spec j;
+  j.file = "x";
+  j.size_bytes = std::uint64_t{1} << 62;
+  j.threads = 4;
+  EXPECT_THROW(gb::check_extent(j), gb::usage_error);
+  j.threads = 1;
+  j.offset_bytes = std::uint64_t{1} << 62;
+  EXPECT_THROW(gb::check_extent(j), gb::usage_error);  // 2^62 + 2^62 = 2^63
+  j.offset_bytes = (std::uint64_t{1} << 62) - 1;
+  EXPECT_EQ(gb::check_extent(j), (std::uint64_t{1} << 63) - 1);
+}
