@@ -190,6 +190,8 @@ struct hooks {
   std::function<void(const job_spec&, const std::vector<std::filesystem::path>& files)> after_write;
   /// Progress: bytes so far and seconds so far, called about twice a second from a watcher thread.
   std::function<void(std::uint64_t bytes, double seconds)> progress;
+  /// Before worker thread `index` is started (throw std::system_error here to act out a failed start).
+  std::function<void(std::size_t index)> before_thread;
 };
 
 /// Runs the jobs concurrently (all workers start together) and returns one result per job.

@@ -28,4 +28,31 @@ expect 2 -f "$work/data" -o 18446744073709551615 -s 4096 -i 4096
 expect 2 -f "$work/new" -o 9223372036854771712 -s 8192 -i 4096 -I 1
 [ ! -e "$work/new" ] || fail "a refused run created its file"
 
+# More workers than the process may start (RLIMIT_NPROC): an error with exit 3, never terminate().
+# The limit counts every process of the user and does not bind root, so root runs the case as nobody.
+if command -v prlimit >/dev/null; then
+  as_user=()
+  if [ "$(id -u)" -eq 0 ]; then
+    if command -v setpriv >/dev/null && setpriv --reuid=65534 --regid=65534 --clear-groups true 2>/dev/null; then
+      as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+      chmod 777 "$work"
+    else
+      as_user=(skip)
+    fi
+  fi
+  if [ "${as_user[0]:-}" != skip ]; then
+    user=$(id -un)
+    [ ${#as_user[@]} -gt 0 ] && user=nobody
+    have=$(ps -L -u "$user" --no-headers 2>/dev/null | wc -l)
+    limit=$((have + 40))
+    err=$("${as_user[@]}" prlimit --nproc=$limit "$gdskit" bench -f "$work/threads" -s 64K -i 4K -w 200 -I 1 --quiet 2>&1 >/dev/null)
+    rc=$?
+    [ $rc -eq 3 ] || fail "-w 200 under prlimit --nproc=$limit exited $rc, want 3: $err"
+    grep -q 'worker thread' <<<"$err" || fail "no reason for the thread failure: $err"
+    [ ! -e "$work/threads" ] || fail "the failed run left its file behind"
+  else
+    echo "note: RLIMIT_NPROC case skipped (root without setpriv)"
+  fi
+fi
+
 echo "ok"
