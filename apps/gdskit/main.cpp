@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -18,6 +19,8 @@ int& exit_code() {
 }  // namespace gdskit::cli
 
 int main(int argc, char** argv) {
+  // A write past `ulimit -f` must fail with EFBIG and be reported, not kill the process with SIGXFSZ.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{
       "gdskit " GDSKIT_VERSION_STRING
       ": move data between storage and NVIDIA GPU memory as fast as the machine allows, and say how.\n\n"

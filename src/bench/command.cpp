@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.hpp"
+#include "common/terminal.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
 
@@ -159,13 +160,10 @@ int run_command(const std::vector<std::string>& args, std::ostream& out, std::os
     }
     return req.sweep ? run_sweep(req, out, err, h) : run_single(req, out, err, h);
   } catch (const usage_error& e) {
-    err << "gdskit bench: " << e.what() << "\n";
+    err << "gdskit bench: " << printable(e.what()) << "\n";
     return 2;
-  } catch (const gdskit::error& e) {
-    err << "gdskit bench: " << e.what() << "\n";
-    return 3;
   } catch (const std::exception& e) {
-    err << "gdskit bench: " << e.what() << "\n";
+    err << "gdskit bench: " << printable(e.what()) << "\n";
     return 3;
   }
 }

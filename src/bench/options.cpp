@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -108,7 +109,8 @@ double seconds_arg(std::string_view flag, std::string_view text) {
   } catch (const std::exception&) {
     fail(fmt::format("{} {}: not a number of seconds", flag, text));
   }
-  if (v < 0 || v > 86400) fail(fmt::format("{} {}: must be between 0 and 86400 seconds", flag, text));
+  // stod takes "nan" and "inf"; neither is a duration, and NaN slips through every comparison.
+  if (!std::isfinite(v) || v < 0 || v > 86400) fail(fmt::format("{} {}: must be between 0 and 86400 seconds", flag, text));
   return v;
 }
 
@@ -193,6 +195,8 @@ std::vector<job_spec> parse_config(std::string_view text, const job_spec& defaul
   std::string raw;
   while (std::getline(in, raw)) {
     ++lineno;
+    // A NUL would silently cut a file name short when it reaches open(2).
+    if (raw.find('\0') != std::string::npos) fail(fmt::format("line {}: contains a NUL byte", lineno));
     std::string_view line = trim(raw);
     if (line.empty() || line[0] == '#' || line[0] == ';') continue;
     const std::string where = fmt::format("line {}:", lineno);

@@ -28,6 +28,25 @@ expect 2 -f "$work/data" -o 18446744073709551615 -s 4096 -i 4096
 expect 2 -f "$work/new" -o 9223372036854771712 -s 8192 -i 4096 -I 1
 [ ! -e "$work/new" ] || fail "a refused run created its file"
 
+# -T that is not a duration.
+for t in nan inf -inf -1 1e9; do expect 2 -f "$work/data" -s 4K -i 4K -T "$t"; done
+
+# A NUL in a job file would cut the file name short: the job file is refused, naming the line.
+printf '[global]\nsize=4K\nbs=4K\n[job1]\nrw=write\nfilename=%s\0.junk\n' "$work/nul" >"$work/nul.gdsio"
+err=$("$gdskit" bench "$work/nul.gdsio" 2>&1 >/dev/null); rc=$?
+[ $rc -eq 2 ] || fail "job file with a NUL exited $rc, want 2: $err"
+grep -q 'line 6' <<<"$err" || fail "the NUL's line is not named: $err"
+[ ! -e "$work/nul" ] || fail "the job file with a NUL created a file"
+# Control characters from a job file are not echoed raw.
+printf '[job1]\nbogus\033[2J=1\n' >"$work/esc.gdsio"
+err=$("$gdskit" bench "$work/esc.gdsio" 2>&1 >/dev/null)
+if printf '%s' "$err" | grep -q $'\033'; then fail "an escape sequence from the job file reached the terminal"; fi
+
+# A write past `ulimit -f` fails with EFBIG (exit 3), not SIGXFSZ.
+err=$(ulimit -f 64; "$gdskit" bench -f "$work/big" -s 1M -i 64K -I 1 --quiet 2>&1 >/dev/null); rc=$?
+[ $rc -eq 3 ] || fail "write past ulimit -f exited $rc, want 3: $err"
+grep -qi 'too large' <<<"$err" || fail "EFBIG not reported: $err"
+
 # More workers than the process may start (RLIMIT_NPROC): an error with exit 3, never terminate().
 # The limit counts every process of the user and does not bind root, so root runs the case as nobody.
 if command -v prlimit >/dev/null; then

@@ -107,6 +107,9 @@ TEST(BenchOptions, EachErrorIsAUsageError) {
   expect_usage_error({"-f", "x", "-s", "1M", "-x", "fast"});
   expect_usage_error({"-f", "x", "-s", "1M", "-d", "-1"});
   expect_usage_error({"-f", "x", "-s", "1M", "-T", "-2"});
+  expect_usage_error({"-f", "x", "-s", "1M", "-T", "nan"});
+  expect_usage_error({"-f", "x", "-s", "1M", "-T", "inf"});
+  expect_usage_error({"-f", "x", "-s", "1M", "--plateau", "nan"});
   expect_usage_error({"-f", "x", "-s", "1M", "-k", "seed"});
   expect_usage_error({"-f", "x", "-s", "1M", "-O", "2"});
   expect_usage_error({"-f", "x", "-s", "1M", "-V", "-T", "1"});       // like gdsio
@@ -176,6 +179,14 @@ do_verify=1
   EXPECT_THROW(gb::parse_config("size=1M\n[job1]\n", defaults), gb::usage_error);
   EXPECT_THROW(gb::parse_config("[job1\n", defaults), gb::usage_error);
   EXPECT_THROW(gb::parse_config("[job1]\nbs\n", defaults), gb::usage_error);
+  // A NUL would cut the file name short at open(2): refused, naming the line.
+  try {
+    gb::parse_config(std::string("[job1]\nsize=4K\nfilename=/tmp/a\0b\n", 33), defaults);
+    ADD_FAILURE() << "a NUL in a job file was accepted";
+  } catch (const gb::usage_error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("line 3:", 0), 0u) << e.what();
+  }
+  EXPECT_THROW(gb::parse_config("[job1]\nruntime=nan\n", defaults), gb::usage_error);
 }
 
 TEST(BenchValidate, BadInputBeforeAnythingRuns) {
