@@ -3,33 +3,19 @@
 # never a crash, a signal or a half-written file.
 # Usage: bench_limits.sh <gdskit binary> <source dir> <build dir>
 set -u
-gdskit=$1
-[ -x "$gdskit" ] || { echo "no gdskit binary at $gdskit"; exit 77; }
-work=$(mktemp -d "${TMPDIR:-/tmp}/gdskit-bench-limits.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-
-# expect RC ARGS...: runs gdskit bench ARGS, wants exit RC and a reason on stderr.
-expect() {
-  local want=$1; shift
-  local err rc
-  err=$("$gdskit" bench "$@" 2>&1 >/dev/null)
-  rc=$?
-  [ $rc -eq "$want" ] || fail "bench $* exited $rc, want $want: $err"
-  [ -n "$err" ] || fail "bench $* printed no reason"
-}
+source "$(dirname "$0")/lib.bash" "$@"
 
 head -c 65536 /dev/zero >"$work/data"
 
 # Sizes, offsets and their sums past 2^63 - 1: refused before anything runs.
-expect 2 -f "$work/new" -s 9223372036854775808 -w 2 -I 1
-expect 2 -f "$work/new" -s 4611686018427387904 -w 2 -I 1
-expect 2 -f "$work/data" -o 18446744073709551615 -s 4096 -i 4096
-expect 2 -f "$work/new" -o 9223372036854771712 -s 8192 -i 4096 -I 1
+expect 2 bench -f "$work/new" -s 9223372036854775808 -w 2 -I 1
+expect 2 bench -f "$work/new" -s 4611686018427387904 -w 2 -I 1
+expect 2 bench -f "$work/data" -o 18446744073709551615 -s 4096 -i 4096
+expect 2 bench -f "$work/new" -o 9223372036854771712 -s 8192 -i 4096 -I 1
 [ ! -e "$work/new" ] || fail "a refused run created its file"
 
 # -T that is not a duration.
-for t in nan inf -inf -1 1e9; do expect 2 -f "$work/data" -s 4K -i 4K -T "$t"; done
+for t in nan inf -inf -1 1e9; do expect 2 bench -f "$work/data" -s 4K -i 4K -T "$t"; done
 
 # A NUL in a job file would cut the file name short: the job file is refused, naming the line.
 printf '[global]\nsize=4K\nbs=4K\n[job1]\nrw=write\nfilename=%s\0.junk\n' "$work/nul" >"$work/nul.gdsio"
