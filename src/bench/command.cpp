@@ -158,6 +158,12 @@ int run_command(const std::vector<std::string>& args, std::ostream& out, std::os
       out << usage();
       return 0;
     }
+    try {
+      // A bad GDSKIT_* setting is bad input: refused before anything runs, not an I/O failure mid-run.
+      (void)default_settings();
+    } catch (const gdskit::error& e) {
+      throw usage_error(e.what());
+    }
     return req.sweep ? run_sweep(req, out, err, h) : run_single(req, out, err, h);
   } catch (const usage_error& e) {
     err << "gdskit bench: " << printable(e.what()) << "\n";

@@ -283,7 +283,8 @@ gdskit flags:
   --json | --csv    machine-readable output
   --plot FILE.png   throughput against threads per path (gnuplot)
   --quiet       no progress line
-Exit codes: 0 done, 1 verification failed, 2 usage or bad input (nothing run), 3 I/O error during the run.
+Exit codes: 0 ok; 1 the check or verification said no; 2 usage or bad input (bad flag or setting,
+missing input file; nothing ran); 3 I/O or device failure during the run. 130/143: interrupted.
 )";
 }
 
