@@ -118,7 +118,7 @@ int run_load(const load_flags& f) {
     m = st::load(f.path, o);
   } catch (const gdskit::error& e) {
     fmt::print(stderr, "gdskit load: {}\n", e.what());
-    return 1;
+    return exit_code_for(e);  // a missing or malformed file is bad input (2), a failed read 3
   }
   const auto& s = m.stats();
   std::optional<save_result> saved;
