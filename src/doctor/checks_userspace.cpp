@@ -75,7 +75,7 @@ void read_cufile_config(system_root& root, facts& f, layer& userspace) {
   auto r = root.read(rel);
   if (!r.ok()) {
     c.summary = "no " + ("/" + rel) + ": cuFile uses its built-in defaults (allow_compat_mode true)";
-    c.evidence.push_back({rel, 0, r.error.message()});
+    c.evidence.push_back({rel, 0, r.reason()});
     userspace.checks.push_back(std::move(c));
     return;
   }
