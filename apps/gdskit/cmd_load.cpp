@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
+
+#include "common/json_text.hpp"
 #include <optional>
 #include <string>
 #include <vector>
@@ -90,7 +92,7 @@ int run_load(const load_flags& f) {
       }
       j["checksums"] = arr;
     }
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", gdskit::json_text(j));
     return 0;
   }
   if (f.checksum) {

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "common/json_text.hpp"
+
 #include "doctor/checks.hpp"
 
 namespace gdskit::doctor {
@@ -119,8 +121,8 @@ void read_cufile_config(system_root& root, facts& f, layer& userspace) {
   if (const json* deny = at_path(j, {"denylist"}); deny != nullptr && deny->is_object()) {
     for (auto it = deny->begin(); it != deny->end(); ++it) {
       if (it.value().is_array() && !it.value().empty()) {
-        warns.push_back(fmt::format("denylist.{} = {}", it.key(), it.value().dump()));
-        c.evidence.push_back({rel, line_of(*r.text, it.key()), fmt::format("denylist.{}: {}", it.key(), it.value().dump())});
+        warns.push_back(fmt::format("denylist.{} = {}", it.key(), json_text(it.value(), -1)));
+        c.evidence.push_back({rel, line_of(*r.text, it.key()), fmt::format("denylist.{}: {}", it.key(), json_text(it.value(), -1))});
       }
     }
   }
