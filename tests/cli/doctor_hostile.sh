@@ -74,4 +74,26 @@ run_doctor "$r"
 [ "$rc" -le 1 ] || fail "2 MiB cmdline: exit $rc: $err"
 grep -q 'inputs.capped' <<<"$out" || fail "capped file not reported: $out"
 
+# JSON stays JSON with a Latin-1 byte in a captured file and with a --path that is not UTF-8.
+r=$(fresh latin1)
+printf 'NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.133.07  Caf\xe9 Build\n' >"$r/proc/driver/nvidia/version"
+run_doctor "$r" --json
+[ "$rc" -le 1 ] || fail "latin-1 --json: exit $rc: $err"
+python3 -c 'import json,sys; json.loads(sys.stdin.buffer.read())' <<<"$out" || fail "latin-1 --json is not JSON: $out"
+mkdir -p "$work/caf"$'\xe9'
+out=$(timeout 20 "$gdskit" doctor --no-probe --json --path "$work/caf"$'\xe9' 2>"$work/err")
+rc=$?
+[ "$rc" -le 1 ] || fail "non-UTF-8 --path --json: exit $rc: $(cat "$work/err")"
+python3 -c 'import json,sys; json.loads(sys.stdin.buffer.read())' <<<"$out" || fail "non-UTF-8 --path --json is not JSON"
+
+# Bad --path and --root: exit 2 with a reason, never a report on some other folder.
+for args in "--path $work/nonexistent" "--path $base/README.md" "--root $work/nonexistent" "--root $base/README.md"; do
+  out=$(timeout 20 "$gdskit" doctor --no-probe $args 2>"$work/err")
+  rc=$?
+  [ "$rc" -eq 2 ] && [ -z "$out" ] || fail "doctor $args: exit $rc, out $out"
+  grep -q 'gdskit doctor: --' "$work/err" || fail "doctor $args: no reason"
+done
+out=$(timeout 20 "$gdskit" doctor --no-probe --root $'/tmp\nx' 2>&1)
+[ $? -eq 2 ] || fail "control characters in --root"
+
 echo "ok"
