@@ -5,6 +5,8 @@
 #include <atomic>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+
+#include "common/json_text.hpp"
 #include <optional>
 #include <string>
 #include <vector>
@@ -167,7 +169,7 @@ int run_load(const load_flags& f) {
                    {"sync_seconds", v.sync_seconds}, {"gib_per_s", v.gib_per_s()},
                    {"data_path", std::string(to_string(v.path.path))}, {"reasons", v.path.reasons}};
     }
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", gdskit::json_text(j));
     return 0;
   }
   if (f.checksum) {
