@@ -210,3 +210,9 @@ def header(path):
 def gpu_available():
     """(True, "") when a CUDA GPU can be used, else (False, reason)."""
     return _gdskit.gpu_available()
+
+
+# Saving: safetensors files and sharded checkpoints (gdskit/_save.py).
+from ._save import last_save_stats, save_file, save_sharded  # noqa: E402
+
+__all__ += ["save_file", "save_sharded", "last_save_stats"]
