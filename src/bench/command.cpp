@@ -152,8 +152,12 @@ int run_sweep(const request& req, std::ostream& out, std::ostream& err, const ho
 }  // namespace
 
 int run_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err, const hooks& h) {
+  return run_command([&args] { return parse_args(args); }, out, err, h);
+}
+
+int run_command(const std::function<request()>& make_request, std::ostream& out, std::ostream& err, const hooks& h) {
   try {
-    request req = parse_args(args);
+    request req = make_request();
     if (req.help) {
       out << usage();
       return 0;
