@@ -15,6 +15,7 @@
 
 #include "bench/bench.hpp"
 #include "bench/transfer.hpp"
+#include "common/signal_cleanup.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
 #include "shim/cufile.hpp"
@@ -196,6 +197,7 @@ void verify_writes(worker& w) {
 struct job_state {
   const job_spec* spec = nullptr;
   std::vector<std::filesystem::path> files;
+  std::vector<remove_on_signal> remove_if_interrupted;
   std::vector<file_handle> handles;
   std::vector<std::unique_ptr<worker>> workers;
   job_result result;
@@ -253,6 +255,8 @@ void prepare(job_state& s, const run_options& opt) {
     const bool existed = std::filesystem::exists(f, ec);
     open_options oo;
     oo.create = writing;
+    // A file this run creates holds nothing finished until the run ends: an interrupted run removes it.
+    if (!existed && writing) s.remove_if_interrupted.emplace_back(f);
     s.handles.emplace_back(f, writing ? open_mode::read_write : open_mode::read, oo, cfg);
     if (!existed) r.created.push_back(f);
   }

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "common/signal_cleanup.hpp"
 #include "gdskit/buffer.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
@@ -83,6 +84,8 @@ std::vector<verify_result> run_verify(const verify_options& o, const std::functi
   {
     file_handle probe(o.file, open_mode::read_write, {.create = true, .exclusive = true}, o.config);
   }
+  // Registered only once the exclusive create made the file ours: an interrupt never removes a user's file.
+  remove_on_signal interrupted(o.file);
   struct remover {
     const verify_options& o;
     ~remover() {
