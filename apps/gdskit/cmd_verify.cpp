@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "common/progress.hpp"
 #include "gdskit/buffer.hpp"
 #include "gdskit/error.hpp"
 #include "gpu/verify.hpp"
@@ -22,6 +23,7 @@ void add_verify_command(CLI::App& app) {
     bool keep = false;
     bool json = false;
     bool host = false;
+    bool progress = false, no_progress = false;
   };
   auto o = std::make_shared<opts>();
   auto* cmd = app.add_subcommand(
@@ -41,6 +43,9 @@ void add_verify_command(CLI::App& app) {
   cmd->add_flag("--host", o->host, "Verify host memory (the file path without a GPU)");
   cmd->add_flag("--keep", o->keep, "Keep the test file");
   cmd->add_flag("--json", o->json, "One JSON document on stdout");
+  auto* on = cmd->add_flag("--progress", o->progress, "Progress on stderr even when it is not a terminal");
+  cmd->add_flag("--no-progress", o->no_progress, "No progress (the default when stderr is not a terminal or with --json)")
+      ->excludes(on);
   cmd->callback([o] {
     gpu::verify_options v;
     for (std::size_t pos = 0; pos < o->sizes.size();) {
@@ -96,9 +101,17 @@ void add_verify_command(CLI::App& app) {
                              : std::filesystem::path(o->file);
     if (!note.empty() && !o->json) fmt::print("note: {}\n", note);
     nlohmann::json out = {{"file", v.file.string()}, {"device", v.device}, {"note", note}, {"results", nlohmann::json::array()}};
+    std::optional<bool> progress_flag;
+    if (o->progress || o->no_progress) progress_flag = o->progress;
+    progress_reporter progress(progress_reporter::choose(progress_flag, o->json));
+    std::uint64_t total = 0;  // each size is written and read back; sizes are below 2^63, the sum saturates
+    for (auto n : v.sizes) total = 2 * n > UINT64_MAX - total ? UINT64_MAX : total + 2 * n;
+    progress.start(total, "verify");
+    v.on_bytes = [&progress](std::uint64_t n) { progress.advance(n); };
     bool all_ok = true, mismatch = false;
     std::string last_summary;
     auto results = gpu::run_verify(v, [&](const gpu::verify_result& r) {
+      progress.clear();  // the result line goes where the progress line was; the next report redraws it
       all_ok = all_ok && r.ok;
       mismatch = mismatch || r.first_mismatch >= 0;
       if (o->json) {
@@ -117,6 +130,7 @@ void add_verify_command(CLI::App& app) {
       if (r.first_mismatch >= 0) fmt::print("              first differing byte at offset {}\n", r.first_mismatch);
       if (!r.error.empty()) fmt::print("              {}\n", r.error);
     });
+    progress.finish();
     if (o->json) {
       out["ok"] = all_ok;
       fmt::print("{}\n", out.dump(2));

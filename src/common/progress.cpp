@@ -109,6 +109,14 @@ void progress_reporter::maybe_draw(bool force) {
   drew_ = true;
 }
 
+void progress_reporter::clear() {
+  if (!active_ || style_ != style::terminal) return;
+  std::lock_guard lk(mu_);
+  if (drew_) out_ << '\r' << std::string(drawn_width_, ' ') << '\r' << std::flush;
+  drawn_width_ = 0;
+  last_draw_s_ = -1;
+}
+
 void progress_reporter::finish() {
   if (!active_) return;
   if (style_ == style::lines && drew_) maybe_draw(true);

@@ -40,6 +40,8 @@ class progress_reporter {
   void advance(std::uint64_t nbytes);
   /// `done_bytes` are done in all (for callers that count themselves).
   void update(std::uint64_t done_bytes);
+  /// Blanks the line on a terminal so that the caller can print a line of its own; the next report redraws it.
+  void clear();
   /// Ends the line: clears it on a terminal, prints the last state otherwise. Idempotent; the destructor calls it.
   void finish();
 

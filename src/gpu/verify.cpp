@@ -110,11 +110,13 @@ std::vector<verify_result> run_verify(const verify_options& o, const std::functi
       f.write(mem.view, n, o.file_offset);
       f.sync();
       r.write_gib_s = static_cast<double>(n) / (1u << 30) / seconds_since(t0);
+      if (o.on_bytes) o.on_bytes(n);
       mem.clear();
       f.drop_cache();
       t0 = std::chrono::steady_clock::now();
       std::size_t read = f.read(mem.view, n, o.file_offset);
       r.read_gib_s = static_cast<double>(n) / (1u << 30) / seconds_since(t0);
+      if (o.on_bytes) o.on_bytes(n);
       if (read != n) {
         r.error = fmt::format("read back {} of {} bytes", read, n);
       } else {

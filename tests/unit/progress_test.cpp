@@ -21,6 +21,21 @@ struct fake_clock {
   }
 };
 
+// A reporter writing to a string, on a clock the test moves; started on `total` bytes named `label`.
+struct on_fake_clock {
+  std::ostringstream out;
+  fake_clock c;
+  progress_reporter p;
+  on_fake_clock(progress_reporter::style s, std::uint64_t total, std::string_view label) : p(s, out, c.fn()) {
+    p.start(total, label);
+  }
+  // `seconds` later, `n` more bytes.
+  void step(double seconds, std::uint64_t n) {
+    c.t += seconds;
+    p.advance(n);
+  }
+};
+
 std::size_t count(const std::string& s, char c) { return static_cast<std::size_t>(std::count(s.begin(), s.end(), c)); }
 
 }  // namespace
@@ -34,23 +49,14 @@ TEST(Progress, RenderShowsPercentRateAndEta) {
 }
 
 TEST(Progress, TerminalRedrawsInPlaceAtMostFiveTimesASecondAndClearsTheLine) {
-  std::ostringstream out;
-  fake_clock c;
-  {
-    progress_reporter p(progress_reporter::style::terminal, out, c.fn());
-    p.start(1000, "copy");
-    p.advance(10);
-    EXPECT_EQ(out.str(), "") << "quiet for the first 0.2 s";
-    for (int i = 0; i < 100; ++i) {  // 100 reports over 1 s
-      c.t += 0.01;
-      p.advance(5);
-    }
-    c.t += 1.0;
-    p.advance(0);
-    p.finish();
-    p.finish();  // idempotent
-  }
-  const std::string s = out.str();
+  on_fake_clock f(progress_reporter::style::terminal, 1000, "copy");
+  f.p.advance(10);
+  EXPECT_EQ(f.out.str(), "") << "quiet for the first 0.2 s";
+  for (int i = 0; i < 100; ++i) f.step(0.01, 5);  // 100 reports over 1 s
+  f.step(1.0, 0);
+  f.p.finish();
+  f.p.finish();  // idempotent
+  const std::string s = f.out.str();
   const std::size_t draws = count(s, '\r') - 2;  // the clearing writes two
   EXPECT_GE(draws, 4u);
   EXPECT_LE(draws, 6u) << s;
@@ -63,16 +69,10 @@ TEST(Progress, TerminalRedrawsInPlaceAtMostFiveTimesASecondAndClearsTheLine) {
 }
 
 TEST(Progress, LinesOnceASecondAndALastLine) {
-  std::ostringstream out;
-  fake_clock c;
-  progress_reporter p(progress_reporter::style::lines, out, c.fn());
-  p.start(0, "bench");
-  for (int i = 0; i < 30; ++i) {
-    c.t += 0.1;
-    p.advance(1 << 20);
-  }
-  p.finish();
-  const std::string s = out.str();
+  on_fake_clock f(progress_reporter::style::lines, 0, "bench");
+  for (int i = 0; i < 30; ++i) f.step(0.1, 1 << 20);
+  f.p.finish();
+  const std::string s = f.out.str();
   EXPECT_EQ(count(s, '\r'), 0u);
   EXPECT_GE(count(s, '\n'), 3u);
   EXPECT_LE(count(s, '\n'), 4u) << s;
@@ -80,21 +80,13 @@ TEST(Progress, LinesOnceASecondAndALastLine) {
 }
 
 TEST(Progress, OffPrintsNothingAndShortRunsStaySilent) {
-  std::ostringstream out;
-  fake_clock c;
-  {
-    progress_reporter p(progress_reporter::style::off, out, c.fn());
-    p.start(10, "x");
-    c.t += 5;
-    p.advance(10);
-  }
-  {
-    progress_reporter p(progress_reporter::style::terminal, out, c.fn());
-    p.start(10, "x");
-    c.t += 0.1;
-    p.advance(10);
-  }
-  EXPECT_EQ(out.str(), "");
+  on_fake_clock off(progress_reporter::style::off, 10, "x");
+  off.step(5, 10);
+  off.p.finish();
+  on_fake_clock short_run(progress_reporter::style::terminal, 10, "x");
+  short_run.step(0.1, 10);
+  short_run.p.finish();
+  EXPECT_EQ(off.out.str() + short_run.out.str(), "");
   EXPECT_EQ(progress_reporter::choose(false, false), progress_reporter::style::off);
   // Tests do not run on a terminal: the default is off, an explicit --progress prints lines.
   if (!::isatty(2)) {
@@ -119,12 +111,20 @@ TEST(Progress, AdvanceFromManyThreads) {
 }
 
 TEST(Progress, ControlCharactersInTheLabelAreEscaped) {
-  std::ostringstream out;
-  fake_clock c;
-  progress_reporter p(progress_reporter::style::lines, out, c.fn());
-  p.start(10, "a\033[2Jb");
-  c.t += 2;
-  p.advance(5);
-  p.finish();
-  EXPECT_EQ(out.str().find('\033'), std::string::npos) << out.str();
+  on_fake_clock f(progress_reporter::style::lines, 10, "a\033[2Jb");
+  f.step(2, 5);
+  f.p.finish();
+  EXPECT_EQ(f.out.str().find('\033'), std::string::npos) << f.out.str();
+}
+
+TEST(Progress, ClearMakesRoomForALineAndTheNextReportRedraws) {
+  on_fake_clock f(progress_reporter::style::terminal, 100, "v");
+  f.step(1, 50);
+  f.p.clear();
+  const std::string cleared = f.out.str();
+  EXPECT_EQ(cleared.back(), '\r');
+  f.out << "result line\n";
+  f.step(0.01, 10);  // right after a clear: redrawn at once, not after the 0.2 s period
+  EXPECT_NE(f.out.str().find("v   60%", cleared.size()), std::string::npos) << f.out.str();
+  f.p.finish();
 }
