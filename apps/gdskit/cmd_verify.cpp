@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "common/json_text.hpp"
 #include "common/progress.hpp"
 #include "gdskit/buffer.hpp"
 #include "gdskit/error.hpp"
@@ -133,7 +134,7 @@ void add_verify_command(CLI::App& app) {
     progress.finish();
     if (o->json) {
       out["ok"] = all_ok;
-      fmt::print("{}\n", out.dump(2));
+      fmt::print("{}\n", gdskit::json_text(out));
     } else {
       fmt::print("{}: {} size{} verified byte for byte\n", all_ok ? "PASS" : "FAIL", results.size(),
                  results.size() == 1 ? "" : "s");

@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/json_text.hpp"
+
 #include "bench/bench.hpp"
 #include "common/progress.hpp"
 #include "common/terminal.hpp"
@@ -59,7 +61,7 @@ int run_single(const request& req, std::ostream& out, std::ostream& err, const h
     nlohmann::json j = {{"gdskit_bench", 1}, {"results", nlohmann::json::array()},
                         {"total", many ? to_json(total) : nlohmann::json(nullptr)}, {"sweep", nullptr}};
     for (const auto& r : results) j["results"].push_back(to_json(r));
-    out << j.dump(2) << "\n";
+    out << json_text(j) << "\n";
   } else if (req.options.csv) {
     out << csv_header();
     for (const auto& r : results) out << csv_row(r);
@@ -125,7 +127,7 @@ int run_sweep(const request& req, std::ostream& out, std::ostream& err, const ho
       pos = nl + 1;
     }
     j["sweep"] = {{"threads", sw.threads}, {"verdicts", lines}};
-    out << j.dump(2) << "\n";
+    out << json_text(j) << "\n";
   } else if (req.options.csv) {
     out << csv_header();
     for (const auto& row : rows) out << csv_row(row.result);
