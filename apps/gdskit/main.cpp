@@ -13,7 +13,7 @@
 
 #include "commands.hpp"
 #include "common/signal_cleanup.hpp"
-#include "common/terminal.hpp"
+#include "common/shell_text.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/version.hpp"
 #include "shim/cufile.hpp"

@@ -11,7 +11,7 @@
 
 #include "bench/bench.hpp"
 #include "common/progress.hpp"
-#include "common/terminal.hpp"
+#include "common/shell_text.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
 

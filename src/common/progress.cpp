@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "common/terminal.hpp"
+#include "common/shell_text.hpp"
 #include "gdskit/settings.hpp"
 
 namespace gdskit {
