@@ -19,8 +19,12 @@ struct slot {
 std::array<slot, kMaxSignalCleanupFiles> g_slots;
 
 extern "C" void on_terminating_signal(int sig) {
+  // Files first (unlink refuses folders with EISDIR), then the folders they emptied.
   for (auto& s : g_slots) {
     if (s.state.load(std::memory_order_acquire) == 2) ::unlink(s.path);
+  }
+  for (auto& s : g_slots) {
+    if (s.state.load(std::memory_order_acquire) == 2) ::rmdir(s.path);
   }
   ::_exit(128 + sig);
 }

@@ -6,7 +6,8 @@
 
 namespace gdskit {
 
-/// While alive, `path` is unlinked if the process gets SIGINT or SIGTERM (once install_signal_cleanup() ran).
+/// While alive, `path` is unlinked if the process gets SIGINT or SIGTERM (once install_signal_cleanup() ran); a
+/// registered folder is removed after the registered files, once they left it empty.
 /// Registering does not remove the file on normal destruction: the owner still decides that. At most
 /// kMaxSignalCleanupFiles paths are held at once; beyond that a registration is a no-op (the file is then only
 /// removed by its owner). Move-only.

@@ -43,4 +43,12 @@ interrupt SIGINT 130 "$work/gdskit-verify.*" verify --host -D "$work" --sizes "$
 [ -z "$(ls "$work" | grep gdskit-verify)" ] || fail "verify left its file behind after SIGINT: $(ls "$work")"
 interrupt SIGTERM 143 "$work/v.dat" verify --host -f "$work/v.dat" --sizes "$(printf '16M,%.0s' {1..200})16M"
 [ ! -e "$work/v.dat" ] || fail "verify left its file behind after SIGTERM"
+# bench --plot: the chart's data and script, in a private temporary folder, go while gnuplot still draws.
+mkdir -p "$work/bin" "$work/tmp"
+printf '#!/bin/sh\nexec sleep 3\n' >"$work/bin/gnuplot"
+chmod +x "$work/bin/gnuplot"
+head -c 65536 /dev/zero >"$work/plotdata"
+PATH="$work/bin:$PATH" TMPDIR="$work/tmp" interrupt SIGINT 130 "$work/tmp/gdskit-plot-*/plot.gp" \
+  bench -f "$work/plotdata" -s 64K -i 4K --sweep threads=1 --plot "$work/chart.png" --quiet
+[ -z "$(ls -A "$work/tmp")" ] || fail "bench --plot left its temporary files behind: $(ls -R "$work/tmp")"
 echo "ok"
