@@ -21,4 +21,9 @@ fi
 out=$("$gdskit" verify --host -D "$work" --sizes 4K,1M+1 2>&1) || fail "verify --host exited $?: $out"
 grep -q '^PASS: 2 sizes' <<<"$out" || fail "verify --host: $out"
 [ -z "$(ls "$work")" ] || fail "verify left files: $(ls "$work")"
+
+# A test file that already exists is the user's: refused (exit 2), left as it was.
+echo keep >"$work/mine"
+expect 2 verify --host -f "$work/mine" --sizes 4K
+[ "$(cat "$work/mine")" = keep ] || fail "verify touched an existing file"
 echo "ok"
