@@ -89,7 +89,7 @@ def load_safetensors_raw(path, device: str = "cpu", *, only=None, rank=None, wor
 
 
 def load_safetensors(path, device: str = "cuda:0", *, only=None, rank=None, world=None, split_dim: int = 0,
-                     framework: str = "auto"):
+                     framework: str = "auto", group=None, **distributed):
     """Loads a .safetensors file, a *.safetensors.index.json or a folder into one allocation on `device`
     ("cpu", "cuda", "cuda:N") and returns {name: tensor}.
 
@@ -99,6 +99,12 @@ def load_safetensors(path, device: str = "cuda:0", *, only=None, rank=None, worl
     last tensor that views it is gone. Statistics of the load: gdskit.last_stats().
     """
     global _last_stats
+    # Distributed load over a torch.distributed group (tp_rank, tp_world, placement, node, timeout): distributed.py
+    if group is not None or distributed:
+        from . import distributed as _distributed  # noqa: PLC0415
+        out = _distributed.load_safetensors(path, device, group=group, only=only, **distributed)
+        _last_stats = _distributed.last_stats()
+        return out
     if framework == "auto":
         if _torch() is not None:
             framework = "torch"

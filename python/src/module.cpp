@@ -183,8 +183,10 @@ PYBIND11_MODULE(_gdskit, m) {
   m.def(
       "load",
       [](const std::filesystem::path& path, const std::string& device, std::vector<std::string> only,
-         std::optional<unsigned> rank, std::optional<unsigned> world, unsigned split_dim, py::object allocate) {
+         std::optional<unsigned> rank, std::optional<unsigned> world, unsigned split_dim, py::object allocate,
+         std::optional<std::size_t> coalesce_gap_bytes) {
         st::load_options o;
+        if (coalesce_gap_bytes) o.coalesce_gap_bytes = *coalesce_gap_bytes;
         o.device = parse_device(device);
         o.only = std::move(only);
         if (rank || world) o.slice = st::slice_spec{rank.value_or(0), world.value_or(1), split_dim};
@@ -241,9 +243,10 @@ PYBIND11_MODULE(_gdskit, m) {
       },
       py::arg("path"), py::arg("device") = "cpu", py::arg("only") = std::vector<std::string>{},
       py::arg("rank") = py::none(), py::arg("world") = py::none(), py::arg("split_dim") = 0,
-      py::arg("allocate") = py::none(),
+      py::arg("allocate") = py::none(), py::arg("coalesce_gap_bytes") = py::none(),
       "Loads a safetensors file, index or folder: returns ({name: Tensor}, stats). allocate(nbytes) -> address, "
-      "if given, supplies the one allocation (the caller keeps it alive).");
+      "if given, supplies the one allocation (the caller keeps it alive). coalesce_gap_bytes: largest gap between "
+      "selected tensors read in one request (0: only the selected bytes are read).");
 
   m.def(
       "read_into",
@@ -283,6 +286,13 @@ PYBIND11_MODULE(_gdskit, m) {
     }
     return py::make_tuple(out, h.metadata);
   }, py::arg("path"), "The validated header: ([{name, dtype, shape, data_offsets, file_offset}], metadata).");
+
+  // Distributed load (gdskit/distributed.py): the files a path stands for, resolved as load() does.
+  m.def("resolve_shards", [](const std::filesystem::path& path) {
+    py::list out;
+    for (const auto& s : st::resolve_shards(path)) out.append(py::make_tuple(s.file.string(), s.names));
+    return out;
+  }, py::arg("path"), "The files of a file, index or folder in load order: [(file, [names the index assigns])].");
 
   m.def("gpu_available", [] {
     std::string why;
