@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <tuple>
 
 #include "gdskit/buffer.hpp"
 #include "gdskit/error.hpp"
@@ -293,6 +294,40 @@ PYBIND11_MODULE(_gdskit, m) {
     for (const auto& s : st::resolve_shards(path)) out.append(py::make_tuple(s.file.string(), s.names));
     return out;
   }, py::arg("path"), "The files of a file, index or folder in load order: [(file, [names the index assigns])].");
+
+  // Checkpoint storage (gdskit/torch_dcp.py): many ranges of one file through one open handle.
+  using range_list = std::vector<std::tuple<std::uintptr_t, std::size_t, std::uint64_t, int>>;
+  m.def(
+      "write_ranges",
+      [](const std::filesystem::path& path, const range_list& ranges) {
+        gdskit::file_handle f(path, gdskit::open_mode::write, gdskit::open_options{.create = true, .truncate = true});
+        std::uint64_t total = 0;
+        py::gil_scoped_release unlocked;
+        for (const auto& [ptr, nbytes, offset, device] : ranges) {
+          if (nbytes == 0) continue;
+          total += f.write(view_for(ptr, nbytes, device), nbytes, offset);
+        }
+        return total;
+      },
+      py::arg("path"), py::arg("ranges"),
+      "Creates (truncates) the file and writes each (ptr, nbytes, file_offset, device) range (device -1: host). "
+      "Returns the bytes written.");
+  m.def(
+      "read_ranges",
+      [](const std::filesystem::path& path, const range_list& ranges) {
+        gdskit::file_handle f(path, gdskit::open_mode::read);
+        std::uint64_t total = 0;
+        py::gil_scoped_release unlocked;
+        for (const auto& [ptr, nbytes, offset, device] : ranges) {
+          if (nbytes == 0) continue;
+          f.read_exact(view_for(ptr, nbytes, device), nbytes, offset);
+          total += nbytes;
+        }
+        return total;
+      },
+      py::arg("path"), py::arg("ranges"),
+      "Reads each (ptr, nbytes, file_offset, device) range of the file in full (a short file is an error). "
+      "Returns the bytes read.");
 
   m.def("gpu_available", [] {
     std::string why;

@@ -148,12 +148,19 @@ def _placement(kind, world):
     raise ValueError(kind)
 
 
-def worker(args):
-    """Runs the cases one after another in one process group (a failed case must leave it usable)."""
+def init_group(args):
+    """Joins the gloo job spawn() started; returns (rank, world)."""
     import torch.distributed as dist
     rank, world = args["rank"], args["world"]
     dist.init_process_group("gloo", init_method="file://" + args["store"], rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    return rank, world
+
+
+def worker(args):
+    """Runs the cases one after another in one process group (a failed case must leave it usable)."""
+    import torch.distributed as dist
+    rank, world = init_group(args)
     results = [run_one(rank, world, case) for case in args["cases"]]
     with open(args["out"], "w") as f:
         json.dump(results, f)
@@ -220,14 +227,21 @@ def case(world, placement, *, nodes=None, tp=None, paths=None, env_node=False, f
 def run_cases(world, cases, folder):
     """Starts `world` workers running `cases`; returns per case the ranks' results. Fails on a hang or a crash."""
     write_checkpoint(os.path.join(folder, "ckpt"))
+    results = spawn(__file__, world, {"cases": cases}, folder)
+    return [[results[r][c] for r in range(world)] for c in range(len(cases))]
+
+
+def spawn(script, world, payload, folder, timeout_s=CASE_TIMEOUT_S):
+    """Runs `script --worker ARGS` as ranks 0..world-1 of a gloo job (file:// store in `folder`); each worker
+    writes its JSON result to ARGS["out"]. Returns the results in rank order; fails on a hang or a crash."""
     store = os.path.join(folder, f"store-{time.monotonic_ns()}")
     procs, outs = [], []
     for r in range(world):
         out = os.path.join(folder, f"out-{r}-{time.monotonic_ns()}.json")
-        args = {"rank": r, "world": world, "store": store, "cases": cases, "out": out}
-        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(args)]))
+        args = dict(payload, rank=r, world=world, store=store, out=out)
+        procs.append(subprocess.Popen([sys.executable, script, "--worker", json.dumps(args)]))
         outs.append(out)
-    deadline = time.monotonic() + CASE_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     try:
         for p in procs:
             p.wait(timeout=max(1, deadline - time.monotonic()))
@@ -235,14 +249,14 @@ def run_cases(world, cases, folder):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-        raise AssertionError(f"world {world}: a worker hung past {CASE_TIMEOUT_S} s")
+        raise AssertionError(f"world {world}: a worker hung past {timeout_s} s")
     results = []
     for r, (p, out) in enumerate(zip(procs, outs)):
         if not os.path.exists(out):
             raise AssertionError(f"rank {r} exited {p.returncode} without a result")
         with open(out) as f:
             results.append(json.load(f))
-    return [[results[r][c] for r in range(world)] for c in range(len(cases))]
+    return results
 
 
 def _check_ok(results):
@@ -369,17 +383,19 @@ def test_world_4():
         assert sent > 0 and received > 0
 
 
-def main(argv):
+def main(argv, names=None, worker_fn=None, skip_reason=None):
+    """The entry of this file and of test_dcp.py: `--worker ARGS` runs one rank, else the test_* functions of
+    `names` whose name contains argv[1] run (exit 77 with the reason when skip_reason() gives one)."""
     if len(argv) > 2 and argv[1] == "--worker":
-        worker(json.loads(argv[2]))
+        (worker_fn or worker)(json.loads(argv[2]))
         return 0
-    why = _skip_reason()
+    why = (skip_reason or _skip_reason)()
     if why:
         print(f"SKIP: {why}")
         return 77
     pattern = argv[1] if len(argv) > 1 else ""
     failed = 0
-    for name, fn in sorted(globals().items()):
+    for name, fn in sorted((names or globals()).items()):
         if not name.startswith("test_") or not callable(fn) or pattern not in name:
             continue
         t0 = time.monotonic()
