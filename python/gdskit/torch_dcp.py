@@ -67,8 +67,16 @@ def _plain_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous()
 
 
-def _fsync_path(path, flags=os.O_RDONLY):
-    fd = os.open(path, flags)
+def _sync_file(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_folder(path):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:
@@ -125,7 +133,7 @@ class FileSystemWriter(_fs.FileSystemWriter):
                 n = _gdskit.write_ranges(tmp, ranges)
                 s0 = time.perf_counter()
                 if sync:
-                    _fsync_path(tmp)
+                    _sync_file(tmp)
                 os.replace(tmp, final)
                 return n, time.perf_counter() - s0
             except BaseException:
@@ -139,7 +147,7 @@ class FileSystemWriter(_fs.FileSystemWriter):
                 stats["sync_seconds"] += s
         if sync and staged:
             s0 = time.perf_counter()
-            _fsync_path(str(self.path), os.O_RDONLY | os.O_DIRECTORY)
+            _sync_folder(str(self.path))
             stats["sync_seconds"] += time.perf_counter() - s0
         results = [r for _, (_, _, rs) in staged for r in rs]
         stats["seconds"] = time.perf_counter() - t0
