@@ -331,12 +331,6 @@ def _node_identity(node):
     return socket.gethostname()
 
 
-def _torch_device(torch, device):
-    if device in ("cuda", "cuda:"):
-        return f"cuda:{torch.cuda.current_device()}"
-    return str(device)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Load
 
@@ -357,7 +351,9 @@ def load_safetensors(path, device: str = "cpu", *, group, tp_rank=None, tp_world
         raise _fail(_errno.EINVAL, "group= needs an initialized torch.distributed process group")
     t_start = time.perf_counter()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    device = _torch_device(torch, device)
+    from ._devices import device_name, parse_device  # noqa: PLC0415
+    index = parse_device(device)
+    device = device_name(index)
     if (tp_rank is None) != (tp_world is None):
         raise _fail(_errno.EINVAL, "pass both tp_rank and tp_world, or neither")
     me = (_node_identity(node), None if tp_rank is None else (int(tp_rank), int(tp_world)))
@@ -380,7 +376,7 @@ def load_safetensors(path, device: str = "cpu", *, group, tp_rank=None, tp_world
         for bi, b in enumerate(plan):
             if b["reader"] != rank:
                 continue
-            storage, layout, st = _read_batch(torch, files[b["file"]], device, b)
+            storage, layout, st = _read_batch(torch, files[b["file"]], index, b)
             st["header_bytes"] = header_sizes[b["file"]]  # the loader reads the header once more
             held[bi] = (storage, layout)
             stats["bytes_read"] += st["bytes_read"]
@@ -485,17 +481,20 @@ def _make_plan(infos, ids, world, placement):
     return plan
 
 
-def _read_batch(torch, file, device, b):
-    """One loader call for a batch: its tensors (or their slices) into one uint8 torch allocation."""
+def _read_batch(torch, file, index, b):
+    """One loader call for a batch: its tensors (or their slices) into one uint8 torch allocation on device
+    `index` (-1: the CPU)."""
+    from ._devices import device_name  # noqa: PLC0415
+    device = device_name(index)
     storage = []
 
     def allocate(nbytes):
         storage.append(torch.empty(nbytes, dtype=torch.uint8, device=device))
-        return storage[-1].data_ptr()
+        return storage[-1].data_ptr(), nbytes, storage[-1]
 
     key = b["key"]
     rank_, world_, dim = (None, None, 0) if key == "whole" else (key[1], key[2], key[0])
-    tensors, st = _gdskit.load(file, device, list(b["names"]), rank_, world_, dim, allocate, 0)
+    tensors, st = _gdskit.load(file, index, list(b["names"]), rank_, world_, dim, allocate, 0)
     base = storage[0].data_ptr() if storage else 0
     layout = {}
     for name in b["names"]:
@@ -532,4 +531,3 @@ def _view(torch, storage, off, nb, dtype, shape):
     from . import _torch_view  # noqa: PLC0415  (the package's one rule for typed views of a uint8 allocation)
     t = types.SimpleNamespace(data_ptr=off, nbytes=nb, dtype=dtype, shape=list(shape), raw_bytes=dtype in _RAW_BYTES)
     return _torch_view(torch, storage, 0, t)
-
