@@ -222,3 +222,19 @@ def gpu_available():
 from ._save import last_save_stats, save_file, save_sharded  # noqa: E402
 
 __all__ += ["save_file", "save_sharded", "last_save_stats"]
+
+# Distributed save over a torch.distributed group (distributed.py); without group= the single-process save.
+_save_sharded_single = save_sharded
+
+
+def save_sharded(tensors, folder, max_shard_size="5GB", metadata=None, overwrite: bool = False, *, group=None,
+                 **options):
+    if group is None:
+        return _save_sharded_single(tensors, folder, max_shard_size, metadata, overwrite, **options)
+    from . import distributed as _distributed  # noqa: PLC0415
+    return _distributed.save_sharded(tensors, folder, max_shard_size, metadata, overwrite, group=group, **options)
+
+
+save_sharded.__doc__ = (_save_sharded_single.__doc__ or "") + """
+    group: a torch.distributed process group: every rank passes the tensors it holds and the ranks write the
+    files in parallel (gdskit.distributed.save_sharded, docs/distributed.md)."""

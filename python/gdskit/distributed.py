@@ -23,7 +23,7 @@ import types
 
 from . import _gdskit
 
-__all__ = ["load_safetensors", "last_stats", "llama_tp", "REPLICATED", "COLUMN", "ROW",
+__all__ = ["load_safetensors", "save_sharded", "last_stats", "llama_tp", "REPLICATED", "COLUMN", "ROW",
            "NODE_ENV"]
 
 REPLICATED = "replicated"
@@ -270,6 +270,14 @@ def _torch():
     return torch, dist
 
 
+def _joined(group):
+    """torch, torch.distributed, this rank and the size of `group`; EINVAL without an initialized group."""
+    torch, dist = _torch()
+    if not dist.is_available() or not dist.is_initialized():
+        raise _fail(_errno.EINVAL, "group= needs an initialized torch.distributed process group")
+    return torch, dist, dist.get_rank(group), dist.get_world_size(group)
+
+
 def _global_rank(dist, group, r):
     if hasattr(dist, "get_global_rank"):
         return dist.get_global_rank(group, r)
@@ -346,11 +354,8 @@ def load_safetensors(path, device: str = "cpu", *, group, tp_rank=None, tp_world
     Returns {name: torch.Tensor} with the tensors (or slices) this rank needs; statistics: gdskit.last_stats().
     """
     global _last_stats
-    torch, dist = _torch()
-    if not dist.is_available() or not dist.is_initialized():
-        raise _fail(_errno.EINVAL, "group= needs an initialized torch.distributed process group")
+    torch, dist, rank, world = _joined(group)
     t_start = time.perf_counter()
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
     from ._devices import device_name, parse_device  # noqa: PLC0415
     index = parse_device(device)
     device = device_name(index)
@@ -531,3 +536,168 @@ def _view(torch, storage, off, nb, dtype, shape):
     from . import _torch_view  # noqa: PLC0415  (the package's one rule for typed views of a uint8 allocation)
     t = types.SimpleNamespace(data_ptr=off, nbytes=nb, dtype=dtype, shape=list(shape), raw_bytes=dtype in _RAW_BYTES)
     return _torch_view(torch, storage, 0, t)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Save
+
+def save_sharded(tensors, folder, max_shard_size="5GB", metadata=None, overwrite: bool = False, *, group,
+                 timeout=None):
+    """Saves the union of every rank's {name: tensor} into `folder` as one Hugging Face checkpoint
+    (model-0000k-of-0000n.safetensors + model.safetensors.index.json, or model.safetensors alone), the ranks of
+    `group` writing a byte-balanced share of the files in parallel; the same files whatever the world size.
+
+    A name held by several ranks must have one dtype and shape everywhere (a replicated tensor: one holder
+    writes it). The order of the checkpoint is rank 0's dict, then the names rank 1 adds, and so on; shards are
+    planned on it as gdskit.save_sharded plans them. A file is written by a rank that holds most of its bytes;
+    the tensors it lacks come from a holder over the group. Rank 0 writes the index once every rank has reported
+    its files written; a failure on any rank makes every rank raise (no index is published, the shards this save
+    published are removed unless overwrite). Returns the final file names on every rank.
+    Statistics: gdskit.distributed.last_stats()."""
+    global _last_stats
+    from . import _save  # noqa: PLC0415  (the single-process writer: save_file and its rules)
+    torch, dist, rank, world = _joined(group)
+    t_start = time.perf_counter()
+    folder = os.fspath(folder)
+    stats = {"rank": rank, "world": world, "files_written": 0, "bytes_written": 0, "write_seconds": 0.0,
+             "sync_seconds": 0.0, "bytes_sent": 0, "bytes_received": 0, "comm_seconds": 0.0, "written": []}
+    err, desc, limit = None, [], 0
+    try:
+        limit = _save.parse_shard_size(max_shard_size)
+        for name, t in tensors.items():
+            desc.append((name, str(t.dtype), tuple(t.shape), int(t.numel() * t.element_size())))
+    except Exception as e:  # noqa: BLE001
+        err = e
+    descs = _agree(dist, group, desc, err)
+
+    order, info, holders = [], {}, {}
+    for r, d in enumerate(descs):
+        for name, dtype, shape, nbytes in d:
+            if name not in info:
+                info[name] = (dtype, shape, nbytes)
+                order.append(name)
+            elif info[name] != (dtype, shape, nbytes):
+                # Every rank sees the same descriptions, so every rank raises here.
+                raise _fail(_errno.EINVAL, f"tensor {name!r}: rank {holders[name][0]} has {info[name][:2]}, "
+                                           f"rank {r} has {(dtype, shape)}")
+            holders.setdefault(name, []).append(r)
+    shards = _gdskit.plan_shards([info[n][2] for n in order], limit) if order else []
+    count = max(1, len(shards))
+    files = [_gdskit.shard_file_name(k + 1, count) for k in range(count)]
+    parts = [[order[i] for i in s] for s in shards] or [[]]
+    writers = _assign_writers(parts, info, holders, world)
+    transfers = [(name, holders[name][0], w) for part, w in zip(parts, writers) for name in part
+                 if w not in holders[name]]
+
+    # Nothing exists that must not be replaced: checked by the writers (and rank 0 for the index) first.
+    err = None
+    try:
+        if not overwrite:
+            mine = [os.path.join(folder, f) for f, w in zip(files, writers) if w == rank]
+            if rank == 0 and count > 1:
+                mine.append(os.path.join(folder, "model.safetensors.index.json"))
+            for p in mine:
+                if os.path.lexists(p):
+                    raise FileExistsError(_errno.EEXIST, f"{p} exists; pass overwrite=True to replace it", p)
+        os.makedirs(folder, exist_ok=True)
+    except Exception as e:  # noqa: BLE001
+        err = e
+    _agree(dist, group, None, err)
+
+    # Tensors a writer lacks, point to point in one global order (a blocking pair at a time: no cycles).
+    received = {}
+    t0 = time.perf_counter()
+    if transfers:
+        cuda = dist.get_backend(group) == "nccl"
+        dev = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
+        for name, src, dst in transfers:
+            if info[name][2] == 0:
+                if rank == dst:
+                    received[name] = _typed(torch, torch.empty(0, dtype=torch.uint8, device=dev), *info[name][:2])
+                continue
+            if rank == src:
+                x = _raw_bytes(torch, tensors[name]).to(dev)
+                dist.send(x, dst=_global_rank(dist, group, dst), group=group)
+                stats["bytes_sent"] += int(x.numel())
+            elif rank == dst:
+                dtype, shape, nbytes = info[name]
+                buf = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+                dist.recv(buf, src=_global_rank(dist, group, src), group=group)
+                stats["bytes_received"] += nbytes
+                received[name] = _typed(torch, buf, dtype, shape)
+    stats["comm_seconds"] = time.perf_counter() - t0
+
+    err, published = None, []
+    t0 = time.perf_counter()
+    try:
+        for part, fname, w in zip(parts, files, writers):
+            if w != rank:
+                continue
+            path = os.path.join(folder, fname)
+            _save.save_file({n: received[n] if n in received else tensors[n] for n in part}, path, metadata,
+                            overwrite=overwrite)
+            published.append(path)
+            st = _save.last_save_stats()
+            stats["files_written"] += 1
+            stats["bytes_written"] += st.get("file_bytes", 0)
+            stats["sync_seconds"] += st.get("sync_seconds", 0.0)
+    except Exception as e:  # noqa: BLE001
+        err = e
+    stats["write_seconds"] = time.perf_counter() - t0
+    received.clear()
+    try:
+        _agree(dist, group, None, err)
+    except BaseException:
+        if not overwrite:  # the files did not exist before this save
+            for p in published:
+                try:
+                    os.unlink(p)
+                except OSError:
+                    pass
+        raise
+
+    written = [os.path.join(folder, f) for f in files]
+    err = None
+    if count > 1:
+        if rank == 0:
+            try:
+                weight_map = [(n, f) for part, f in zip(parts, files) for n in part]
+                _gdskit.write_index(folder, weight_map, sum(info[n][2] for n in order), bool(overwrite))
+            except Exception as e:  # noqa: BLE001
+                err = e
+        _agree(dist, group, None, err)
+        written.append(os.path.join(folder, "model.safetensors.index.json"))
+    stats["written"] = written
+    stats["seconds"] = time.perf_counter() - t_start
+    _last_stats = stats
+    return written
+
+
+def _assign_writers(parts, info, holders, world):
+    """A writer per file: among the ranks holding the most of its bytes, the one with the fewest bytes to write
+    so far (largest files first)."""
+    load = [0] * world
+    writers = [0] * len(parts)
+    for k in sorted(range(len(parts)), key=lambda k: -sum(info[n][2] for n in parts[k])):
+        held = [0] * world
+        for n in parts[k]:
+            for r in holders[n]:
+                held[r] += info[n][2]
+        best = max(held) if parts[k] else 0
+        w = min((r for r in range(world) if held[r] == best), key=lambda r: (load[r], r))
+        writers[k] = w
+        load[w] += sum(info[n][2] for n in parts[k])
+    return writers
+
+
+def _raw_bytes(torch, t):
+    t = t.detach().contiguous().reshape(-1)
+    return t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8, device=t.device)
+
+
+def _typed(torch, buf, dtype, shape):
+    """A received tensor's raw bytes as the dtype (torch's name, e.g. 'torch.bfloat16') and shape it was sent."""
+    dt = getattr(torch, dtype.split(".")[-1])
+    if buf.numel() == 0:
+        return torch.empty(shape, dtype=dt, device=buf.device)
+    return buf.view(dt).view(shape)

@@ -481,6 +481,26 @@ PYBIND11_MODULE(_gdskit, m) {
     return out;
   }, py::arg("path"), "The files of a file, index or folder in load order: [(file, [names the index assigns])].");
 
+  // Distributed save (gdskit/distributed.py): the single-process save's shard plan, file names and index.
+  m.def(
+      "plan_shards",
+      [](const std::vector<std::uint64_t>& sizes, std::uint64_t max_shard_bytes) {
+        std::vector<st::save_tensor> t(sizes.size());
+        for (std::size_t i = 0; i < sizes.size(); ++i) t[i].data = {nullptr, sizes[i], gdskit::memory_kind::host, -1};
+        return st::plan_shards(t, max_shard_bytes);
+      },
+      py::arg("sizes"), py::arg("max_shard_bytes"), "Tensor indexes per shard, as save_sharded splits them.");
+  m.def("shard_file_name", &st::shard_file_name, py::arg("k"), py::arg("n"));
+  m.def(
+      "write_index",
+      [](const std::filesystem::path& folder, const std::vector<std::pair<std::string, std::string>>& weight_map,
+         std::uint64_t total_size, bool overwrite) {
+        py::gil_scoped_release unlocked;
+        st::write_index(folder, weight_map, total_size, overwrite);
+      },
+      py::arg("folder"), py::arg("weight_map"), py::arg("total_size"), py::arg("overwrite"),
+      "Publishes folder/model.safetensors.index.json atomically, as save_sharded writes it.");
+
   m.def("gpu_available", [] {
     std::string why;
     bool ok = gdskit::gpu_available(&why);

@@ -167,10 +167,62 @@ def worker(args):
     dist.destroy_process_group()
 
 
+def _holdings(names, world, mode, rank):
+    """The names `rank` holds: all, round-robin, or 1-D tensors replicated and the rest round-robin."""
+    if mode == "replicated":
+        return list(names)
+    return [n for i, (n, nd) in enumerate(names.items()) if i % world == rank or (mode == "mixed" and nd <= 1)]
+
+
+def run_save(rank, world, args):
+    """One rank of a distributed save, checked on rank 0 against the single-process save of the union."""
+    import torch
+    import torch.distributed as dist
+    import gdskit
+    result = {"rank": rank}
+    full = gdskit.load_safetensors(args["reference"], device="cpu")
+    dims = {n: t.dim() for n, t in full.items()}
+    mine = {n: full[n] for n in _holdings(dims, world, args["save"], rank)}
+    if args.get("bad_on") == rank:
+        mine["zz.unwritable"] = torch.zeros(3, dtype=torch.complex128)  # no safetensors dtype: the save fails
+    out = os.path.join(args["folder"], "saved")
+    try:
+        written = gdskit.save_sharded(mine, out, max_shard_size=args["limit"], group=dist.group.WORLD)
+        stats = gdskit.distributed.last_stats()
+        result.update(ok=True, written=[os.path.basename(w) for w in written], stats=stats)
+        dist.barrier()
+        if rank == 0:
+            order = []
+            for r in range(world):
+                order += [n for n in _holdings(dims, world, args["save"], r) if n not in order]
+            ref = os.path.join(args["folder"], "single")
+            ref_written = gdskit.save_sharded({n: full[n] for n in order}, ref, max_shard_size=args["limit"])
+            bad = []
+            if [os.path.basename(w) for w in ref_written] != result["written"]:
+                bad.append(f"files {result['written']} != {ref_written}")
+            for w in ref_written:
+                with open(w, "rb") as a, open(os.path.join(out, os.path.basename(w)), "rb") as b:
+                    if a.read() != b.read():
+                        bad.append(f"{os.path.basename(w)} differs from the single-process save")
+            back = gdskit.load_safetensors(out, device="cpu")
+            if set(back) != set(full) or any(not torch.equal(back[n].view(-1).view(torch.uint8) if back[n].numel()
+                                                             else back[n], full[n].view(-1).view(torch.uint8)
+                                                             if full[n].numel() else full[n]) for n in full):
+                bad.append("the saved checkpoint does not load back")
+            result.update(ok=not bad, bad=bad)
+    except Exception as e:  # noqa: BLE001
+        result.update(ok=False, error=f"{type(e).__name__}: {e}", errno=getattr(e, "errno", None))
+        dist.barrier()  # every rank has cleaned up
+        result["left"] = sorted(os.listdir(out)) if os.path.isdir(out) else []
+    return result
+
+
 def run_one(rank, world, args):
     import torch
     import torch.distributed as dist
     import gdskit
+    if args.get("save"):
+        return run_save(rank, world, args)
     result = {"rank": rank}
     try:
         placement = _placement(args["placement"], world)
@@ -321,6 +373,54 @@ def _check_missing_shard(res, failing):
         assert not r.get("ok"), r
         assert r["errno"] == 2, r  # ENOENT on every rank, from one rank's failure
     assert f"rank {failing} failed" in res[0]["error"], res[0]["error"]
+
+
+def save_case(mode, folder, name, limit=150_000, bad_on=None):
+    index = os.path.join(folder, "ckpt", "model.safetensors.index.json")
+    sub = os.path.join(folder, name)
+    os.makedirs(sub, exist_ok=True)
+    return {"save": mode, "reference": index, "folder": sub, "limit": limit, "bad_on": bad_on}
+
+
+def _check_save(res, world):
+    _check_ok(res)
+    written = res[0]["written"]
+    assert len(written) > 2 and written[-1] == "model.safetensors.index.json", written
+    assert all(r["written"] == written for r in res)
+    files = [r["stats"]["files_written"] for r in res]
+    assert sum(files) == len(written) - 1, files
+    if world > 1:
+        assert max(files) < len(written) - 1, files  # the files are shared out, not all on one rank
+
+
+def test_save_world_1_to_4():
+    for world in (1, 2, 3, 4):
+        with tempfile.TemporaryDirectory() as d:
+            write_checkpoint(os.path.join(d, "ckpt"))
+            cases = [save_case(m, d, m) for m in ("replicated", "disjoint", "mixed")]
+            if world == 3:
+                cases.append(save_case("mixed", d, "failing", bad_on=1))
+            results = run_cases(world, cases, d)
+            for res in results[:3]:
+                _check_save(res, world)
+            if world == 3:
+                # Rank 1 cannot write a tensor: every rank raises, no index is published, no shard is left.
+                for r in results[3]:
+                    assert not r.get("ok"), r
+                    assert r["left"] == [], r["left"]
+                assert "rank 1 failed" in results[3][0]["error"], results[3][0]
+
+
+def test_save_refuses_an_existing_index():
+    with tempfile.TemporaryDirectory() as d:
+        write_checkpoint(os.path.join(d, "ckpt"))
+        c = save_case("replicated", d, "exists")
+        os.makedirs(os.path.join(c["folder"], "saved"))
+        open(os.path.join(c["folder"], "saved", "model.safetensors.index.json"), "w").close()
+        (res,) = run_cases(2, [c], d)
+        for r in res:
+            assert not r.get("ok") and r["errno"] == 17, r  # EEXIST on every rank, from rank 0's check
+        assert res[0]["left"] == ["model.safetensors.index.json"], res[0]["left"]
 
 
 def test_world_1_and_2():
