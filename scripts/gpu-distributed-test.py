@@ -5,15 +5,17 @@ the timing ratios; exit status 0 when every check passed, 77 when no GPU or torc
     PYTHONPATH=build/ci/python python3 scripts/gpu-distributed-test.py [--gib 2] [--folder /tmp/gdskit-dist]
 
 1. NCCL, one rank, CUDA tensors: gdskit.load_safetensors(group=...) against the single-process load, byte for
-   byte, with the Llama rule set; storage bytes read = checkpoint bytes.
+   byte, with the Llama rule set; storage bytes read = checkpoint bytes; gdskit.save_sharded(group=...) of the
+   loaded tensors against the single-process save, file for file.
 2. gloo, 2 ranks, CPU tensors and (where this gloo build broadcasts CUDA tensors) CUDA tensors on the one GPU:
-   column/row/replicated slices against the single-process load; the node reads each byte once.
+   column/row/replicated slices against the single-process load; the node reads each byte once; the save.
 3. Distributed Checkpoint (torch >= 2.1), NCCL, one rank: save and load of a state dict of CUDA tensors with
    torch's FileSystemWriter/Reader and with gdskit.torch's, both with sync_files=True; prints seconds and ratios.
 Sizes scale with --gib (checkpoint and state dict bytes); the default run takes well under 3 minutes.
 """
 import argparse
 import datetime
+import filecmp
 import json
 import os
 import shutil
@@ -129,7 +131,28 @@ def check_load(args, backend, device):
             torch.tensor_split(full, world, dim=spec[1])[rank]
         if name not in got or not torch.equal(as_bytes(torch, got[name]), as_bytes(torch, exp)):
             res["bad"].append(name)
-    del got, ref
+    del got
+    # Save: every rank holds every tensor; the files must be those of the single-process save.
+    out = os.path.join(args["folder"], f"save-{backend}-{device.replace(':', '')}")
+    limit = max(1, sum(t.numel() * t.element_size() for t in ref.values()) // 4)
+    dist.barrier()
+    t0 = time.perf_counter()
+    written = gdskit.save_sharded(ref, out, max_shard_size=limit, group=dist.group.WORLD, overwrite=True)
+    res["save_seconds"] = time.perf_counter() - t0
+    res["save_stats"] = {k: gd.last_stats()[k] for k in ("files_written", "bytes_written", "sync_seconds")}
+    dist.barrier()
+    if rank == 0:
+        t0 = time.perf_counter()
+        single = gdskit.save_sharded(ref, out + "-single", max_shard_size=limit, overwrite=True)
+        res["single_save_seconds"] = time.perf_counter() - t0
+        for a_, b_ in zip(written, single):
+            if not filecmp.cmp(a_, b_, shallow=False):
+                res["bad"].append(f"saved {os.path.basename(a_)} differs from the single-process save")
+        shutil.rmtree(out + "-single", ignore_errors=True)
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(out, ignore_errors=True)
+    del ref
     dist.destroy_process_group()
     return res
 
@@ -272,6 +295,13 @@ def main():
                           f"{r['single_seconds']:.2f} s), read {s['bytes_read'] / 2**30:.2f} GiB in "
                           f"{s['read_seconds']:.2f} s, sent {s['bytes_sent'] / 2**30:.2f} GiB, received "
                           f"{s['bytes_received'] / 2**30:.2f} GiB in {s['comm_seconds']:.2f} s, path {s['path']}")
+            for r in res:
+                if "save_seconds" in r:
+                    s = r["save_stats"]
+                    print(f"  {label} rank {r['rank']}: save {r['save_seconds']:.2f} s, {s['files_written']} files, "
+                          f"{s['bytes_written'] / 2**30:.2f} GiB, sync {s['sync_seconds']:.2f} s"
+                          + (f" (single-process save {r['single_save_seconds']:.2f} s)" if "single_save_seconds" in r
+                             else ""))
             print(f"{'PASS' if good else 'FAIL'} {label}: storage bytes read {read} of {total}"
                   + (f"; {bad[:5]}" if bad else ""))
         try:
