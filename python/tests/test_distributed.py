@@ -306,6 +306,8 @@ def spawn(script, world, payload, folder, timeout_s=CASE_TIMEOUT_S):
     for r, (p, out) in enumerate(zip(procs, outs)):
         if not os.path.exists(out):
             raise AssertionError(f"rank {r} exited {p.returncode} without a result")
+        if p.returncode != 0:  # the result is in, but the process did not exit cleanly: say so
+            print(f"WARN: rank {r} of {world} exited {p.returncode} after writing its result", flush=True)
         with open(out) as f:
             results.append(json.load(f))
     return results
