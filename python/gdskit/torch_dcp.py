@@ -24,10 +24,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
-from torch.distributed.checkpoint import filesystem as _fs
-from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
-from torch.distributed.checkpoint.storage import WriteResult
-from torch.futures import Future
+
+try:
+    from torch.distributed.checkpoint import filesystem as _fs
+    from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+    from torch.distributed.checkpoint.storage import WriteResult
+    from torch.futures import Future
+except (ImportError, ValueError) as _e:  # torch 1.x: no (or, on newer Pythons, a broken) checkpoint package
+    raise ImportError(f"gdskit.torch needs torch >= 2.1 with torch.distributed.checkpoint; this is torch "
+                      f"{torch.__version__} ({type(_e).__name__}: {_e})") from _e
 
 from . import _gdskit
 
