@@ -444,6 +444,23 @@ TEST(safetensors_save_shards, one_shard_is_model_safetensors_without_index) {
   EXPECT_EQ(st::load(dir.path()).tensors().size(), 2u);
 }
 
+TEST(safetensors_save_shards, one_shard_over_a_sharded_checkpoint_removes_the_stale_index) {
+  temp_dir dir;
+  std::vector<std::uint8_t> b;
+  auto o = quiet();
+  o.max_shard_bytes = 150;
+  st::save_sharded(dir.path(), sized({100, 100}, b), std::nullopt, o);
+  ASSERT_TRUE(fs::exists(dir / "model.safetensors.index.json"));
+  o.max_shard_bytes = 1000;
+  auto t = sized({100, 100, 100}, b);
+  EXPECT_EQ(code_of([&] { st::save_sharded(dir.path(), t, std::nullopt, o); }), std::errc::file_exists);
+  o.overwrite = true;
+  st::save_sharded(dir.path(), t, std::nullopt, o);
+  EXPECT_FALSE(fs::exists(dir / "model.safetensors.index.json"));
+  EXPECT_EQ(st::load(dir / "model.safetensors").tensors().size(), 3u);
+  EXPECT_TRUE(fs::exists(dir / "model-00001-of-00002.safetensors"));  // old shards are left alone
+}
+
 // ---- faults at every stage -----------------------------------------------------------------------------
 
 // The syscall seam, failing one stage of a save with `err`: data writes, the header write (offset 0), the data
