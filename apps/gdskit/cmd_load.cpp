@@ -5,6 +5,8 @@
 #include <atomic>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+
+#include "common/json_text.hpp"
 #include <optional>
 #include <string>
 #include <vector>
@@ -118,7 +120,7 @@ int run_load(const load_flags& f) {
     m = st::load(f.path, o);
   } catch (const gdskit::error& e) {
     fmt::print(stderr, "gdskit load: {}\n", e.what());
-    return 1;
+    return exit_code_for(e);  // a missing or malformed file is bad input (2), a failed read 3
   }
   const auto& s = m.stats();
   std::optional<save_result> saved;
@@ -127,7 +129,7 @@ int run_load(const load_flags& f) {
       saved = run_save(f, m);
     } catch (const gdskit::error& e) {
       fmt::print(stderr, "gdskit load: save: {}\n", e.what());
-      return e.code() == std::errc::operation_canceled ? 130 : 1;
+      return e.code() == std::errc::operation_canceled ? 130 : exit_code_for(e);
     }
   }
   std::vector<std::string> sums;
@@ -167,13 +169,16 @@ int run_load(const load_flags& f) {
                    {"sync_seconds", v.sync_seconds}, {"gib_per_s", v.gib_per_s()},
                    {"data_path", std::string(to_string(v.path.path))}, {"reasons", v.path.reasons}};
     }
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", gdskit::json_text(j));
     return 0;
   }
   if (f.checksum) {
     for (std::size_t i = 0; i < m.tensors().size(); ++i) {
       const auto& t = m.tensors()[i];
-      fmt::print("{}  {}  {}  {}\n", sums[i], t.name, st::to_string(t.dtype), shape_text(t.shape));
+      // Names come from the file: escaped, so that a newline or ESC in one cannot forge lines or drive
+      // the terminal.
+      fmt::print("{}  {}  {}  {}\n", sums[i], st::printable_name(t.name), st::to_string(t.dtype),
+                 shape_text(t.shape));
     }
   }
   fmt::print("loaded {} tensors, {} from {} file(s) in {:.3f} s: {:.2f} GiB/s ({} reads; headers {:.3f} s)\n",

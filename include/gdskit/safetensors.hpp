@@ -37,6 +37,11 @@ std::optional<dtype> parse_dtype(std::string_view text) noexcept;
 /// Bits per element: 4 (F4), 6 (F6_*), 8 .. 64.
 unsigned bits_of(dtype t) noexcept;
 
+/// `name` (a tensor name or other text read from a file) made safe to print on a terminal or in a line-based
+/// report: control bytes become C escapes (\n, \t, \x1b, ...), a backslash becomes \\, bytes that are not
+/// UTF-8 become \xNN, and C1 controls and bidirectional overrides become \uNNNN. Printable UTF-8 is kept.
+std::string printable_name(std::string_view name);
+
 /// Largest JSON header accepted (the 8-byte length field above this is rejected): 100 MiB.
 inline constexpr std::uint64_t max_header_bytes = std::uint64_t{100} << 20;
 /// Largest number of dimensions accepted for one tensor.
@@ -73,14 +78,19 @@ struct header {
 /// whole file (offsets are checked against it). `source` names the file in error messages.
 /// Throws gdskit::error with EBADMSG when the header is malformed: too short, length field above
 /// max_header_bytes or past the end of the file, invalid UTF-8, JSON syntax errors or trailing bytes other than
-/// spaces, duplicate names (at any level), an unknown dtype, a dimension that is negative, not an integer or
-/// overflows, data_offsets that are not two ordered integers, a span that differs from numel x dtype size, a
+/// spaces, duplicate names (at any level), an unknown dtype, a dimension that is negative, not an integer,
+/// above 2^63-1 (even in an empty tensor) or overflows, data_offsets that are not two ordered integers, a span that differs from numel x dtype size, a
 /// packed tensor that is not a whole number of bytes, offsets past the end of the file, or two tensors sharing
-/// bytes. Gaps between tensors are allowed.
+/// bytes. Gaps between tensors are allowed. Time and memory are linear in the header size (n log n in the
+/// tensor count).
 header parse_header(const void* bytes, std::size_t nbytes, std::uint64_t file_nbytes, std::string_view source);
+/// Opens a safetensors file, shard or index for reading. Unlike file_handle's constructor it cannot block on a
+/// FIFO, and it refuses anything but a regular file, naming the path: EISDIR for a folder, EINVAL for a FIFO,
+/// socket or device (block devices included: the engine sizes files with fstat). Open errors keep their errno.
+file_handle open_file(const std::filesystem::path& path, const settings& config = default_settings());
 /// Reads and parses the header of an open file (two small reads). Throws as parse_header, and I/O errors.
 header read_header(const file_handle& file);
-/// Opens `path` and reads its header.
+/// Opens `path` with open_file() and reads its header.
 header read_header(const std::filesystem::path& path);
 
 /// A tensor-parallel slice: rank `rank` of `world` takes its part of dimension `dim`. A dimension of size n
@@ -306,6 +316,15 @@ std::vector<std::vector<std::size_t>> plan_shards(const std::vector<save_tensor>
 std::optional<std::uint64_t> parse_shard_size(std::string_view text);
 /// "model-00002-of-00005.safetensors" (1-based `k`), or "model.safetensors" when n is 1.
 std::string shard_file_name(std::size_t k, std::size_t n);
+/// The text of a sharded checkpoint's model.safetensors.index.json as save_sharded writes it:
+/// {"metadata": {"total_size": N}, "weight_map": {name: file}} with the names sorted.
+std::string index_json(const std::vector<std::pair<std::string, std::string>>& weight_map, std::uint64_t total_size);
+/// Publishes `folder`/model.safetensors.index.json with index_json() atomically (temporary name, fdatasync,
+/// rename, folder fsync), for savers that write the shards themselves (the distributed save). EEXIST when it
+/// exists and !overwrite.
+void write_index(const std::filesystem::path& folder,
+                 const std::vector<std::pair<std::string, std::string>>& weight_map, std::uint64_t total_size,
+                 bool overwrite);
 
 /// Writes a checkpoint into `folder` (created if missing) in the Hugging Face layout: shards
 /// model-0000k-of-0000n.safetensors (each with `metadata`) and model.safetensors.index.json

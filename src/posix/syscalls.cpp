@@ -5,6 +5,10 @@
 
 #include <cerrno>
 
+#ifdef GDSKIT_HAVE_URING
+#include <liburing.h>
+#endif
+
 namespace gdskit::posix {
 namespace {
 
@@ -26,6 +30,18 @@ syscall_table make_real() {
   t.link = [](const char* from, const char* to) { return ::link(from, to); };
   t.unlink = [](const char* p) { return ::unlink(p); };
   t.uring_result = [](bool, int, std::uint64_t, std::size_t, int result) { return result; };
+#ifdef GDSKIT_HAVE_URING
+  t.uring_submit_and_wait = [](void* ring, unsigned wait_nr) {
+    return io_uring_submit_and_wait(static_cast<io_uring*>(ring), wait_nr);
+  };
+  t.uring_wait = [](void* ring) {
+    io_uring_cqe* cqe = nullptr;
+    return io_uring_wait_cqe(static_cast<io_uring*>(ring), &cqe);
+  };
+#else
+  t.uring_submit_and_wait = [](void*, unsigned) { return -ENOSYS; };
+  t.uring_wait = [](void*) { return -ENOSYS; };
+#endif
   return t;
 }
 
