@@ -478,7 +478,9 @@ void write_index(const std::filesystem::path& folder,
 save_stats save_sharded(const std::filesystem::path& folder, const std::vector<save_tensor>& tensors,
                         const std::optional<metadata_entries>& metadata, const save_options& options) {
   check_options(options);
-  plan_save(tensors, std::nullopt);  // names, sizes: fail before anything is created
+  // Names, sizes, metadata: fail before anything is created.
+  plan_save(tensors, std::nullopt);
+  plan_save({}, metadata);
   const auto groups = plan_shards(tensors, options.max_shard_bytes);
   const std::size_t n = std::max<std::size_t>(1, groups.size());
   const std::filesystem::path index = folder / "model.safetensors.index.json";
@@ -491,7 +493,8 @@ save_stats save_sharded(const std::filesystem::path& folder, const std::vector<s
         throw error(errno_code(EEXIST), "create", t.string(), -1, 0, "exists; pass overwrite to replace it");
       }
     }
-    if (n > 1 && std::filesystem::symlink_status(index, ec).type() != std::filesystem::file_type::not_found) {
+    // One shard has no index, but an index left in the folder would still name the old checkpoint: it counts.
+    if (std::filesystem::symlink_status(index, ec).type() != std::filesystem::file_type::not_found) {
       throw error(errno_code(EEXIST), "create", index.string(), -1, 0, "exists; pass overwrite to replace it");
     }
   }
@@ -534,6 +537,11 @@ save_stats save_sharded(const std::filesystem::path& folder, const std::vector<s
   if (n > 1) {
     index_file.rename_and_sync_folder();
     stats.written.push_back(index);
+  }
+  if (n == 1 && std::filesystem::symlink_status(index, ec).type() != std::filesystem::file_type::not_found) {
+    // Readers prefer an index to model.safetensors: one naming the previous checkpoint must go.
+    if (posix::sys().unlink(index.c_str()) != 0) throw error(errno_code(errno), "remove", index.string(), -1, 0);
+    posix::sync_folder(folder);
   }
   for (const auto& b : backups) posix::sys().unlink(b.c_str());
   stats.sync_seconds += seconds_since(t_sync);
