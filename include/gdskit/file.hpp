@@ -34,8 +34,8 @@ struct io_choice {
 };
 
 /// An open file. Thread-safe: any number of reads and writes may run at once on one handle.
-/// Move-only. The file stays open while the handle or any of its asynchronous operations' futures needs it:
-/// destroying the handle with operations in flight is safe, and the descriptors close when the last one ends.
+/// Move-only. The file stays open while the handle or any of its asynchronous operations needs it: destroying
+/// the handle with operations in flight is safe, and the descriptors close when the last one ends.
 /// A default-constructed or moved-from handle is empty: is_open() is false, the accessors return empty or
 /// default values, and every I/O method throws gdskit::error (EBADF).
 class file_handle {
@@ -82,8 +82,15 @@ class file_handle {
   void truncate(std::uint64_t nbytes) const;
   /// fdatasync.
   void sync() const;
-  /// Drops this file's pages from the page cache (posix_fadvise DONTNEED; dirty pages are written first).
+  /// Drops this file's pages from the page cache (posix_fadvise DONTNEED). Dirty pages are written first
+  /// (fdatasync); when that fails it throws the fdatasync error and drops nothing.
   void drop_cache() const;
+  /// Closes the file now and reports it: throws gdskit::error ("close", errno category) when close(2) fails
+  /// (file systems such as NFS report deferred write errors only here). Waits first for the handle's
+  /// asynchronous operations still in flight. The handle is empty afterwards, even when it throws; closing an
+  /// empty handle does nothing. Must not run concurrently with other calls on the same handle. The
+  /// destructor closes too, but can only log a close error (to stderr).
+  void close();
 
   /// Whether the handle holds an open file. The accessors below return the values of the open file, or empty
   /// and default values for an empty handle (path "", open_mode::read, io_choice{}, settings{}, fds -1).

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "common/log.hpp"
 #include "engine/file_impl.hpp"
 #include "engine/file_range.hpp"
 #include "engine/io_engine.hpp"
@@ -183,7 +184,18 @@ std::size_t file_handle::impl::write(const void* buf, std::size_t nbytes, std::u
   return nbytes;
 }
 
-file_handle::impl::~impl() { engine::release_residency_map(*this); }
+std::error_code file_handle::impl::close_all() noexcept {
+  gpu.cufile.reset();  // cuFile lets go of the descriptor before it closes
+  engine::release_residency_map(*this);
+  std::error_code direct_ec = direct_fd.close();
+  std::error_code ec = fd.close();
+  return ec ? ec : direct_ec;
+}
+
+file_handle::impl::~impl() {
+  const std::error_code ec = close_all();
+  if (ec) log_warning(fmt::format("close \"{}\": {} (call file_handle::close() to see this as an error)", path.string(), ec.message()));
+}
 
 // The inside of an open handle; an empty (default-constructed or moved-from) one has none.
 const file_handle::impl& file_access::open_impl(const std::shared_ptr<file_handle::impl>& m, const char* op) {
@@ -205,10 +217,19 @@ const file_handle::impl& open_impl(const std::shared_ptr<file_handle::impl>& m, 
 // Runs `body` on the shared pool; the job holds the file open until it has run.
 template <class Body>
 std::future<std::size_t> run_async(std::shared_ptr<file_handle::impl> m, Body body) {
-  auto task = std::make_shared<std::packaged_task<std::size_t()>>(
-      [m = std::move(m), body = std::move(body)] { return body(m); });
+  if (m) {
+    std::lock_guard lock(m->async_mutex);
+    ++m->async_inflight;
+  }
+  auto task = std::make_shared<std::packaged_task<std::size_t()>>([m, body = std::move(body)] { return body(m); });
   auto fut = task->get_future();
-  engine::shared_pool(1).submit([task] { (*task)(); });
+  engine::shared_pool(1).submit([task, m = std::move(m)] {
+    (*task)();
+    if (m) {
+      std::lock_guard lock(m->async_mutex);
+      if (--m->async_inflight == 0) m->async_idle.notify_all();
+    }
+  });
   return fut;
 }
 
@@ -330,7 +351,10 @@ void file_handle::sync() const {
 
 void file_handle::drop_cache() const {
   const impl& m = open_impl(impl_, "posix_fadvise DONTNEED");
-  if (m.mode != open_mode::read) posix::sys().fdatasync(m.fd.get());
+  // Dirty pages are not dropped: write them first, and say so when that fails (the drop would not be cold).
+  if (m.mode != open_mode::read && posix::sys().fdatasync(m.fd.get()) != 0) {
+    throw error(errno_code(errno), "fdatasync", m.path.string(), -1, 0, "before dropping the page cache");
+  }
   int r = posix::sys().fadvise(m.fd.get(), 0, 0, POSIX_FADV_DONTNEED);
   if (r != 0) throw error(errno_code(r), "posix_fadvise DONTNEED", m.path.string(), -1, 0);
 }
@@ -387,6 +411,17 @@ std::size_t file_handle::write(buffer_view src, std::size_t nbytes, std::uint64_
   check_view(m, true, src, nbytes, offset_bytes);
   if (host_memory(src)) return m.write(src.data, nbytes, offset_bytes);
   return gpu::device_transfer(*this, true, src, nbytes, offset_bytes);
+}
+
+void file_handle::close() {
+  if (!impl_) return;
+  std::shared_ptr<impl> m = std::move(impl_);  // the handle is empty from here on, whatever happens
+  {
+    std::unique_lock lock(m->async_mutex);
+    m->async_idle.wait(lock, [&] { return m->async_inflight == 0; });
+  }
+  const std::error_code ec = m->close_all();
+  if (ec) throw error(ec, "close", m->path.string(), -1, 0);
 }
 
 namespace {

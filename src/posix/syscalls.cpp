@@ -100,6 +100,12 @@ std::size_t pwrite_full(int fd, const void* buf, std::size_t nbytes, std::uint64
   return done;
 }
 
+std::error_code unique_fd::close() noexcept {
+  if (fd_ < 0) return {};
+  const int r = sys().close(std::exchange(fd_, -1));
+  return r == 0 ? std::error_code() : std::error_code(errno, std::generic_category());
+}
+
 void unique_fd::reset(int fd) noexcept {
   if (fd_ >= 0) sys().close(fd_);
   fd_ = fd;

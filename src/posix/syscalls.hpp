@@ -83,7 +83,11 @@ class unique_fd {
   int get() const noexcept { return fd_; }
   explicit operator bool() const noexcept { return fd_ >= 0; }
   int release() noexcept { return std::exchange(fd_, -1); }
+  /// Closes the descriptor (ignoring errors) and takes `fd`.
   void reset(int fd = -1) noexcept;
+  /// Closes the descriptor now and returns what close(2) reported (EINTR included: the descriptor is gone
+  /// either way, and close is never retried). No-op returning no error when it holds none.
+  std::error_code close() noexcept;
 
  private:
   int fd_ = -1;
