@@ -76,7 +76,7 @@ class file_handle {
   /// handle returns a default path_decision.
   path_decision plan(buffer_view buf) const;
 
-  /// Current size of the file (fstat).
+  /// Current size of the file (fstat; for a block device, the device's size from BLKGETSIZE64).
   std::uint64_t size() const;
   /// Sets the size of the file (ftruncate).
   void truncate(std::uint64_t nbytes) const;

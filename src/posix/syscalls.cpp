@@ -1,5 +1,7 @@
 #include "posix/syscalls.hpp"
 
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -22,6 +24,7 @@ syscall_table make_real() {
   t.ftruncate = [](int fd, off_t n) { return ::ftruncate(fd, n); };
   t.fdatasync = [](int fd) { return ::fdatasync(fd); };
   t.fadvise = [](int fd, off_t o, off_t n, int advice) { return ::posix_fadvise(fd, o, n, advice); };
+  t.block_device_size = [](int fd, std::uint64_t* nbytes) { return ::ioctl(fd, BLKGETSIZE64, nbytes); };
   t.uring_result = [](bool, int, std::uint64_t, std::size_t, int result) { return result; };
 #ifdef GDSKIT_HAVE_URING
   t.uring_submit_and_wait = [](void* ring, unsigned wait_nr) {

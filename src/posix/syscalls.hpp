@@ -25,6 +25,8 @@ struct syscall_table {
   std::function<int(int, off_t)> ftruncate;
   std::function<int(int)> fdatasync;
   std::function<int(int, off_t, off_t, int)> fadvise;
+  /// Size in bytes of the block device open as `fd` (ioctl BLKGETSIZE64; st_size is 0 for block devices).
+  std::function<int(int fd, std::uint64_t* nbytes)> block_device_size;
   /// io_uring completions pass through here: given what the kernel returned for an operation, returns what the
   /// engine sees. Identity in production; tests return -EINTR, -EIO, short counts.
   std::function<int(bool is_write, int fd, std::uint64_t offset, std::size_t nbytes, int result)> uring_result;
