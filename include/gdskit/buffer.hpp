@@ -25,9 +25,9 @@ struct buffer_view {
 };
 
 /// Describes a pointer that gdskit did not allocate (torch, cupy, ...): asks the CUDA driver where it lives.
-/// Pageable host memory the driver does not know is `host`. Throws gdskit::error (cuda category) when the
-/// driver rejects the pointer, and EINVAL when the pointer is device memory of a context other than the
-/// current one's device and cannot be used.
+/// `host` means the driver does not know the pointer (pageable memory: CUDA_ERROR_INVALID_VALUE), or there is
+/// no usable driver. Any other driver error throws gdskit::error (cuda category); a range that runs past the
+/// pointer's allocation throws EINVAL, a null pointer EFAULT.
 buffer_view describe_pointer(void* ptr, std::size_t nbytes);
 
 /// Whether a CUDA GPU can be used by this process; when not, `reason` says why ("libcuda.so.1 not found",

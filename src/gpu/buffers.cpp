@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "gdskit/buffer.hpp"
+#include "gpu/buffers.hpp"
 #include "gdskit/error.hpp"
 #include "shim/cuda_driver.hpp"
 #include "shim/cufile.hpp"
@@ -39,18 +40,22 @@ int gpu_count() {
   return a->cuDeviceGetCount(&n) == CUDA_SUCCESS ? n : 0;
 }
 
-buffer_view describe_pointer(void* ptr, std::size_t nbytes) {
+namespace gpu {
+
+buffer_view describe_pointer_with(const cuda_api* a, void* ptr, std::size_t nbytes) {
   if (ptr == nullptr) throw error(errno_code(EFAULT), "describe_pointer: null pointer");
-  const cuda_api* a = cuda();
   if (a == nullptr) return buffer_view::host(ptr, nbytes);
   const auto addr = reinterpret_cast<CUdeviceptr>(ptr);
   unsigned type = 0;
   CUresult r = a->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr);
-  if (r != CUDA_SUCCESS) return buffer_view::host(ptr, nbytes);  // pageable memory the driver never saw
+  // Only "not a pointer the driver knows" means pageable host memory; anything else is a driver failure.
+  if (r == CUDA_ERROR_INVALID_VALUE) return buffer_view::host(ptr, nbytes);
+  check_cuda(r, "cuPointerGetAttribute (memory type)");
   int managed = 0;
-  a->cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, addr);
+  check_cuda(a->cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, addr), "cuPointerGetAttribute (managed)");
   int ordinal = -1;
-  a->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, addr);
+  check_cuda(a->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, addr),
+             "cuPointerGetAttribute (device ordinal)");
   // The allocation must hold the whole range: a too-small foreign buffer is an error, never an overrun.
   CUdeviceptr start = 0;
   std::size_t range = 0;
@@ -66,6 +71,10 @@ buffer_view describe_pointer(void* ptr, std::size_t nbytes) {
   if (type == CU_MEMORYTYPE_DEVICE) return {ptr, nbytes, memory_kind::device, ordinal};
   return {ptr, nbytes, memory_kind::managed, ordinal};
 }
+
+}  // namespace gpu
+
+buffer_view describe_pointer(void* ptr, std::size_t nbytes) { return gpu::describe_pointer_with(cuda(), ptr, nbytes); }
 
 device_buffer::device_buffer(std::size_t nbytes, int device) : nbytes_(nbytes), device_(device) {
   const cuda_api& a = cuda_or_throw();

@@ -18,6 +18,7 @@ using CUstream = CUstream_st*;
 using CUevent = CUevent_st*;
 
 inline constexpr CUresult CUDA_SUCCESS = 0;
+inline constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
 inline constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 inline constexpr unsigned MEMHOSTALLOC_PORTABLE = 0x01;
 inline constexpr unsigned CU_EVENT_BLOCKING_SYNC = 0x1;
