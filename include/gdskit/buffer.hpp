@@ -42,8 +42,9 @@ int gpu_count();
 void copy_into(const buffer_view& dst, std::size_t offset_bytes, const void* src, std::size_t nbytes);
 void copy_out(const buffer_view& src, std::size_t offset_bytes, void* dst, std::size_t nbytes);
 
-/// Owning GPU memory (cuMemAlloc on `device`). Move-only. Throws gdskit::error (cuda category) when the
-/// allocation fails or no GPU is usable.
+/// Owning GPU memory (cuMemAlloc on `device`). Move-only; a moved-from buffer is empty. Throws gdskit::error
+/// (cuda category) when the allocation fails or no GPU is usable. No method leaves a CUDA context current
+/// that was not current before; the destructor never throws (a failure to free is logged).
 class device_buffer {
  public:
   device_buffer() noexcept = default;
@@ -70,11 +71,13 @@ class device_buffer {
   int device_ = -1;
 };
 
-/// Owning page-locked host memory (cuMemHostAlloc). Move-only.
+/// Owning page-locked host memory (cuMemHostAlloc, portable: usable from every device's context), allocated
+/// and freed in `device`'s primary context. Move-only; a moved-from buffer is empty. Throws gdskit::error
+/// (cuda category) when the allocation fails or no GPU is usable; the destructor never throws (it logs).
 class pinned_buffer {
  public:
   pinned_buffer() noexcept = default;
-  explicit pinned_buffer(std::size_t nbytes);
+  explicit pinned_buffer(std::size_t nbytes, int device = 0);
   ~pinned_buffer();
   pinned_buffer(pinned_buffer&& o) noexcept;
   pinned_buffer& operator=(pinned_buffer&& o) noexcept;
@@ -88,6 +91,7 @@ class pinned_buffer {
  private:
   void* ptr_ = nullptr;
   std::size_t nbytes_ = 0;
+  int device_ = -1;
 };
 
 /// Registers device memory with cuFile for its lifetime (cuFileBufRegister / cuFileBufDeregister).

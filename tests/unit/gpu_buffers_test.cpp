@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <thread>
+#include <type_traits>
 #include <utility>
 
 #include "gdskit/buffer.hpp"
 #include "gdskit/error.hpp"
 #include "gpu/buffers.hpp"
+#include "gpu/cuda_raii.hpp"
 #include "shim/cuda_driver.hpp"
 
 namespace gdskit {
@@ -116,6 +119,78 @@ TEST_F(pointer_kinds, known_pointers_are_classified_and_bounded) {
     EXPECT_EQ(e.code(), std::errc::invalid_argument);
   }
   EXPECT_THROW(gpu::describe_pointer_with(&api_, nullptr, 8), error);
+}
+
+// No destructor may throw: a throwing one terminates the process when it runs during unwinding.
+static_assert(std::is_nothrow_destructible_v<device_buffer>);
+static_assert(std::is_nothrow_destructible_v<pinned_buffer>);
+static_assert(std::is_nothrow_destructible_v<cufile_registration>);
+static_assert(std::is_nothrow_destructible_v<gpu::cuda_stream>);
+static_assert(std::is_nothrow_destructible_v<gpu::cuda_event>);
+static_assert(std::is_nothrow_destructible_v<gpu::context_guard>);
+static_assert(std::is_nothrow_move_constructible_v<gpu::cuda_stream> && std::is_nothrow_move_assignable_v<gpu::cuda_stream>);
+static_assert(std::is_nothrow_move_constructible_v<gpu::cuda_event> && std::is_nothrow_move_assignable_v<gpu::cuda_event>);
+static_assert(!std::is_copy_constructible_v<gpu::cuda_stream> && !std::is_copy_constructible_v<gpu::cuda_event>);
+static_assert(!std::is_move_constructible_v<gpu::context_guard>, "a context guard belongs to one scope");
+
+// Empty and moved-from owners hold nothing and destroy as no-ops (they never reach the driver, so this runs
+// with no GPU; tests/gpu/paths_test.cpp moves owners of real resources).
+TEST(gpu_resources, empty_and_moved_from_owners_are_default_constructed) {
+  gpu::cuda_stream s;
+  gpu::cuda_stream s2(std::move(s));
+  EXPECT_FALSE(s);
+  EXPECT_FALSE(s2);
+  EXPECT_EQ(s.get(), nullptr);
+  EXPECT_EQ(s.device(), -1);
+  s = std::move(s2);
+  s.reset();
+  EXPECT_FALSE(s);
+  gpu::cuda_event e;
+  gpu::cuda_event e2;
+  e2 = std::move(e);
+  EXPECT_FALSE(e);
+  EXPECT_EQ(e2.get(), nullptr);
+  EXPECT_EQ(e2.device(), -1);
+  device_buffer d;
+  device_buffer d2(std::move(d));
+  EXPECT_EQ(d.data(), nullptr);
+  EXPECT_EQ(d.size(), 0u);
+  EXPECT_EQ(d.device(), -1);
+  d = std::move(d2);
+  EXPECT_EQ(d.data(), nullptr);
+  pinned_buffer p;
+  pinned_buffer p2(std::move(p));
+  p = std::move(p2);
+  EXPECT_EQ(p.data(), nullptr);
+  EXPECT_EQ(p.size(), 0u);
+  cufile_registration r;
+  cufile_registration r2(std::move(r));
+  EXPECT_FALSE(r.active());
+  EXPECT_FALSE(r2.active());
+}
+
+// Without a usable driver every owner and the context guard fail with one clean error (ENODEV), and
+// nothing is left to free.
+TEST(gpu_resources, without_a_driver_construction_is_a_clean_error) {
+  std::string reason;
+  if (gpu_available(&reason)) GTEST_SKIP() << "a GPU is usable here: tests/gpu covers this machine";
+  auto enodev = [](auto&& make) {
+    try {
+      make();
+    } catch (const error& e) {
+      return e.code() == std::errc::no_such_device;
+    }
+    return false;
+  };
+  EXPECT_TRUE(enodev([] { gpu::context_guard g(0); })) << reason;
+  EXPECT_TRUE(enodev([] { gpu::cuda_stream s(0, 0); }));
+  EXPECT_TRUE(enodev([] { gpu::cuda_event e(0, 0); }));
+  EXPECT_TRUE(enodev([] { device_buffer b(4096); }));
+  EXPECT_TRUE(enodev([] { pinned_buffer b(4096); }));
+  unsigned char host[16] = {};
+  device_buffer none;
+  buffer_view dev{host, sizeof host, memory_kind::device, 0};
+  EXPECT_TRUE(enodev([&] { copy_into(dev, 0, host, 8); }));
 }
 
 }  // namespace
