@@ -72,6 +72,12 @@ class file_handle {
   void read_exact(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const;
   /// Writes from host or GPU memory; returns nbytes or throws.
   std::size_t write(buffer_view src, std::size_t nbytes, std::uint64_t offset_bytes) const;
+  /// Asynchronous read() and write() for host or GPU buffers: same contracts, run on gdskit's thread pool.
+  /// The memory `dst`/`src` views must stay valid until the future is ready; the handle need not (the future
+  /// keeps the file open, and close() waits for it). The future returns the bytes moved (a read: fewer only at
+  /// end of file; a write: always nbytes) or throws what the blocking form would (EBADF for an empty handle).
+  std::future<std::size_t> read_async(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const;
+  std::future<std::size_t> write_async(buffer_view src, std::size_t nbytes, std::uint64_t offset_bytes) const;
   /// The path read()/write() take for this buffer, and the reasons (cheap; cached per device). An empty
   /// handle returns a default path_decision.
   path_decision plan(buffer_view buf) const;

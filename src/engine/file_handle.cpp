@@ -339,6 +339,22 @@ std::future<std::size_t> file_handle::pwrite_async(const void* buf, std::size_t 
   });
 }
 
+std::future<std::size_t> file_handle::read_async(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  return run_async(impl_, [dst, nbytes, offset_bytes](const std::shared_ptr<impl>& m) {
+    file_handle h;  // shares the inside: the same file, open until the operation ends
+    h.impl_ = m;
+    return h.read(dst, nbytes, offset_bytes);
+  });
+}
+
+std::future<std::size_t> file_handle::write_async(buffer_view src, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  return run_async(impl_, [src, nbytes, offset_bytes](const std::shared_ptr<impl>& m) {
+    file_handle h;
+    h.impl_ = m;
+    return h.write(src, nbytes, offset_bytes);
+  });
+}
+
 std::uint64_t file_handle::size() const { return open_impl(impl_, "fstat").current_size(); }
 
 void file_handle::truncate(std::uint64_t nbytes) const {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <iostream>
 #include <fstream>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -231,6 +232,25 @@ TEST(gpu_resources, streams_and_events_move_and_destroy) {
   p2 = std::move(p);
   EXPECT_EQ(p.data(), nullptr);
   EXPECT_NE(p2.data(), nullptr);
+}
+
+TEST(gpu_paths, buffer_view_async_forms_with_device_memory) {
+  REQUIRE_GPU();
+  temp_dir dir(test::direct_capable_parent());
+  auto data = random_bytes((3u << 20) + 17, 51);
+  test::write_file(dir / "as", data);
+  device_buffer d(data.size() + 4096);
+  std::future<std::size_t> r;
+  {
+    file_handle f(dir / "as", open_mode::read_write, {}, with_mode(path_mode::staged));
+    r = f.read_async(d.view(), d.size(), 0);
+  }
+  EXPECT_EQ(r.get(), data.size());
+  EXPECT_EQ(device_to_host(d, data.size()), data);
+  file_handle f(dir / "as", open_mode::read_write, {}, with_mode(path_mode::staged));
+  EXPECT_EQ(f.write_async(d.view().sub(1, 100000), 100000, 4097).get(), 100000u);
+  auto disk = test::read_file(dir / "as");
+  EXPECT_EQ(0, std::memcmp(disk.data() + 4097, data.data() + 1, 100000));
 }
 
 }  // namespace

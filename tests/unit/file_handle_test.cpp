@@ -150,6 +150,38 @@ TEST_P(engine_variants, async_forms_match_blocking) {
   EXPECT_EQ(test::read_file(path), data);
 }
 
+// read_async / write_async take buffer views (host here; GPU views in tests/gpu/paths_test.cpp) with the
+// blocking forms' contracts, and their futures outlive the handle.
+TEST_P(engine_variants, buffer_view_async_forms_match_blocking) {
+  auto data = random_bytes((1u << 20) + 4099, 15);
+  auto path = *dir_ / "v";
+  test::write_file(path, data);
+  std::vector<std::uint8_t> a(data.size() + 100, 0), b(5000, 0);
+  auto patch = random_bytes(300001, 16);
+  std::future<std::size_t> fa, fb, fw, fshort;
+  {
+    file_handle f(path, open_mode::read_write, {}, small_chunks(GetParam()));
+    fa = f.read_async(buffer_view::host(a.data(), a.size()), a.size(), 0);
+    fb = f.read_async(buffer_view::host(b.data(), b.size()), b.size(), 4093);
+    fw = f.write_async(buffer_view::host(patch.data(), patch.size()), patch.size(), data.size() + 7);
+    fshort = f.read_async(buffer_view::host(b.data(), 10), 20, 0);  // view smaller than the request
+  }
+  EXPECT_EQ(fa.get(), data.size()) << "a read returns fewer bytes only at end of file";
+  EXPECT_EQ(0, std::memcmp(a.data(), data.data(), data.size()));
+  EXPECT_EQ(fb.get(), b.size());
+  EXPECT_EQ(0, std::memcmp(b.data(), data.data() + 4093, b.size()));
+  EXPECT_EQ(fw.get(), patch.size());
+  try {
+    fshort.get();
+    FAIL() << "a view smaller than the request must be refused";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::errc::invalid_argument);
+  }
+  auto disk = test::read_file(path);
+  ASSERT_EQ(disk.size(), data.size() + 7 + patch.size());
+  EXPECT_EQ(0, std::memcmp(disk.data() + data.size() + 7, patch.data(), patch.size()));
+}
+
 // Offsets are off_t: a range past 2^63 - 1 must be refused before any I/O. Unchecked, offset + nbytes wraps
 // around and an O_DIRECT write lands at the start of the file (or a buffered one is reported done unwritten).
 TEST_P(engine_variants, ranges_past_the_largest_offset_are_refused_before_any_io) {
@@ -365,6 +397,8 @@ TEST(file_handle, empty_handles_have_defined_behaviour) {
     EXPECT_TRUE(ebadf([&] { f.write(buffer_view::host(b, 8), 8, 0); }));
     EXPECT_TRUE(ebadf([&] { f.pread_async(b, 8, 0).get(); }));
     EXPECT_TRUE(ebadf([&] { f.pwrite_async(b, 8, 0).get(); }));
+    EXPECT_TRUE(ebadf([&] { f.read_async(buffer_view::host(b, 8), 8, 0).get(); }));
+    EXPECT_TRUE(ebadf([&] { f.write_async(buffer_view::host(b, 8), 8, 0).get(); }));
     EXPECT_TRUE(ebadf([&] { f.size(); }));
     EXPECT_TRUE(ebadf([&] { f.truncate(0); }));
     EXPECT_TRUE(ebadf([&] { f.sync(); }));
