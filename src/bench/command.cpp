@@ -7,7 +7,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/json_text.hpp"
+
 #include "bench/bench.hpp"
+#include "common/progress.hpp"
+#include "common/shell_text.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
 
@@ -15,34 +19,30 @@ namespace gdskit::bench {
 
 namespace {
 
-// A progress line on stderr for runs longer than about two seconds, only when stderr is a terminal.
-hooks with_progress(const hooks& h, const run_options& opt, std::ostream& err, bool* printed) {
-  hooks out = h;
-  if (out.progress || opt.quiet || &err != &std::cerr || !::isatty(STDERR_FILENO)) return out;
-  out.progress = [&err, printed](std::uint64_t bytes, double seconds) {
-    if (seconds < 2.0) return;
-    *printed = true;
-    err << fmt::format("\r  {:.1f} s  {}  {:.2f} GiB/s   ", seconds, format_size(bytes),
-                       static_cast<double>(bytes) / seconds / double(1 << 30))
-        << std::flush;
-  };
-  return out;
-}
-
-void clear_progress(std::ostream& err, bool printed) {
-  if (printed) err << "\r" << std::string(60, ' ') << "\r" << std::flush;
-}
-
+// Progress on stderr (percentage, rate, ETA; rate only for timed runs): on a terminal unless --json/--csv, or
+// wherever --progress asks. A stream that is not std::cerr (tests) gets it only when asked.
 std::vector<job_result> run_with_progress(const std::vector<job_spec>& jobs, const run_options& opt, const hooks& h,
-                                          std::ostream& err) {
-  bool printed = false;
-  hooks hp = with_progress(h, opt, err, &printed);
+                                          std::ostream& err, std::string_view label) {
+  auto style = progress_reporter::choose(opt.progress, opt.json || opt.csv);
+  if (&err != &std::cerr) style = opt.progress.value_or(false) ? progress_reporter::style::lines : progress_reporter::style::off;
+  progress_reporter report(style, err);
+  hooks hp = h;
+  if (!hp.progress && style != progress_reporter::style::off) {
+    std::uint64_t total = 0;
+    bool timed = false;
+    for (const auto& j : jobs) {
+      timed = timed || j.seconds > 0;
+      total += j.size_bytes * j.threads;  // bounded by check_extent
+    }
+    report.start(timed ? 0 : total, label);
+    hp.progress = [&report](std::uint64_t bytes, double) { report.update(bytes); };
+  }
   try {
     auto r = run_jobs(jobs, opt, hp);
-    clear_progress(err, printed);
+    report.finish();
     return r;
   } catch (...) {
-    clear_progress(err, printed);
+    report.finish();
     throw;
   }
 }
@@ -54,14 +54,14 @@ bool all_ok(const std::vector<job_result>& rs) {
 }
 
 int run_single(const request& req, std::ostream& out, std::ostream& err, const hooks& h) {
-  auto results = run_with_progress(req.jobs, req.options, h, err);
+  auto results = run_with_progress(req.jobs, req.options, h, err, "bench");
   const bool many = results.size() > 1;
   job_result total = total_of(results);
   if (req.options.json) {
     nlohmann::json j = {{"gdskit_bench", 1}, {"results", nlohmann::json::array()},
                         {"total", many ? to_json(total) : nlohmann::json(nullptr)}, {"sweep", nullptr}};
     for (const auto& r : results) j["results"].push_back(to_json(r));
-    out << j.dump(2) << "\n";
+    out << json_text(j) << "\n";
   } else if (req.options.csv) {
     out << csv_header();
     for (const auto& r : results) out << csv_row(r);
@@ -98,7 +98,9 @@ int run_sweep(const request& req, std::ostream& out, std::ostream& err, const ho
         j.io = io;
         j.threads = t;
         j.name = fmt::format("{}-{}-{}", to_string(x.kind), io.max_bytes, t);
-        // Reads must fit the file, GPUs must exist: check every point before the first one runs.
+        // Reads must fit the file, GPUs must exist, no point may pass the largest file offset: check every point
+        // before the first one runs.
+        check_extent(j);
         if (!is_write(j.type)) validate(j);
         points.push_back(j);
       }
@@ -109,7 +111,8 @@ int run_sweep(const request& req, std::ostream& out, std::ostream& err, const ho
   }
   std::vector<sweep_row> rows;
   for (const auto& j : points) {
-    auto r = run_with_progress({j}, req.options, h, err);
+    const std::string label = fmt::format("bench {} ({}/{})", j.name, rows.size() + 1, points.size());
+    auto r = run_with_progress({j}, req.options, h, err, label);
     rows.push_back({std::string(to_string(j.xfer.kind)), j.io.max_bytes, std::move(r.front())});
   }
   std::string verdicts = sweep_verdicts(rows, req.options.plateau_gib_s);
@@ -124,7 +127,7 @@ int run_sweep(const request& req, std::ostream& out, std::ostream& err, const ho
       pos = nl + 1;
     }
     j["sweep"] = {{"threads", sw.threads}, {"verdicts", lines}};
-    out << j.dump(2) << "\n";
+    out << json_text(j) << "\n";
   } else if (req.options.csv) {
     out << csv_header();
     for (const auto& row : rows) out << csv_row(row.result);
@@ -149,21 +152,28 @@ int run_sweep(const request& req, std::ostream& out, std::ostream& err, const ho
 }  // namespace
 
 int run_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err, const hooks& h) {
+  return run_command([&args] { return parse_args(args); }, out, err, h);
+}
+
+int run_command(const std::function<request()>& make_request, std::ostream& out, std::ostream& err, const hooks& h) {
   try {
-    request req = parse_args(args);
+    request req = make_request();
     if (req.help) {
       out << usage();
       return 0;
     }
+    try {
+      // A bad GDSKIT_* setting is bad input: refused before anything runs, not an I/O failure mid-run.
+      (void)default_settings();
+    } catch (const gdskit::error& e) {
+      throw usage_error(e.what());
+    }
     return req.sweep ? run_sweep(req, out, err, h) : run_single(req, out, err, h);
   } catch (const usage_error& e) {
-    err << "gdskit bench: " << e.what() << "\n";
+    err << "gdskit bench: " << printable(e.what()) << "\n";
     return 2;
-  } catch (const gdskit::error& e) {
-    err << "gdskit bench: " << e.what() << "\n";
-    return 3;
   } catch (const std::exception& e) {
-    err << "gdskit bench: " << e.what() << "\n";
+    err << "gdskit bench: " << printable(e.what()) << "\n";
     return 3;
   }
 }

@@ -1,7 +1,8 @@
 #include "posix/syscalls.hpp"
 
-#include <linux/fs.h>
+#include <sys/mount.h>
 #include <sys/ioctl.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -25,6 +26,12 @@ syscall_table make_real() {
   t.fdatasync = [](int fd) { return ::fdatasync(fd); };
   t.fadvise = [](int fd, off_t o, off_t n, int advice) { return ::posix_fadvise(fd, o, n, advice); };
   t.block_device_size = [](int fd, std::uint64_t* nbytes) { return ::ioctl(fd, BLKGETSIZE64, nbytes); };
+  t.fsync = [](int fd) { return ::fsync(fd); };
+  t.rename = [](const char* from, const char* to, unsigned flags) {
+    return ::renameat2(AT_FDCWD, from, AT_FDCWD, to, flags);
+  };
+  t.link = [](const char* from, const char* to) { return ::link(from, to); };
+  t.unlink = [](const char* p) { return ::unlink(p); };
   t.uring_result = [](bool, int, std::uint64_t, std::size_t, int result) { return result; };
 #ifdef GDSKIT_HAVE_URING
   t.uring_submit_and_wait = [](void* ring, unsigned wait_nr) {

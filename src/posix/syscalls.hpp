@@ -27,6 +27,13 @@ struct syscall_table {
   std::function<int(int, off_t, off_t, int)> fadvise;
   /// Size in bytes of the block device open as `fd` (ioctl BLKGETSIZE64; st_size is 0 for block devices).
   std::function<int(int fd, std::uint64_t* nbytes)> block_device_size;
+  /// fsync (atomic publish syncs the folder that holds a renamed file).
+  std::function<int(int)> fsync;
+  /// renameat2(AT_FDCWD, from, AT_FDCWD, to, flags): flags 0 or RENAME_NOREPLACE.
+  std::function<int(const char*, const char*, unsigned)> rename;
+  /// link(2), the fallback for RENAME_NOREPLACE on file systems that lack it.
+  std::function<int(const char*, const char*)> link;
+  std::function<int(const char*)> unlink;
   /// io_uring completions pass through here: given what the kernel returned for an operation, returns what the
   /// engine sees. Identity in production; tests return -EINTR, -EIO, short counts.
   std::function<int(bool is_write, int fd, std::uint64_t offset, std::size_t nbytes, int result)> uring_result;
