@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "common/log.hpp"
 #include "engine/file_impl.hpp"
 #include "engine/file_range.hpp"
 #include "engine/io_engine.hpp"
@@ -136,6 +137,14 @@ void file_handle::impl::throw_first_error(const std::vector<io_task>& tasks, con
 std::uint64_t file_handle::impl::current_size() const {
   struct stat st {};
   if (posix::sys().fstat(fd.get(), &st) != 0) throw error(errno_code(errno), "fstat", path.string(), -1, 0);
+  if (S_ISBLK(st.st_mode)) {
+    // A block device's st_size is 0: its size comes from the device.
+    std::uint64_t nbytes = 0;
+    if (posix::sys().block_device_size(fd.get(), &nbytes) != 0) {
+      throw error(errno_code(errno), "ioctl BLKGETSIZE64", path.string(), -1, 0);
+    }
+    return nbytes;
+  }
   return static_cast<std::uint64_t>(st.st_size);
 }
 
@@ -183,7 +192,18 @@ std::size_t file_handle::impl::write(const void* buf, std::size_t nbytes, std::u
   return nbytes;
 }
 
-file_handle::impl::~impl() { engine::release_residency_map(*this); }
+std::error_code file_handle::impl::close_all() noexcept {
+  gpu.cufile.reset();  // cuFile lets go of the descriptor before it closes
+  engine::release_residency_map(*this);
+  std::error_code direct_ec = direct_fd.close();
+  std::error_code ec = fd.close();
+  return ec ? ec : direct_ec;
+}
+
+file_handle::impl::~impl() {
+  const std::error_code ec = close_all();
+  if (ec) log_warning(fmt::format("close \"{}\": {} (call file_handle::close() to see this as an error)", path.string(), ec.message()));
+}
 
 // The inside of an open handle; an empty (default-constructed or moved-from) one has none.
 const file_handle::impl& file_access::open_impl(const std::shared_ptr<file_handle::impl>& m, const char* op) {
@@ -205,10 +225,19 @@ const file_handle::impl& open_impl(const std::shared_ptr<file_handle::impl>& m, 
 // Runs `body` on the shared pool; the job holds the file open until it has run.
 template <class Body>
 std::future<std::size_t> run_async(std::shared_ptr<file_handle::impl> m, Body body) {
-  auto task = std::make_shared<std::packaged_task<std::size_t()>>(
-      [m = std::move(m), body = std::move(body)] { return body(m); });
+  if (m) {
+    std::lock_guard lock(m->async_mutex);
+    ++m->async_inflight;
+  }
+  auto task = std::make_shared<std::packaged_task<std::size_t()>>([m, body = std::move(body)] { return body(m); });
   auto fut = task->get_future();
-  engine::shared_pool(1).submit([task] { (*task)(); });
+  engine::shared_pool(1).submit([task, m = std::move(m)] {
+    (*task)();
+    if (m) {
+      std::lock_guard lock(m->async_mutex);
+      if (--m->async_inflight == 0) m->async_idle.notify_all();
+    }
+  });
   return fut;
 }
 
@@ -310,6 +339,22 @@ std::future<std::size_t> file_handle::pwrite_async(const void* buf, std::size_t 
   });
 }
 
+std::future<std::size_t> file_handle::read_async(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  return run_async(impl_, [dst, nbytes, offset_bytes](const std::shared_ptr<impl>& m) {
+    file_handle h;  // shares the inside: the same file, open until the operation ends
+    h.impl_ = m;
+    return h.read(dst, nbytes, offset_bytes);
+  });
+}
+
+std::future<std::size_t> file_handle::write_async(buffer_view src, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  return run_async(impl_, [src, nbytes, offset_bytes](const std::shared_ptr<impl>& m) {
+    file_handle h;
+    h.impl_ = m;
+    return h.write(src, nbytes, offset_bytes);
+  });
+}
+
 std::uint64_t file_handle::size() const { return open_impl(impl_, "fstat").current_size(); }
 
 void file_handle::truncate(std::uint64_t nbytes) const {
@@ -330,7 +375,10 @@ void file_handle::sync() const {
 
 void file_handle::drop_cache() const {
   const impl& m = open_impl(impl_, "posix_fadvise DONTNEED");
-  if (m.mode != open_mode::read) posix::sys().fdatasync(m.fd.get());
+  // Dirty pages are not dropped: write them first, and say so when that fails (the drop would not be cold).
+  if (m.mode != open_mode::read && posix::sys().fdatasync(m.fd.get()) != 0) {
+    throw error(errno_code(errno), "fdatasync", m.path.string(), -1, 0, "before dropping the page cache");
+  }
   int r = posix::sys().fadvise(m.fd.get(), 0, 0, POSIX_FADV_DONTNEED);
   if (r != 0) throw error(errno_code(r), "posix_fadvise DONTNEED", m.path.string(), -1, 0);
 }
@@ -387,6 +435,17 @@ std::size_t file_handle::write(buffer_view src, std::size_t nbytes, std::uint64_
   check_view(m, true, src, nbytes, offset_bytes);
   if (host_memory(src)) return m.write(src.data, nbytes, offset_bytes);
   return gpu::device_transfer(*this, true, src, nbytes, offset_bytes);
+}
+
+void file_handle::close() {
+  if (!impl_) return;
+  std::shared_ptr<impl> m = std::move(impl_);  // the handle is empty from here on, whatever happens
+  {
+    std::unique_lock lock(m->async_mutex);
+    m->async_idle.wait(lock, [&] { return m->async_inflight == 0; });
+  }
+  const std::error_code ec = m->close_all();
+  if (ec) throw error(ec, "close", m->path.string(), -1, 0);
 }
 
 namespace {

@@ -1,6 +1,7 @@
 // The inside of gdskit::file_handle, shared with the GPU paths (they reuse its descriptors and planner).
 #pragma once
 
+#include <condition_variable>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -44,7 +45,13 @@ struct file_handle::impl {
   };
   mutable residency_map rmap;
 
+  // Asynchronous operations of the handle not yet finished (close() waits for them).
+  mutable std::mutex async_mutex;
+  mutable std::condition_variable async_idle;
+  mutable unsigned async_inflight = 0;
+
   impl() = default;
+  /// Closes what is still open; errors are logged (a destructor cannot report them).
   ~impl();
   impl(const impl&) = delete;
   impl& operator=(const impl&) = delete;
@@ -57,6 +64,8 @@ struct file_handle::impl {
   std::uint64_t current_size() const;
   std::size_t read(void* buf, std::size_t nbytes, std::uint64_t offset) const;
   std::size_t write(const void* buf, std::size_t nbytes, std::uint64_t offset) const;
+  /// Deregisters from cuFile, unmaps, closes both descriptors; returns the first close error.
+  std::error_code close_all() noexcept;
 };
 
 /// The data paths' way into a handle (src/gpu): its inside, or EBADF when the handle is empty.

@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -148,13 +149,27 @@ void drain_lane(transfer& t, unsigned lane, const std::vector<bool>& pending) {
   }
 }
 
+// A worker's use of a lane, from begin_lane to end_lane (which runs after the lane's last wait).
+class lane_session {
+ public:
+  lane_session(copier& cp, unsigned lane) : cp_(cp), lane_(lane) { cp_.begin_lane(lane_); }
+  ~lane_session() { cp_.end_lane(lane_); }
+  lane_session(const lane_session&) = delete;
+  lane_session& operator=(const lane_session&) = delete;
+
+ private:
+  copier& cp_;
+  unsigned lane_;
+};
+
 void read_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t base_offset) {
   copier& cp = t.cp;
   const unsigned nslots = cp.slots_per_lane();
   std::vector<bool> pending(nslots, false);
   unsigned k = 0;
+  std::optional<lane_session> session;  // ends after drain_lane
   try {
-    cp.begin_lane(lane);
+    session.emplace(cp, lane);
     while (!t.stopped()) {
       const std::size_t i = t.next.fetch_add(1);
       if (i >= t.pieces.size()) break;
@@ -201,6 +216,7 @@ void write_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t ba
   std::vector<staged_piece> queue;
   std::vector<bool> pending(nslots, false);
   unsigned k = 0;
+  std::optional<lane_session> session;  // ends after drain_lane
   auto start_next = [&]() -> bool {
     if (t.stopped()) return false;
     const std::size_t i = t.next.fetch_add(1);
@@ -213,7 +229,7 @@ void write_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t ba
     return true;
   };
   try {
-    cp.begin_lane(lane);
+    session.emplace(cp, lane);
     for (unsigned s = 0; s + 1 < nslots && start_next(); ++s) {
     }
     while (!queue.empty()) {

@@ -22,6 +22,9 @@ class copier {
   virtual std::size_t slot_bytes() const = 0;
   /// Called on the worker thread before it uses `lane` (the CUDA copier makes its context current here).
   virtual void begin_lane(unsigned lane) = 0;
+  /// Called on the same thread when it is done with `lane`, after its last wait, when begin_lane succeeded
+  /// (the CUDA copier restores the thread's previous context here).
+  virtual void end_lane(unsigned lane) noexcept = 0;
   /// Start of the slot's memory (aligned to at least 4 KiB).
   virtual std::byte* slot(unsigned lane, unsigned slot) = 0;
   /// Starts copying `nbytes` from slot memory at `slot_offset` to `far` (asynchronous).

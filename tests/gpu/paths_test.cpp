@@ -10,11 +10,15 @@
 #include <cstring>
 #include <iostream>
 #include <fstream>
+#include <future>
 #include <random>
+#include <thread>
 
 #include "gdskit/buffer.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
+#include "gpu/cuda_raii.hpp"
+#include "shim/cuda_driver.hpp"
 #include "shim/cufile.hpp"
 #include "test_support.hpp"
 
@@ -155,6 +159,98 @@ TEST(gpu_buffers, foreign_and_bad_pointers) {
   EXPECT_THROW(f.read(d.view().sub(0, 10), 100, 0), error);  // buffer too small for the request
   EXPECT_EQ(f.read(d.view(), 1000, 0), 100u);               // short file: the bytes that exist
   EXPECT_THROW(f.read_exact(d.view(), 1000, 0), short_read_error);
+}
+
+shim::CUcontext current_context() {
+  shim::CUcontext c = nullptr;
+  shim::cuda()->cuCtxGetCurrent(&c);
+  return c;
+}
+
+// gdskit's buffers and paths use the context they need and give the thread back as they found it.
+TEST(gpu_resources, context_is_restored_after_every_call) {
+  REQUIRE_GPU();
+  std::thread([] {
+    ASSERT_EQ(current_context(), nullptr) << "a fresh thread starts without a context";
+    {
+      device_buffer d(1u << 20);
+      EXPECT_EQ(current_context(), nullptr) << "device_buffer left a context current";
+      d.fill(7);
+      std::vector<std::uint8_t> back(16);
+      d.copy_to_host(back.data(), back.size());
+      EXPECT_EQ(back[0], 7);
+      pinned_buffer pin(1u << 20);
+      temp_dir dir(test::direct_capable_parent());
+      test::write_file(dir / "c", random_bytes(1u << 20, 8));
+      file_handle f(dir / "c", open_mode::read_write, {}, with_mode(path_mode::staged));
+      EXPECT_EQ(f.read(d.view(), 1u << 20, 0), 1u << 20);
+      EXPECT_EQ(f.write(d.view(), 1u << 20, 0), 1u << 20);
+      EXPECT_EQ(current_context(), nullptr);
+    }
+    EXPECT_EQ(current_context(), nullptr) << "a destructor left a context current";
+    {
+      gpu::context_guard g(0);
+      EXPECT_NE(current_context(), nullptr);
+      EXPECT_EQ(current_context(), shim::primary_context(0));
+      { gpu::context_guard nested(0); }
+      EXPECT_EQ(current_context(), shim::primary_context(0)) << "a nested guard popped more than it pushed";
+    }
+    EXPECT_EQ(current_context(), nullptr);
+  }).join();
+}
+
+TEST(gpu_resources, streams_and_events_move_and_destroy) {
+  REQUIRE_GPU();
+  gpu::cuda_stream s(0, shim::CU_STREAM_NON_BLOCKING);
+  ASSERT_TRUE(s);
+  const shim::CUstream raw = s.get();
+  gpu::cuda_stream moved(std::move(s));
+  EXPECT_FALSE(s);
+  EXPECT_EQ(s.device(), -1);
+  EXPECT_EQ(moved.get(), raw);
+  gpu::cuda_stream other(0, 0);
+  other = std::move(moved);  // frees other's own stream, takes moved's
+  EXPECT_EQ(other.get(), raw);
+  EXPECT_FALSE(moved);
+  gpu::cuda_event e(0, shim::CU_EVENT_DISABLE_TIMING);
+  {
+    gpu::context_guard g(0);
+    EXPECT_EQ(shim::cuda()->cuEventRecord(e.get(), other.get()), shim::CUDA_SUCCESS);
+    EXPECT_EQ(shim::cuda()->cuEventSynchronize(e.get()), shim::CUDA_SUCCESS);
+  }
+  gpu::cuda_event e2(std::move(e));
+  EXPECT_FALSE(e);
+  EXPECT_TRUE(e2);
+  e2.reset();
+  EXPECT_FALSE(e2);
+  device_buffer d(4096);
+  device_buffer d2(std::move(d));
+  EXPECT_EQ(d.data(), nullptr);
+  EXPECT_NE(d2.data(), nullptr);
+  pinned_buffer p(4096);
+  pinned_buffer p2;
+  p2 = std::move(p);
+  EXPECT_EQ(p.data(), nullptr);
+  EXPECT_NE(p2.data(), nullptr);
+}
+
+TEST(gpu_paths, buffer_view_async_forms_with_device_memory) {
+  REQUIRE_GPU();
+  temp_dir dir(test::direct_capable_parent());
+  auto data = random_bytes((3u << 20) + 17, 51);
+  test::write_file(dir / "as", data);
+  device_buffer d(data.size() + 4096);
+  std::future<std::size_t> r;
+  {
+    file_handle f(dir / "as", open_mode::read_write, {}, with_mode(path_mode::staged));
+    r = f.read_async(d.view(), d.size(), 0);
+  }
+  EXPECT_EQ(r.get(), data.size());
+  EXPECT_EQ(device_to_host(d, data.size()), data);
+  file_handle f(dir / "as", open_mode::read_write, {}, with_mode(path_mode::staged));
+  EXPECT_EQ(f.write_async(d.view().sub(1, 100000), 100000, 4097).get(), 100000u);
+  auto disk = test::read_file(dir / "as");
+  EXPECT_EQ(0, std::memcmp(disk.data() + 4097, data.data() + 1, 100000));
 }
 
 }  // namespace

@@ -33,6 +33,12 @@ class deferred_copier final : public gpu::copier {
   unsigned slots_per_lane() const override { return slots_; }
   std::size_t slot_bytes() const override { return slot_bytes_; }
   void begin_lane(unsigned) override { ++lanes_started; }
+  void end_lane(unsigned lane) noexcept override {
+    for (unsigned s = 0; s < slots_; ++s) {
+      EXPECT_TRUE(pending_[lane * slots_ + s].empty()) << "a lane ended with copies in flight";
+    }
+    ++lanes_ended;
+  }
   std::byte* slot(unsigned lane, unsigned s) override { return base_ + (lane * slots_ + s) * slot_bytes_; }
   void to_far(unsigned lane, unsigned s, std::size_t off, std::uintptr_t far, std::size_t n) override {
     if (fail_after >= 0 && copies++ >= fail_after) throw error(cuda_code(700), "cuMemcpyHtoDAsync (injected)");
@@ -67,6 +73,7 @@ class deferred_copier final : public gpu::copier {
   }
 
   std::atomic<int> lanes_started{0};
+  std::atomic<int> lanes_ended{0};
   std::atomic<int> waits{0};
   std::atomic<int> copies{0};
   int fail_after = -1;
@@ -184,6 +191,7 @@ TEST(staged_pipeline, slots_are_reused_and_reads_run_ahead) {
   EXPECT_GE(st.slot_waits, 32u - 4u);
   EXPECT_LE(st.slot_waits, 32u);
   EXPECT_EQ(cp.lanes_started.load(), 2);
+  EXPECT_EQ(cp.lanes_ended.load(), 2) << "every lane begun is ended (the CUDA copier restores the context there)";
 }
 
 TEST(staged_pipeline, read_error_mid_stream_propagates_and_drains) {
@@ -211,6 +219,7 @@ TEST(staged_pipeline, read_error_mid_stream_propagates_and_drains) {
     EXPECT_LE(static_cast<std::uint64_t>(e.offset_bytes()), bad);
   }
   EXPECT_EQ(cp.still_pending(), 0u) << "copies still in flight after the error";
+  EXPECT_EQ(cp.lanes_ended.load(), cp.lanes_started.load());
 }
 
 TEST(staged_pipeline, copy_error_propagates) {
