@@ -65,6 +65,8 @@ void atomic_write(const std::filesystem::path& target, std::string_view data) {
   if (h) {
     try {
       h(tmp, target);
+    } catch (const simulated_kill&) {
+      throw;  // a killed process removes nothing
     } catch (...) {
       ::unlink(tmp.c_str());
       throw;
