@@ -292,6 +292,19 @@ bool killed_at(std::size_t k, bool in_write, const std::function<void()>& op) {
   return killed;
 }
 
+// After a kill: optionally apply (must end fully applied), then revert (must end byte-identical to the start).
+void recover(const fs::path& root, bool apply_first, const std::map<std::string, std::string>& applied,
+             const std::map<std::string, std::string>& before) {
+  if (apply_first) {
+    auto r = apply_tree(root, {});
+    ASSERT_FALSE(r.refused) << r.refusal;
+    EXPECT_EQ(snapshot(root), applied);
+  }
+  auto r = revert_tree(root, {});
+  ASSERT_FALSE(r.refused) << r.refusal;
+  EXPECT_EQ(snapshot(root), before);
+}
+
 }  // namespace
 
 TEST(patch_tree, ApplyKilledAtAnyStepRecoversWithApplyOrRevert) {
@@ -310,14 +323,7 @@ TEST(patch_tree, ApplyKilledAtAnyStepRecoversWithApplyOrRevert) {
           if (then_apply) goto next_mode;
           continue;
         }
-        if (then_apply) {
-          auto r = apply_tree(t.root, {});
-          ASSERT_FALSE(r.refused) << r.refusal;
-          EXPECT_EQ(snapshot(t.root), applied);
-        }
-        auto r = revert_tree(t.root, {});
-        ASSERT_FALSE(r.refused) << r.refusal;
-        EXPECT_EQ(snapshot(t.root), before);
+        recover(t.root, then_apply, applied, before);
       }
     }
   next_mode:;
@@ -340,14 +346,7 @@ TEST(patch_tree, RevertKilledAtAnyStepRecoversWithRevertOrApply) {
           done = true;
           break;
         }
-        if (!then_revert) {
-          auto r = apply_tree(t.root, {});
-          ASSERT_FALSE(r.refused) << r.refusal;
-          EXPECT_EQ(snapshot(t.root), applied);
-        }
-        auto r = revert_tree(t.root, {});
-        ASSERT_FALSE(r.refused) << r.refusal;
-        EXPECT_EQ(snapshot(t.root), before);
+        recover(t.root, !then_revert, applied, before);
       }
       if (done) break;
     }
