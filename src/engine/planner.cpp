@@ -184,7 +184,7 @@ path_decision decide(const system_facts& sys, const runtime_facts& rt, memory_ki
       return d;
     case path_mode::compat:
       d.path = data_path::compat;
-      d.reasons.push_back("GDSKIT_MODE=compat: cuFile's own POSIX path");
+      d.reasons.push_back("GDSKIT_MODE=compat: cuFile's own POSIX path (cuFile opened with force_compat_mode for this process)");
       if (!rt.cufile_ok) d.reasons.push_back(rt.cufile_reason);
       return d;
     case path_mode::host:
