@@ -10,6 +10,7 @@
 #include "common/json_text.hpp"
 
 #include "bench/bench.hpp"
+#include "common/terminal.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
 
@@ -100,7 +101,9 @@ int run_sweep(const request& req, std::ostream& out, std::ostream& err, const ho
         j.io = io;
         j.threads = t;
         j.name = fmt::format("{}-{}-{}", to_string(x.kind), io.max_bytes, t);
-        // Reads must fit the file, GPUs must exist: check every point before the first one runs.
+        // Reads must fit the file, GPUs must exist, no point may pass the largest file offset: check every point
+        // before the first one runs.
+        check_extent(j);
         if (!is_write(j.type)) validate(j);
         points.push_back(j);
       }
@@ -157,15 +160,18 @@ int run_command(const std::vector<std::string>& args, std::ostream& out, std::os
       out << usage();
       return 0;
     }
+    try {
+      // A bad GDSKIT_* setting is bad input: refused before anything runs, not an I/O failure mid-run.
+      (void)default_settings();
+    } catch (const gdskit::error& e) {
+      throw usage_error(e.what());
+    }
     return req.sweep ? run_sweep(req, out, err, h) : run_single(req, out, err, h);
   } catch (const usage_error& e) {
-    err << "gdskit bench: " << e.what() << "\n";
+    err << "gdskit bench: " << printable(e.what()) << "\n";
     return 2;
-  } catch (const gdskit::error& e) {
-    err << "gdskit bench: " << e.what() << "\n";
-    return 3;
   } catch (const std::exception& e) {
-    err << "gdskit bench: " << e.what() << "\n";
+    err << "gdskit bench: " << printable(e.what()) << "\n";
     return 3;
   }
 }
