@@ -5,6 +5,8 @@
 #include <string_view>
 #include <system_error>
 
+#include "common/terminal.hpp"  // printable(): control characters as \xNN for comments and messages
+
 namespace gdskit {
 
 /// `s` as one POSIX shell word in single quotes ('it'\''s'). Safe for any bytes except control characters,
@@ -13,9 +15,6 @@ std::string shell_quote(std::string_view s);
 
 /// Whether `s` holds an ASCII control character (0x00-0x1f or 0x7f), newline and tab included.
 bool has_control_chars(std::string_view s) noexcept;
-
-/// `s` with every control character replaced by '?', for one-line comments and messages.
-std::string printable(std::string_view s);
 
 /// Checks a folder given on the command line: EINVAL when it holds control characters, ENOENT when it does
 /// not exist, ENOTDIR when it is not a folder. Empty error when it is usable.

@@ -4,12 +4,8 @@
 # in bounded memory, never a crash, a hang or exit 2.
 # Usage: doctor_hostile.sh <gdskit binary> <source dir> <build dir>
 set -u
-gdskit=$1
+source "$(dirname "$0")/lib.bash" "$@"
 src=$2
-[ -x "$gdskit" ] || { echo "no gdskit binary at $gdskit"; exit 77; }
-work=$(mktemp -d "${TMPDIR:-/tmp}/gdskit-doctor-cli.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 base=$src/tests/fixtures/systems/gds-ok-nvme-ext4
 
 fresh() {  # fresh <name>: a copy of the good fixture
