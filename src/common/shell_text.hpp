@@ -5,6 +5,7 @@
 #include <string_view>
 #include <system_error>
 
+
 namespace gdskit {
 
 /// `s` as one POSIX shell word in single quotes ('it'\''s'). Safe for any bytes except control characters,

@@ -1,6 +1,9 @@
 #include "gpu/cufile_path.hpp"
 
 #include <cerrno>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -15,6 +18,40 @@ using namespace shim;
 
 namespace {
 
+// CUFileBoolConfigParameter_t CUFILE_PARAM_FORCE_COMPAT_MODE (cuFile 1.14+).
+constexpr int param_force_compat_mode = 2;
+
+// cuFile reads its mode once per process, when the driver opens. GDSKIT_MODE=compat configures compat before
+// that open (cuFileSetParameterBool, or CUFILE_FORCE_COMPAT_MODE where the parameter API is missing); once
+// the driver is open in one mode, a transfer asking for the other is refused rather than run under a label
+// that is not true.
+void open_driver_for(const file_handle::impl& f, const cufile_api& api, bool compat) {
+  static std::mutex mutex;
+  static std::optional<bool> opened_compat;
+  std::lock_guard lock(mutex);
+  if (!opened_compat) {
+    const bool opened_elsewhere = cufile_driver_opened();
+    if (compat && !opened_elsewhere) {
+      const bool set = api.cuFileSetParameterBool != nullptr &&
+                       api.cuFileSetParameterBool(param_force_compat_mode, true).err == CU_FILE_SUCCESS;
+      if (!set) ::setenv("CUFILE_FORCE_COMPAT_MODE", "true", 1);
+    }
+    const int open_status = cufile_driver_open();
+    if (open_status != CU_FILE_SUCCESS) throw error(cufile_code(open_status), "cuFileDriverOpen", f.path.string(), -1, 0);
+    opened_compat = compat && !opened_elsewhere;
+  }
+  if (compat && !*opened_compat) {
+    throw error(errno_code(ENOTSUP), "cuFileDriverOpen", f.path.string(), -1, 0,
+                "cuFile is already open in this process without compat mode; GDSKIT_MODE=compat must hold from the "
+                "first cuFile transfer of the process");
+  }
+  if (!compat && *opened_compat) {
+    throw error(errno_code(ENOTSUP), "cuFileDriverOpen", f.path.string(), -1, 0,
+                "cuFile was opened in compat mode (GDSKIT_MODE=compat) by this process; a gds transfer would run "
+                "compat");
+  }
+}
+
 // cuFile handles are registered once per file_handle, on first use.
 CUfileHandle_t registered_handle(const file_handle::impl& f) {
   std::lock_guard lock(f.gpu.mutex);
@@ -22,8 +59,7 @@ CUfileHandle_t registered_handle(const file_handle::impl& f) {
   std::string reason;
   const cufile_api* api = cufile(&reason);
   if (api == nullptr) throw error(errno_code(ENOTSUP), "cuFile", f.path.string(), -1, 0, reason);
-  int open_status = cufile_driver_open();
-  if (open_status != CU_FILE_SUCCESS) throw error(cufile_code(open_status), "cuFileDriverOpen", f.path.string(), -1, 0);
+  open_driver_for(f, *api, f.config.mode == path_mode::compat);
   CUfileError_t st{};
   cufile_handle h(f.direct_fd ? f.direct_fd.get() : f.fd.get(), st);
   if (st.err != CU_FILE_SUCCESS) {

@@ -34,7 +34,14 @@ void atomic_write(const std::filesystem::path& target, std::string_view data) {
     std::lock_guard lock(hook_mutex);
     h = hook();
   }
-  if (h) h(pub.temp_path(), target);  // a throwing hook leaves pub to remove the temporary file
+  if (h) {
+    try {
+      h(pub.temp_path(), target);
+    } catch (const simulated_kill&) {
+      pub.abandon();  // a killed process removes nothing: the temporary file stays for recovery to find
+      throw;
+    }  // any other exception leaves pub to remove the temporary file
+  }
   pub.rename_and_sync_folder();
 }
 

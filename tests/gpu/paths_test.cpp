@@ -138,8 +138,16 @@ TEST(gpu_paths, cufile_with_and_without_udev_data) {
   }
   round_trips(path_mode::compat, false, false);
   round_trips(path_mode::compat, false, true);
-  round_trips(path_mode::gds, false, true);  // forced: cuFile, whatever it does underneath
   for (const auto& p : created) std::filesystem::remove(p);
+  // cuFile's mode is per process and this one forced compat: a gds transfer is refused, not run as compat.
+  file_handle g(dir / "u", open_mode::read, {}, with_mode(path_mode::gds));
+  device_buffer d(4096);
+  try {
+    g.read(d.view(), 4096, 0);
+    ADD_FAILURE() << "gds after forced compat must be refused";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::errc::not_supported) << e.what();
+  }
 }
 
 TEST(gpu_buffers, foreign_and_bad_pointers) {
@@ -251,6 +259,47 @@ TEST(gpu_paths, buffer_view_async_forms_with_device_memory) {
   EXPECT_EQ(f.write_async(d.view().sub(1, 100000), 100000, 4097).get(), 100000u);
   auto disk = test::read_file(dir / "as");
   EXPECT_EQ(0, std::memcmp(disk.data() + 4097, data.data() + 1, 100000));
+}
+
+}  // namespace
+}  // namespace gdskit
+
+namespace gdskit {
+namespace {
+
+// GDSKIT_MODE=compat must run cuFile's compat mode, not the default configuration: the counters after the
+// transfer say posix for every request. Run first in its own process (cuFile's mode is per process):
+//   build/ci/tests/gpu_paths_test --gtest_filter=gpu_paths.forced_compat_is_compat_by_the_counters
+TEST(gpu_paths, forced_compat_is_compat_by_the_counters) {
+  REQUIRE_GPU();
+  std::string reason;
+  if (shim::cufile(&reason) == nullptr) GTEST_SKIP() << "no libcufile: " << reason;
+  if (shim::cufile_driver_opened()) GTEST_SKIP() << "cuFile already open in this process: run this test alone";
+  if (!shim::cufile_enable_stats()) GTEST_SKIP() << "this libcufile has no level-3 statistics";
+  temp_dir dir(test::direct_capable_parent());
+  const std::size_t size = 8u << 20;
+  auto data = random_bytes(size, 5);
+  test::write_file(dir / "f", data);
+  file_handle f(dir / "f", open_mode::read, {}, with_mode(path_mode::compat));
+  device_buffer d(size);
+  EXPECT_EQ(f.plan(d.view()).path, data_path::compat);
+  const auto before = shim::cufile_read_counters();
+  ASSERT_EQ(f.read(d.view(), size, 0), size);
+  const auto after = shim::cufile_read_counters();
+  EXPECT_EQ(device_to_host(d, size), data);
+  ASSERT_TRUE(after.available);
+  EXPECT_GT(after.reads - before.reads, 0u);
+  EXPECT_EQ(after.posix_reads - before.posix_reads, after.reads - before.reads);
+  EXPECT_EQ(after.p2p_reads - before.p2p_reads, 0u);
+  EXPECT_EQ(after.nvfs_reads - before.nvfs_reads, 0u);
+  // The process is now in compat mode: a gds transfer is refused, not run under a false label.
+  file_handle g(dir / "f", open_mode::read, {}, with_mode(path_mode::gds));
+  try {
+    g.read(d.view(), 4096, 0);
+    ADD_FAILURE() << "gds after forced compat must be refused";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::errc::not_supported);
+  }
 }
 
 }  // namespace
