@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ceilings.hpp"
+#include "gdskit/buffer.hpp"
 #include "gdskit/file.hpp"
 #include "gdskit/settings.hpp"
 
@@ -77,6 +78,7 @@ int main(int argc, char** argv) {
   }
   measured cold = gdskit_read(path, dst, size, true, repeats);
   measured warm = gdskit_read(path, dst, size, false, repeats);
+  std::printf("plan after the cold reads: %s\n", probe.plan(buffer_view::host(dst, size)).summary().c_str());
 
   std::printf("\n%-44s %9s %8s %11s\n", "measurement", "GiB/s", "threads", "CPU-s/GiB");
   std::printf("%-44s %9.2f %8u %11.3f\n", "(a) raw parallel O_DIRECT read (best)", direct_best.gib_s, direct_best.threads,
@@ -114,11 +116,18 @@ int main(int argc, char** argv) {
     std::printf("\n");
   }
   std::printf("gdskit variants (one run each):\n");
+  {
+    settings v = default_settings();
+    v.adaptive = false;
+    std::printf("  fixed defaults (GDSKIT_ADAPTIVE=off: depth %u, %s) cold %6.2f GiB/s\n", std::min(v.threads, v.direct_depth),
+                format_size(v.chunk_bytes).c_str(), gdskit_read(path, dst, size, true, 1, v).gib_s);
+  }
   for (engine_kind e : {engine_kind::io_uring, engine_kind::threads}) {
     for (unsigned depth : {1u, 2u, 4u, 8u, 16u}) {
       settings v = default_settings();
       v.engine = e;
       v.direct_depth = depth;
+      v.direct_depth_set = true;  // fixed depth, the request size still adaptive
       std::printf("  %-8s depth %2u  cold %6.2f GiB/s\n", std::string(to_string(e)).c_str(), depth,
                   gdskit_read(path, dst, size, true, 1, v).gib_s);
     }
@@ -129,6 +138,7 @@ int main(int argc, char** argv) {
   for (std::size_t chunk : {std::size_t{1} << 20, std::size_t{4} << 20, std::size_t{16} << 20}) {
     settings v = default_settings();
     v.chunk_bytes = chunk;
+    v.chunk_bytes_set = true;
     std::printf("  chunk %-6s cold %6.2f GiB/s  warm %6.2f GiB/s\n", format_size(chunk).c_str(),
                 gdskit_read(path, dst, size, true, 1, v).gib_s, gdskit_read(path, dst, size, false, 1, v).gib_s);
   }

@@ -207,12 +207,16 @@ void adaptive_controller::judge(double rate) {
   enter(after(phase_, moved_));
 }
 
-std::shared_ptr<adaptive_controller> controller_for(dev_t device, io_dir dir, io_shape start,
+std::shared_ptr<adaptive_controller> controller_for(dev_t device, io_dir dir, int client, io_shape start,
                                                     const adaptive_limits& limits) {
   static std::mutex mutex;
-  static std::map<std::tuple<dev_t, int, bool, bool>, std::shared_ptr<adaptive_controller>> controllers;
+  static std::map<std::tuple<dev_t, int, int, bool, bool, std::size_t>, std::shared_ptr<adaptive_controller>>
+      controllers;
   std::lock_guard lock(mutex);
-  auto key = std::make_tuple(device, static_cast<int>(dir), limits.depth_fixed, limits.request_fixed);
+  // Pinned coordinates and the request ceiling are part of the key: a controller never serves limits it was
+  // not made for.
+  auto key = std::make_tuple(device, static_cast<int>(dir), client, limits.depth_fixed, limits.request_fixed,
+                             limits.max_request_bytes);
   auto& c = controllers[key];
   if (!c) c = std::make_shared<adaptive_controller>(start, limits);
   return c;

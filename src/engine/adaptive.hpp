@@ -27,6 +27,10 @@ struct io_shape {
 
 enum class io_dir { read, write };
 
+/// Where a device without a profile starts: shallow, so deep queues are found by growing and a
+/// cache-footprint cliff is never started behind.
+inline constexpr io_shape k_start_shape{2, std::size_t{4} << 20};
+
 struct adaptive_limits {
   unsigned min_depth = 1;
   unsigned max_depth = 64;
@@ -101,7 +105,8 @@ class adaptive_controller {
 
 /// The process-wide controller for (device, direction), created from `start` and `limits` on first use. Later
 /// calls return the same controller (its converged state survives between transfers and file handles).
-std::shared_ptr<adaptive_controller> controller_for(dev_t device, io_dir dir, io_shape start,
+/// `client` separates users whose costs per request differ (see io_schedule.hpp).
+std::shared_ptr<adaptive_controller> controller_for(dev_t device, io_dir dir, int client, io_shape start,
                                                     const adaptive_limits& limits);
 
 /// Rounds `v` down to a power of two within [lo, hi].

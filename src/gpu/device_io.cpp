@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "engine/file_impl.hpp"
+#include "engine/io_schedule.hpp"
 #include "engine/planner.hpp"
 #include "engine/residency.hpp"
 #include "gdskit/error.hpp"
@@ -67,13 +68,28 @@ std::size_t device_transfer(const file_handle& file, bool write, buffer_view buf
       // Lanes: every worker when the bytes come from the page cache (memory copies), the O_DIRECT depth when
       // they come from storage or go to it.
       const bool from_cache = !write && engine::prefer_page_cache(f, offset, nbytes);
-      const unsigned want = from_cache ? f.config.threads : std::min(f.config.threads, f.config.direct_depth);
+      const bool scheduled = f.choice.direct && !from_cache;
+      // Storage transfers take their depth (lanes) and piece size from the device's scheduler; lanes are
+      // leased for one doubling beyond the current depth, so the controller can grow it within the transfer.
+      engine::scheduled_transfer sched(f.config, f.st_dev, write ? engine::io_dir::write : engine::io_dir::read,
+                                       engine::io_client::staged, scheduled ? nbytes : 0);
+      const engine::io_shape shape = sched.shape();
+      gpu::staged_options options;
+      unsigned want = from_cache ? f.config.threads : std::min(f.config.threads, f.config.direct_depth);
       const std::size_t slot = from_cache ? f.config.cached_slot_bytes : f.config.staging_slot_bytes;
-      const auto lanes = static_cast<unsigned>(std::min<std::size_t>(want, gpu::piece_count(offset, nbytes, slot)));
+      if (scheduled) {
+        want = std::min(2 * shape.depth, sched.max_shape().depth);
+        options.piece_bytes = shape.request_bytes;
+        options.active_lanes = [&sched] { return sched.shape().depth; };
+        options.on_direct_bytes = [&sched](std::size_t n) { sched.complete(n); };
+        sched.start(nbytes);
+      }
+      const std::size_t piece = options.piece_bytes != 0 ? std::min(options.piece_bytes, slot) : slot;
+      const auto lanes = static_cast<unsigned>(std::min<std::size_t>(want, gpu::piece_count(offset, nbytes, piece)));
       gpu::staging_lease lease(device, lanes, f.config.staging_slots, slot);
       const auto far = reinterpret_cast<std::uintptr_t>(buf.data);
-      return write ? gpu::staged_write(file, lease.get(), far, nbytes, offset)
-                   : gpu::staged_read(file, lease.get(), far, nbytes, offset);
+      return write ? gpu::staged_write(file, lease.get(), far, nbytes, offset, options)
+                   : gpu::staged_read(file, lease.get(), far, nbytes, offset, options);
     }
   }
 }
@@ -85,14 +101,22 @@ path_decision file_handle::plan(buffer_view buf) const {
   engine::runtime_facts rt;
   rt.direct_ok = f.choice.direct;
   rt.direct_reason = f.choice.direct_reason;
+  path_decision d;
   if (buf.kind == memory_kind::host || buf.kind == memory_kind::pinned) {
-    return engine::decide({}, rt, buf.kind, f.config.mode);
+    d = engine::decide({}, rt, buf.kind, f.config.mode);
+  } else {
+    rt.gpu_ok = gpu_available(&rt.gpu_reason);
+    rt.cufile_ok = shim::cufile(&rt.cufile_reason) != nullptr;
+    std::lock_guard lock(f.gpu.mutex);
+    if (!f.gpu.facts) f.gpu.facts = engine::gather_facts("/", f.st_dev, f.fs_type);
+    d = engine::decide(*f.gpu.facts, rt, buf.kind, f.config.mode);
   }
-  rt.gpu_ok = gpu_available(&rt.gpu_reason);
-  rt.cufile_ok = shim::cufile(&rt.cufile_reason) != nullptr;
-  std::lock_guard lock(f.gpu.mutex);
-  if (!f.gpu.facts) f.gpu.facts = engine::gather_facts("/", f.st_dev, f.fs_type);
-  return engine::decide(*f.gpu.facts, rt, buf.kind, f.config.mode);
+  // Where the O_DIRECT depth and request size come from (profile, adaptive state, or a setting that wins).
+  if (f.choice.direct) {
+    const auto client = d.path == data_path::staged ? engine::io_client::staged : engine::io_client::host;
+    d.reasons.push_back(engine::schedule_reason(f.config, f.st_dev, engine::io_dir::read, client));
+  }
+  return d;
 }
 
 std::size_t file_handle::read(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const {
