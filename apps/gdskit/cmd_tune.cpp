@@ -29,7 +29,7 @@ void add_tune_command(CLI::App& app) {
     auto size = parse_size(o->size);
     if (!size || *size < (1u << 20) || *size > (std::uint64_t{64} << 30)) {
       fmt::print(stderr, "gdskit tune: --size must be 1M..64G\n");
-      exit_code() = 2;
+      exit_code() = exit_usage;
       return;
     }
     engine::tune_options t;
@@ -69,7 +69,7 @@ void add_tune_command(CLI::App& app) {
       if (!o->no_save) fmt::print("profile: {}\n", saved);
     } catch (const gdskit::error& e) {
       fmt::print(stderr, "gdskit tune: {}\n", e.what());
-      exit_code() = 1;
+      exit_code() = exit_code_for(e);  // a missing or refusing folder is bad input (2), a failed I/O 3
     }
   });
 }

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/json_text.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
 #include "patch/patch.hpp"
@@ -213,7 +214,7 @@ std::string profile_json(const device_profile& p) {
     sweep.push_back(std::move(e));
   }
   j["sweep"] = std::move(sweep);
-  return j.dump(2) + "\n";
+  return json_text(j, 2) + "\n";
 }
 
 std::filesystem::path save_profile(const std::filesystem::path& dir, const device_profile& p) {
