@@ -62,7 +62,7 @@ std::size_t device_transfer(const file_handle& file, bool write, buffer_view buf
       const bool from_cache = !write && engine::prefer_page_cache(f, offset, nbytes);
       const bool scheduled = f.choice.direct && !from_cache;
       // Storage transfers take their depth (lanes) and piece size from the device's scheduler; lanes are
-      // leased for one doubling beyond the current depth, so the controller can grow it within the transfer.
+      // leased for two doublings beyond the current depth, so the controller can grow it within the transfer.
       engine::scheduled_transfer sched(f.config, f.st_dev, write ? engine::io_dir::write : engine::io_dir::read,
                                        engine::io_client::staged, scheduled ? nbytes : 0);
       const engine::io_shape shape = sched.shape();
@@ -70,7 +70,7 @@ std::size_t device_transfer(const file_handle& file, bool write, buffer_view buf
       unsigned want = from_cache ? f.config.threads : std::min(f.config.threads, f.config.direct_depth);
       const std::size_t slot = from_cache ? f.config.cached_slot_bytes : f.config.staging_slot_bytes;
       if (scheduled) {
-        want = std::min(2 * shape.depth, sched.max_shape().depth);
+        want = std::min(4 * shape.depth, sched.max_shape().depth);
         options.piece_bytes = shape.request_bytes;
         options.active_lanes = [&sched] { return sched.shape().depth; };
         options.on_direct_bytes = [&sched](std::size_t n) { sched.complete(n); };

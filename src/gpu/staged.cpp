@@ -154,7 +154,7 @@ void drain_lane(transfer& t, unsigned lane, const std::vector<bool>& pending) {
 bool lane_active(const transfer& t, unsigned lane) {
   if (!t.options.active_lanes || lane == 0 || lane < t.options.active_lanes()) return true;
   if (t.next.load(std::memory_order_relaxed) >= t.pieces.size()) return true;  // let it see the end and leave
-  std::this_thread::sleep_for(std::chrono::microseconds(200));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return false;
 }
 
