@@ -129,7 +129,7 @@ int run_load(const load_flags& f) {
       saved = run_save(f, m);
     } catch (const gdskit::error& e) {
       fmt::print(stderr, "gdskit load: save: {}\n", e.what());
-      return e.code() == std::errc::operation_canceled ? 130 : 1;
+      return e.code() == std::errc::operation_canceled ? 130 : exit_code_for(e);
     }
   }
   std::vector<std::string> sums;

@@ -12,7 +12,8 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "common/terminal.hpp"
+#include "common/signal_cleanup.hpp"
+#include "common/shell_text.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/version.hpp"
 #include "shim/cufile.hpp"
@@ -121,6 +122,8 @@ void unknown_argument(CLI::App& app) {
 int main(int argc, char** argv) {
   // A write past `ulimit -f` must fail with EFBIG and be reported, not kill the process with SIGXFSZ.
   std::signal(SIGXFSZ, SIG_IGN);
+  // Ctrl-C or SIGTERM mid-run: the files bench and verify created and had not finished are removed, exit 130/143.
+  gdskit::install_signal_cleanup();
   CLI::App app{
       "gdskit " GDSKIT_VERSION_STRING
       ": move data between storage and NVIDIA GPU memory as fast as the machine allows, and say how.\n\n"

@@ -324,6 +324,15 @@ std::vector<std::vector<std::size_t>> plan_shards(const std::vector<save_tensor>
 std::optional<std::uint64_t> parse_shard_size(std::string_view text);
 /// "model-00002-of-00005.safetensors" (1-based `k`), or "model.safetensors" when n is 1.
 std::string shard_file_name(std::size_t k, std::size_t n);
+/// The text of a sharded checkpoint's model.safetensors.index.json as save_sharded writes it:
+/// {"metadata": {"total_size": N}, "weight_map": {name: file}} with the names sorted.
+std::string index_json(const std::vector<std::pair<std::string, std::string>>& weight_map, std::uint64_t total_size);
+/// Publishes `folder`/model.safetensors.index.json with index_json() atomically (temporary name, fdatasync,
+/// rename, folder fsync), for savers that write the shards themselves (the distributed save). EEXIST when it
+/// exists and !overwrite.
+void write_index(const std::filesystem::path& folder,
+                 const std::vector<std::pair<std::string, std::string>>& weight_map, std::uint64_t total_size,
+                 bool overwrite);
 
 /// Writes a checkpoint into `folder` (created if missing) in the Hugging Face layout: shards
 /// model-0000k-of-0000n.safetensors (each with `metadata`) and model.safetensors.index.json

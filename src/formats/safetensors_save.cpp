@@ -459,6 +459,22 @@ std::string shard_file_name(std::size_t k, std::size_t n) {
   return fmt::format("model-{:05d}-of-{:05d}.safetensors", k, n);
 }
 
+std::string index_json(const std::vector<std::pair<std::string, std::string>>& weight_map, std::uint64_t total_size) {
+  nlohmann::json j;
+  j["metadata"]["total_size"] = total_size;
+  auto& wm = j["weight_map"];
+  wm = nlohmann::json::object();
+  for (const auto& [name, file] : weight_map) wm[name] = file;
+  return j.dump(2) + "\n";
+}
+
+void write_index(const std::filesystem::path& folder,
+                 const std::vector<std::pair<std::string, std::string>>& weight_map, std::uint64_t total_size,
+                 bool overwrite) {
+  posix::atomic_write_file(folder / "model.safetensors.index.json", index_json(weight_map, total_size), 0644,
+                           overwrite);
+}
+
 save_stats save_sharded(const std::filesystem::path& folder, const std::vector<save_tensor>& tensors,
                         const std::optional<metadata_entries>& metadata, const save_options& options) {
   check_options(options);
@@ -504,14 +520,11 @@ save_stats save_sharded(const std::filesystem::path& folder, const std::vector<s
   }
   posix::atomic_publish index_file;
   if (n > 1) {
-    nlohmann::json j;
-    j["metadata"]["total_size"] = total;
-    auto& wm = j["weight_map"];
-    wm = nlohmann::json::object();
+    std::vector<std::pair<std::string, std::string>> weight_map;
     for (std::size_t k = 0; k < n; ++k) {
-      for (std::size_t i : groups[k]) wm[tensors[i].name] = shard_file_name(k + 1, n);
+      for (std::size_t i : groups[k]) weight_map.emplace_back(tensors[i].name, shard_file_name(k + 1, n));
     }
-    index_file = posix::write_unpublished(index, j.dump(2) + "\n", 0644, options.overwrite);
+    index_file = posix::write_unpublished(index, index_json(weight_map, total), 0644, options.overwrite);
   }
   // Only renames remain: the shards, then the index, so the index never names a shard not whole on disk.
   const auto t_sync = std::chrono::steady_clock::now();

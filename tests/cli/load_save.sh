@@ -62,7 +62,7 @@ PY
 cmp "$work/in.safetensors" "$work/again.safetensors" || fail "sharded round trip changed bytes"
 
 "$gdskit" load "$work/in.safetensors" --save "$work/x" --max-shard-size 5XB >/dev/null 2>&1
-[ $? -eq 1 ] || fail "bad --max-shard-size must fail with 1"
+[ $? -eq 2 ] || fail "bad --max-shard-size must fail with 2 (bad input, docs/cli.md)"
 [ ! -e "$work/x" ] || fail "bad --max-shard-size created $work/x"
 ls "$work" | grep -q 'gdskit-tmp' && fail "temporary files left: $(ls "$work")"
 exit 0
