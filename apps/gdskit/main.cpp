@@ -131,6 +131,7 @@ int main(int argc, char** argv) {
       "  gdskit bench -f F -s 1G  gdsio-compatible benchmark that reports the path that actually ran\n"
       "  gdskit verify            write a pattern from GPU memory, read it back, compare every byte\n"
       "  gdskit load MODEL        load safetensors into GPU memory\n"
+      "  gdskit tune --path DIR   measure a device and save the profile its transfers start from\n"
       "  gdskit patch / setup     the GeForce BAR1 P2P driver patch and the remaining setup steps\n\n"
       "Settings come from GDSKIT_* environment variables (docs/settings.md).",
       "gdskit"};
@@ -142,6 +143,7 @@ int main(int argc, char** argv) {
   add_bench_command(app);
   add_verify_command(app);
   add_load_command(app);
+  add_tune_command(app);
   add_patch_command(app);
   add_setup_command(app);
   const std::string version = std::string("gdskit ") + GDSKIT_VERSION_STRING;

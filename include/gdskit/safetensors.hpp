@@ -118,6 +118,12 @@ struct load_options {
   /// Selected tensors closer than this in the file are read in one request together with the gap between
   /// them (the gap lands in the allocation and is never exposed).
   std::size_t coalesce_gap_bytes = std::size_t{64} << 10;
+  /// One pipeline across every shard: the reads of all files are cut into segments of this size (at absolute
+  /// file offsets, a multiple of 4 KiB) and `pipeline_depth` segments are in flight at any time, so the next
+  /// segment (of the same file or the next one) is already reading while the last requests of the current one
+  /// finish: the engine's queue does not drain at a file boundary.
+  std::size_t pipeline_segment_bytes = std::size_t{256} << 20;
+  unsigned pipeline_depth = 2;
   /// Settings for opening the files.
   settings config = default_settings();
   /// Where the one allocation comes from. Empty: the loader allocates it (host memory or cuMemAlloc) and the
@@ -142,6 +148,8 @@ struct load_stats {
   std::uint64_t tensor_bytes = 0;  ///< bytes of tensors delivered
   std::size_t files = 0;
   std::size_t read_requests = 0;
+  std::size_t segments = 0;                ///< pipeline segments read (see load_options::pipeline_segment_bytes)
+  unsigned peak_segments_in_flight = 0;    ///< most segments reading at once
   double seconds = 0;              ///< wall time of the reads (header parsing and allocation excluded)
   double header_seconds = 0;       ///< wall time spent reading and parsing headers
   double alloc_seconds = 0;        ///< wall time spent obtaining the allocation

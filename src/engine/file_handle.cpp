@@ -55,7 +55,7 @@ void add_chunks(std::vector<io_task>& out, const io_task& proto, std::byte* buf,
 }  // namespace
 
 std::vector<io_task> file_handle::impl::plan(bool write, std::byte* buf, std::size_t nbytes,
-                                             std::uint64_t offset) const {
+                                             std::uint64_t offset, std::size_t chunk_bytes) const {
   std::vector<io_task> tasks;
   engine::check_file_range(write ? "pwrite" : "pread", path.string(), write, offset, nbytes);
   const std::uint64_t end = offset + nbytes;
@@ -93,7 +93,7 @@ std::vector<io_task> file_handle::impl::plan(bool write, std::byte* buf, std::si
     body.direct = true;
     std::byte* body_buf = buf + (body_begin - offset);
     body.bounce = reinterpret_cast<std::uintptr_t>(body_buf) % a != 0;
-    add_chunks(tasks, body, body_buf, body_begin, body_end, config.chunk_bytes);
+    add_chunks(tasks, body, body_buf, body_begin, body_end, chunk_bytes);
   }
   if (end > body_end) {
     edge.buf = buf + (body_end - offset);
@@ -113,7 +113,8 @@ std::vector<io_task> file_handle::impl::plan(bool write, std::byte* buf, std::si
   return tasks;
 }
 
-void file_handle::impl::execute(std::vector<io_task>& tasks, std::size_t nbytes) const {
+void file_handle::impl::execute(std::vector<io_task>& tasks, std::size_t nbytes,
+                                engine::scheduled_transfer& sched) const {
   if (tasks.size() <= 1 || nbytes <= config.inline_bytes) {
     for (auto& t : tasks) {
       engine::run_task(t);
@@ -121,11 +122,34 @@ void file_handle::impl::execute(std::vector<io_task>& tasks, std::size_t nbytes)
     }
     return;
   }
-  // Storage wants a bounded queue depth; page-cache copies want every worker.
-  const bool any_direct = std::any_of(tasks.begin(), tasks.end(), [](const io_task& t) { return t.direct; });
-  const unsigned depth = any_direct ? std::min(config.threads, config.direct_depth) : config.threads;
-  if (choice.engine == engine_kind::io_uring && engine::run_uring(tasks, depth)) return;
-  engine::run_threads(tasks, depth);
+  std::size_t direct_bytes = 0;
+  for (const auto& t : tasks) direct_bytes += t.direct ? t.nbytes : 0;
+  if (direct_bytes == 0) {
+    // Page-cache copies want every worker.
+    if (choice.engine == engine_kind::io_uring && engine::run_uring(tasks, config.threads)) return;
+    engine::run_threads(tasks, config.threads);
+    return;
+  }
+  // Storage wants the depth the scheduler finds for this device.
+  sched.start(direct_bytes);
+  engine::io_observer obs{[&sched] { return sched.shape().depth; }, [&sched](std::size_t n) { sched.complete(n); }};
+  if (choice.engine == engine_kind::io_uring && engine::run_uring(tasks, sched.max_shape().depth, &obs)) return;
+  engine::run_threads(tasks, sched.shape().depth, &obs);
+}
+
+std::size_t file_handle::impl::transfer(bool write, std::byte* buf, std::size_t nbytes, std::uint64_t offset) const {
+  const bool scheduled = choice.direct && nbytes > config.inline_bytes;
+  engine::scheduled_transfer sched(config, st_dev, write ? engine::io_dir::write : engine::io_dir::read,
+                                   engine::io_client::host, scheduled ? nbytes : 0);
+  auto tasks = plan(write, buf, nbytes, offset, scheduled ? sched.shape().request_bytes : config.chunk_bytes);
+  execute(tasks, nbytes, sched);
+  throw_first_error(tasks, write ? "pwrite" : "pread");
+  std::size_t total = 0;
+  for (const auto& t : tasks) {
+    total += t.done;
+    if (t.done < t.nbytes) break;  // the file ended here; nothing after it counts
+  }
+  return total;
 }
 
 void file_handle::impl::throw_first_error(const std::vector<io_task>& tasks, const char* op) const {
@@ -160,15 +184,7 @@ std::size_t file_handle::impl::read(void* buf, std::size_t nbytes, std::uint64_t
   const std::uint64_t size = current_size();
   if (offset >= size) return 0;
   const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(nbytes, size - offset));
-  auto tasks = plan(false, static_cast<std::byte*>(buf), want, offset);
-  execute(tasks, want);
-  throw_first_error(tasks, "pread");
-  std::size_t total = 0;
-  for (const auto& t : tasks) {
-    total += t.done;
-    if (t.done < t.nbytes) break;  // the file ended here; nothing after it counts
-  }
-  return total;
+  return transfer(false, static_cast<std::byte*>(buf), want, offset);
 }
 
 std::size_t file_handle::impl::write(const void* buf, std::size_t nbytes, std::uint64_t offset) const {
@@ -179,12 +195,8 @@ std::size_t file_handle::impl::write(const void* buf, std::size_t nbytes, std::u
     throw error(errno_code(EBADF), "pwrite", path.string(), static_cast<std::int64_t>(offset), nbytes,
                 "file opened for reading only");
   }
-  auto tasks = plan(true, const_cast<std::byte*>(static_cast<const std::byte*>(buf)), nbytes, offset);
-  execute(tasks, nbytes);
-  throw_first_error(tasks, "pwrite");
+  const std::size_t total = transfer(true, const_cast<std::byte*>(static_cast<const std::byte*>(buf)), nbytes, offset);
   // A write never returns short: every task must account for all its bytes.
-  std::size_t total = 0;
-  for (const auto& t : tasks) total += t.done;
   if (total != nbytes) {
     throw error(errno_code(EIO), "pwrite", path.string(), static_cast<std::int64_t>(offset), nbytes,
                 fmt::format("only {} of {} bytes were written", total, nbytes));
@@ -389,14 +401,22 @@ path_decision file_handle::plan(buffer_view buf) const {
   engine::runtime_facts rt;
   rt.direct_ok = f.choice.direct;
   rt.direct_reason = f.choice.direct_reason;
+  path_decision d;
   if (buf.kind == memory_kind::host || buf.kind == memory_kind::pinned) {
-    return engine::decide({}, rt, buf.kind, f.config.mode);
+    d = engine::decide({}, rt, buf.kind, f.config.mode);
+  } else {
+    rt.gpu_ok = gpu_available(&rt.gpu_reason);
+    rt.cufile_ok = shim::cufile(&rt.cufile_reason) != nullptr;
+    std::lock_guard lock(f.gpu.mutex);
+    if (!f.gpu.facts) f.gpu.facts = engine::gather_facts("/", f.st_dev, f.fs_type);
+    d = engine::decide(*f.gpu.facts, rt, buf.kind, f.config.mode);
   }
-  rt.gpu_ok = gpu_available(&rt.gpu_reason);
-  rt.cufile_ok = shim::cufile(&rt.cufile_reason) != nullptr;
-  std::lock_guard lock(f.gpu.mutex);
-  if (!f.gpu.facts) f.gpu.facts = engine::gather_facts("/", f.st_dev, f.fs_type);
-  return engine::decide(*f.gpu.facts, rt, buf.kind, f.config.mode);
+  // Where the O_DIRECT depth and request size come from (profile, adaptive state, or a setting that wins).
+  if (f.choice.direct) {
+    const auto client = d.path == data_path::staged ? engine::io_client::staged : engine::io_client::host;
+    d.reasons.push_back(engine::schedule_reason(f.config, f.st_dev, engine::io_dir::read, client));
+  }
+  return d;
 }
 
 namespace {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/io_engine.hpp"
+#include "engine/io_schedule.hpp"
 #include "gdskit/file.hpp"
 #include "engine/planner.hpp"
 #include "posix/syscalls.hpp"
@@ -57,9 +58,14 @@ struct file_handle::impl {
   impl& operator=(const impl&) = delete;
 
   /// Splits a request into tasks: aligned O_DIRECT chunks, bounce or buffered pieces at the edges.
-  std::vector<engine::io_task> plan(bool write, std::byte* buf, std::size_t nbytes, std::uint64_t offset) const;
-  /// Runs tasks inline (small requests) or on the chosen engine.
-  void execute(std::vector<engine::io_task>& tasks, std::size_t nbytes) const;
+  /// O_DIRECT chunks are `chunk_bytes` long.
+  std::vector<engine::io_task> plan(bool write, std::byte* buf, std::size_t nbytes, std::uint64_t offset,
+                                    std::size_t chunk_bytes) const;
+  /// Runs tasks inline (small requests) or on the chosen engine, O_DIRECT ones at the depth the scheduler of
+  /// this transfer asks for (its measurement starts here).
+  void execute(std::vector<engine::io_task>& tasks, std::size_t nbytes, engine::scheduled_transfer& sched) const;
+  /// plan + execute, scheduled as one transfer; returns the bytes moved (short only at end of file).
+  std::size_t transfer(bool write, std::byte* buf, std::size_t nbytes, std::uint64_t offset) const;
   void throw_first_error(const std::vector<engine::io_task>& tasks, const char* op) const;
   std::uint64_t current_size() const;
   std::size_t read(void* buf, std::size_t nbytes, std::uint64_t offset) const;

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "engine/io_schedule.hpp"
 #include "engine/thread_pool.hpp"
 #include "gdskit/error.hpp"
 #include "shim/cufile.hpp"
@@ -84,8 +85,12 @@ std::size_t cufile_transfer(const file_handle::impl& f, bool write, buffer_view 
   CUfileHandle_t h = registered_handle(f);
   const cufile_api& api = *cufile();
   const int device = buf.device < 0 ? 0 : buf.device;
-  // Chunks at absolute multiples of the chunk size, like the host engine.
-  const std::size_t chunk = f.config.chunk_bytes;
+  // Depth and chunk size from the device's scheduler, like the host engine (cuFile's DMA into device memory
+  // costs the host what an O_DIRECT read does); chunks at absolute multiples of the chunk size.
+  engine::scheduled_transfer sched(f.config, f.st_dev, write ? engine::io_dir::write : engine::io_dir::read,
+                                   engine::io_client::host, nbytes);
+  const engine::io_shape shape = sched.shape();
+  const std::size_t chunk = shape.request_bytes;
   std::vector<std::pair<std::uint64_t, std::size_t>> pieces;
   for (std::uint64_t pos = offset, end = offset + nbytes; pos < end;) {
     std::uint64_t stop = std::min(end, pos / chunk * chunk + chunk);
@@ -94,7 +99,8 @@ std::size_t cufile_transfer(const file_handle::impl& f, bool write, buffer_view 
   }
   std::vector<std::size_t> done(pieces.size(), 0);
   const char* op = write ? "cuFileWrite" : "cuFileRead";
-  engine::parallel_for(pieces.size(), f.config.threads, [&](std::size_t i) {
+  sched.start(nbytes);
+  engine::parallel_for(pieces.size(), shape.depth, [&](std::size_t i) {
     use_device(device);
     auto [pos, len] = pieces[i];
     std::size_t got = 0;
@@ -115,6 +121,7 @@ std::size_t cufile_transfer(const file_handle::impl& f, bool write, buffer_view 
       got += static_cast<std::size_t>(r);
     }
     done[i] = got;
+    sched.complete(got);
   });
   std::size_t total = 0;
   for (std::size_t i = 0; i < pieces.size(); ++i) {

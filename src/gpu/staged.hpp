@@ -48,6 +48,12 @@ struct staged_options {
   const std::atomic<bool>* cancel = nullptr;
   /// Test hook, called before each piece's file I/O with the piece's file offset.
   std::function<void(std::uint64_t)> on_piece;
+  /// Bytes per piece (file I/O request); 0 or more than the slot size: the slot size.
+  std::size_t piece_bytes = 0;
+  /// Lanes allowed to work now (the adaptive depth); lanes above it wait between pieces. Empty: all lanes.
+  std::function<unsigned()> active_lanes;
+  /// Called with the bytes of each piece that went through O_DIRECT, when its file I/O finished.
+  std::function<void(std::size_t)> on_direct_bytes;
 };
 
 /// How many pieces (slot-sized, ending at absolute multiples of slot_bytes) a transfer is cut into: more lanes
