@@ -19,7 +19,7 @@
 #include "common/json_text.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
-#include "patch/patch.hpp"
+#include "posix/atomic_publish.hpp"
 #include "posix/syscalls.hpp"
 
 namespace gdskit::engine {
@@ -222,7 +222,7 @@ std::filesystem::path save_profile(const std::filesystem::path& dir, const devic
   std::filesystem::create_directories(dir, ec);
   if (ec) throw error(ec, "create folder", dir.string(), -1, 0);
   const auto file = profile_path(dir, p.device);
-  patch::atomic_write(file, profile_json(p));
+  posix::atomic_write_file(file, profile_json(p), 0644, /*overwrite=*/true);
   return file;
 }
 
