@@ -4,7 +4,6 @@
 #include <chrono>
 #include <mutex>
 #include <optional>
-
 #include <thread>
 #include <vector>
 
