@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "common/shell_text.hpp"
 #include "doctor/doctor.hpp"
 
 namespace gdskit::cli {
@@ -70,13 +71,19 @@ void add_doctor_command(CLI::App& app) {
     }
     try {
       namespace fs = std::filesystem;
-      const bool live = opt->root.empty() || fs::weakly_canonical(opt->root) == fs::path("/");
-      if (!live) {
-        std::error_code ec;
-        if (!fs::is_directory(opt->root, ec)) {
-          fmt::print(stderr, "gdskit doctor: --root {}: not a folder\n", opt->root);
-          exit_code() = 2;
-          return;
+      auto refuse = [](const char* flag, const std::string& value, const std::string& why) {
+        fmt::print(stderr, "gdskit doctor: {} {}: {}\n", flag, printable(value), why);
+        exit_code() = 2;
+      };
+      if (auto ec = check_folder_argument(opt->root)) return refuse("--root", opt->root, folder_argument_problem(ec));
+      std::error_code cec;
+      const bool live = fs::weakly_canonical(opt->root, cec) == fs::path("/");
+      if (!opt->path.empty()) {
+        if (live) {
+          // The storage of a folder that does not exist cannot be judged; checking "/" instead would mislead.
+          if (auto ec = check_folder_argument(opt->path)) return refuse("--path", opt->path, folder_argument_problem(ec));
+        } else if (has_control_chars(opt->path) || opt->path.front() != '/') {
+          return refuse("--path", opt->path, "for a captured root, an absolute path on that system without control characters");
         }
       }
       auto root = live ? doctor::system_root::live_system() : doctor::system_root::captured(opt->root);

@@ -1,7 +1,12 @@
 // gdskit load: loads a safetensors file or sharded checkpoint through the library and reports rate and path.
 #include <fmt/format.h>
+#include <signal.h>
 
+#include <atomic>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+
+#include "common/json_text.hpp"
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,7 +27,63 @@ struct load_flags {
   std::optional<unsigned> rank;
   std::optional<unsigned> world;
   unsigned split_dim = 0;
+  std::string save;            // --save OUT: write what was loaded back out
+  std::string max_shard_size;  // --max-shard-size: sharded save
+  bool force = false;          // --force: replace existing files
 };
+
+std::atomic<bool> interrupted{false};
+extern "C" void on_sigint(int) { interrupted = true; }
+
+// SIGINT stops a save between pieces (nothing is published) while this lives; the previous handler returns after.
+class sigint_guard {
+ public:
+  sigint_guard() {
+    interrupted = false;
+    struct sigaction sa {};
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &saved_);
+  }
+  ~sigint_guard() { ::sigaction(SIGINT, &saved_, nullptr); }
+  sigint_guard(const sigint_guard&) = delete;
+  sigint_guard& operator=(const sigint_guard&) = delete;
+
+ private:
+  struct sigaction saved_ {};
+};
+
+struct save_result {
+  gdskit::safetensors::save_stats stats;
+  bool sharded = false;
+};
+
+// Writes the loaded tensors to f.save: one file, or a sharded folder when --max-shard-size is given or the
+// target is a folder.
+save_result run_save(const load_flags& f, const gdskit::safetensors::model& m) {
+  namespace st = gdskit::safetensors;
+  st::save_options so;
+  so.overwrite = f.force;
+  so.config = default_settings();
+  so.cancelled = [] { return interrupted.load(); };
+  std::error_code ec;
+  save_result r;
+  r.sharded = !f.max_shard_size.empty() || std::filesystem::is_directory(f.save, ec) || f.save.ends_with('/');
+  if (!f.max_shard_size.empty()) {
+    auto n = st::parse_shard_size(f.max_shard_size);
+    if (!n) throw gdskit::error(errno_code(EINVAL), fmt::format("--max-shard-size \"{}\": give bytes or 5GB, 500MB, 2GiB", f.max_shard_size));
+    so.max_shard_bytes = *n;
+  }
+  std::vector<st::save_tensor> tensors;
+  tensors.reserve(m.tensors().size());
+  for (const auto& t : m.tensors()) tensors.push_back({t.name, t.dtype, t.shape, t.data, {}});
+  st::metadata_entries md(m.metadata().begin(), m.metadata().end());
+  std::optional<st::metadata_entries> metadata;
+  if (!md.empty()) metadata = std::move(md);
+  sigint_guard guard;
+  r.stats = r.sharded ? st::save_sharded(f.save, tensors, metadata, so) : st::save(f.save, tensors, metadata, so);
+  return r;
+}
 
 std::string shape_text(const std::vector<std::uint64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
@@ -59,9 +120,18 @@ int run_load(const load_flags& f) {
     m = st::load(f.path, o);
   } catch (const gdskit::error& e) {
     fmt::print(stderr, "gdskit load: {}\n", e.what());
-    return 1;
+    return exit_code_for(e);  // a missing or malformed file is bad input (2), a failed read 3
   }
   const auto& s = m.stats();
+  std::optional<save_result> saved;
+  if (!f.save.empty()) {
+    try {
+      saved = run_save(f, m);
+    } catch (const gdskit::error& e) {
+      fmt::print(stderr, "gdskit load: save: {}\n", e.what());
+      return e.code() == std::errc::operation_canceled ? 130 : 1;
+    }
+  }
   std::vector<std::string> sums;
   if (f.checksum) {
     for (const auto& t : m.tensors()) sums.push_back(m.sha256_hex(t));
@@ -90,19 +160,37 @@ int run_load(const load_flags& f) {
       }
       j["checksums"] = arr;
     }
-    fmt::print("{}\n", j.dump(2));
+    if (saved) {
+      const auto& v = saved->stats;
+      std::vector<std::string> written;
+      for (const auto& p : v.written) written.push_back(p.string());
+      j["save"] = {{"path", f.save},          {"sharded", saved->sharded},     {"files", written},
+                   {"tensor_bytes", v.tensor_bytes}, {"file_bytes", v.file_bytes}, {"seconds", v.seconds},
+                   {"sync_seconds", v.sync_seconds}, {"gib_per_s", v.gib_per_s()},
+                   {"data_path", std::string(to_string(v.path.path))}, {"reasons", v.path.reasons}};
+    }
+    fmt::print("{}\n", gdskit::json_text(j));
     return 0;
   }
   if (f.checksum) {
     for (std::size_t i = 0; i < m.tensors().size(); ++i) {
       const auto& t = m.tensors()[i];
-      fmt::print("{}  {}  {}  {}\n", sums[i], t.name, st::to_string(t.dtype), shape_text(t.shape));
+      // Names come from the file: escaped, so that a newline or ESC in one cannot forge lines or drive
+      // the terminal.
+      fmt::print("{}  {}  {}  {}\n", sums[i], st::printable_name(t.name), st::to_string(t.dtype),
+                 shape_text(t.shape));
     }
   }
   fmt::print("loaded {} tensors, {} from {} file(s) in {:.3f} s: {:.2f} GiB/s ({} reads; headers {:.3f} s)\n",
              m.tensors().size(), format_size(s.tensor_bytes), s.files, s.seconds, s.gib_per_s(), s.read_requests,
              s.header_seconds);
   fmt::print("path: {}\n", s.path.summary());
+  if (saved) {
+    const auto& v = saved->stats;
+    fmt::print("saved {} to {} ({} file(s){}) in {:.3f} s: {:.2f} GiB/s (syncs {:.3f} s)\n", format_size(v.tensor_bytes),
+               f.save, v.files, v.written.size() > v.files ? " + index" : "", v.seconds, v.gib_per_s(), v.sync_seconds);
+    fmt::print("save path: {}\n", v.path.summary());
+  }
   return 0;
 }
 
@@ -120,6 +208,13 @@ void add_load_command(CLI::App& app) {
   cmd->add_option("--rank", flags->rank, "tensor-parallel rank (with --world)");
   cmd->add_option("--world", flags->world, "tensor-parallel world size")->check(CLI::PositiveNumber);
   cmd->add_option("--split-dim", flags->split_dim, "dimension to split across ranks (default 0)");
+  cmd->add_option("--save", flags->save,
+                  "write the loaded tensors to OUT (a .safetensors file, or a folder for a sharded checkpoint); "
+                  "prints the save rate too");
+  cmd->add_option("--max-shard-size", flags->max_shard_size,
+                  "with --save: a sharded checkpoint with shards of at most this much tensor data "
+                  "(5GB = 5*10^9 bytes as in huggingface_hub, 2GiB binary, or bytes)");
+  cmd->add_flag("--force", flags->force, "with --save: replace existing files");
   cmd->callback([flags] { exit_code() = run_load(*flags); });
 }
 

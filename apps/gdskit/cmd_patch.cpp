@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "commands.hpp"
+#include "common/shell_text.hpp"
 #include "patch/patch.hpp"
 #include "patch/report.hpp"
 
@@ -44,6 +45,16 @@ void add_common(CLI::App* cmd, patch_flags& f, bool with_json) {
   if (with_json) cmd->add_flag("--json", f.json, "print the report as JSON");
 }
 
+// --src must be an existing folder with a printable name; says why and sets exit code 2 otherwise.
+bool src_ok(const std::string& src, std::string_view cmd) {
+  if (auto ec = check_folder_argument(src)) {
+    fmt::print(stderr, "gdskit {}: --src {}: {}\n", cmd, printable(src), folder_argument_problem(ec));
+    exit_code() = 2;
+    return false;
+  }
+  return true;
+}
+
 void finish(const patch::tree_report& r, const patch_flags& f, std::string_view op) {
   if (f.json) {
     fmt::print("{}", patch::render_json(r));
@@ -67,20 +78,26 @@ void add_patch_command(CLI::App& app) {
   auto* check = cmd->add_subcommand("check", "report each edit: original / applied / unknown (writes nothing)");
   add_common(check, *flags, true);
   check->callback([flags] {
+    if (!src_ok(flags->src, "patch check")) return;
     finish(patch::check_tree(flags->src, to_options(*flags)), *flags, "check");
   });
 
   auto* apply = cmd->add_subcommand("apply", "apply all edits, atomically, keeping FILE.gdskit-orig backups");
   add_common(apply, *flags, true);
-  apply->callback([flags] { finish(patch::apply_tree(flags->src, to_options(*flags)), *flags, "apply"); });
+  apply->callback([flags] {
+    if (src_ok(flags->src, "patch apply")) finish(patch::apply_tree(flags->src, to_options(*flags)), *flags, "apply");
+  });
 
   auto* revert = cmd->add_subcommand("revert", "restore the original files byte for byte");
   add_common(revert, *flags, true);
-  revert->callback([flags] { finish(patch::revert_tree(flags->src, to_options(*flags)), *flags, "revert"); });
+  revert->callback([flags] {
+    if (src_ok(flags->src, "patch revert")) finish(patch::revert_tree(flags->src, to_options(*flags)), *flags, "revert");
+  });
 
   auto* diff = cmd->add_subcommand("diff", "print the unified diff apply would write (writes nothing)");
   add_common(diff, *flags, true);
   diff->callback([flags] {
+    if (!src_ok(flags->src, "patch diff")) return;
     auto r = patch::diff_tree(flags->src, to_options(*flags));
     if (!flags->json && !r.refused) {
       // Plain diff on stdout so it can be piped to `patch -p1`; the report goes to stderr.
@@ -98,36 +115,46 @@ void add_patch_command(CLI::App& app) {
   rd->add_option("--driver-version", flags->driver_version, "driver version (default: from --src, else the loaded driver)");
   rd->add_option("--src", flags->src, "driver source tree to read the version from");
   rd->add_option("--atomics", flags->atomics, "default = 0x211, off = 0x11")->check(CLI::IsMember({"default", "off"}));
+  rd->add_flag("--force", flags->force, "print a value for a driver series gdskit has not checked");
   rd->callback([flags] {
+    // stdout is a modprobe.d file (`... > /etc/modprobe.d/gdskit-p2p.conf`); everything else goes to stderr.
+    auto refuse = [](const std::string& why) {
+      fmt::print(stderr, "gdskit patch registry-dwords: {}\n", why);
+      exit_code() = 2;
+    };
     patch::driver_version v;
-    std::string from = "assumed";
+    std::string from;
     if (!flags->driver_version.empty()) {
       auto p = patch::parse_version(flags->driver_version);
-      if (!p) {
-        fmt::print(stderr, "gdskit patch registry-dwords: \"{}\" is not a driver version (like 580.142)\n",
-                   flags->driver_version);
-        exit_code() = 2;
-        return;
-      }
+      if (!p) return refuse(fmt::format("\"{}\" is not a driver version (like 580.142)", printable(flags->driver_version)));
       v = *p;
       from = "--driver-version";
     } else if (!flags->src.empty()) {
+      if (!src_ok(flags->src, "patch registry-dwords")) return;
       v = patch::check_tree(flags->src, {}).facts.version;
       from = "version.mk";
+      if (!v.known()) return refuse("no NVIDIA_VERSION in " + printable(flags->src) + "/version.mk; give --driver-version");
     } else {
       auto sys = patch::read_system_facts("/");
       if (auto p = patch::parse_version(sys.loaded_driver_version)) {
         v = *p;
         from = "loaded module";
+      } else {
+        return refuse("no nvidia module is loaded and no --src or --driver-version was given: the value depends "
+                      "on the driver version");
       }
+    }
+    if (!patch::version_supported(v) && !flags->force) {
+      return refuse(fmt::format("driver {} ({}) is not a series gdskit knows (550 to 595), the one `patch check` "
+                                "refuses; --force prints a value anyway",
+                                v.text, from));
     }
     auto r = patch::make_registry_dwords(
         v, flags->atomics == "off" ? patch::atomics_mode::off : patch::atomics_mode::default_atomics);
-    fmt::print("# driver {} ({})\n", v.known() ? v.text : "unknown", from);
-    fmt::print("NVreg_RegistryDwords=\"{}\"\n\n", r.value);
-    for (const auto& n : r.notes) fmt::print("# note: {}\n", n);
-    fmt::print("\n{}\n", r.modprobe_conf);
-    fmt::print("{}", patch::honesty_note());
+    fmt::print("{}", r.modprobe_conf);
+    fmt::print(stderr, "driver {} ({})\n", v.text, from);
+    for (const auto& n : r.notes) fmt::print(stderr, "note: {}\n", n);
+    fmt::print(stderr, "\n{}", patch::honesty_note());
   });
 }
 

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 
 #include "commands.hpp"
+#include "common/shell_text.hpp"
 #include "patch/patch.hpp"
 
 namespace gdskit::cli {
@@ -38,6 +39,14 @@ void add_setup_command(CLI::App& app) {
                  "set the BIF overrides through NVreg_RegistryDwords and patch only the HAL half");
   plan->add_flag("--execute", f->execute, "run the plan, asking before each step; stop at the first failure");
   plan->callback([f] {
+    for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--root", &f->root}, {"--src", &f->src}}) {
+      if (flag == std::string_view("--src") && value->empty()) continue;  // a placeholder is used
+      if (auto ec = check_folder_argument(*value)) {
+        fmt::print(stderr, "gdskit setup plan: {} {}: {}\n", flag, printable(*value), folder_argument_problem(ec));
+        exit_code() = 2;
+        return;
+      }
+    }
     const auto sys = patch::read_system_facts(f->root);
     patch::plan_options o;
     o.src = f->src;

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "common/json_text.hpp"
 #include "gdskit/buffer.hpp"
 #include "gdskit/error.hpp"
 #include "gpu/verify.hpp"
@@ -27,7 +28,7 @@ void add_verify_command(CLI::App& app) {
       "verify",
       "Fill GPU memory with a pattern, write it to a file through the chosen path, clear the memory, read it\n"
       "back and compare every byte, for each size. Prints the path, its reasons and GiB/s each way.\n"
-      "Exit 0 when every byte matched, 1 on any mismatch or failed transfer, 2 on bad input.\n"
+      "Exit 0 when every byte matched, 1 on any mismatch, 2 on bad input, 3 when a transfer failed.\n"
       "Example: gdskit verify -D /mnt/nvme --sizes 4K,1M+1,64M,4G");
   cmd->add_option("-D,--dir", o->dir, "Folder for the test file (the storage under test)")->capture_default_str();
   cmd->add_option("-f,--file", o->file, "Test file (must not exist; removed afterwards unless --keep)");
@@ -52,7 +53,11 @@ void add_verify_command(CLI::App& app) {
         item = item.substr(0, plus);
       }
       auto n = parse_size(item);
-      if (!n || *n + extra == 0) throw CLI::ValidationError("--sizes", "bad size '" + item + "' (sizes must be > 0)");
+      constexpr std::uint64_t max_bytes = INT64_MAX;
+      if (!n || *n > max_bytes - extra || *n + extra == 0)
+        throw CLI::ValidationError("--sizes", "bad size '" + item + "' (sizes must be > 0 and below 2^63)");
+      if (o->offset > max_bytes - (*n + extra))
+        throw CLI::ValidationError("--offset", "offset + size passes the largest file offset (2^63 - 1 bytes)");
       v.sizes.push_back(*n + extra);
     }
     auto mode = parse_path_mode(o->mode);
@@ -83,10 +88,11 @@ void add_verify_command(CLI::App& app) {
                              : std::filesystem::path(o->file);
     if (!note.empty() && !o->json) fmt::print("note: {}\n", note);
     nlohmann::json out = {{"file", v.file.string()}, {"device", v.device}, {"note", note}, {"results", nlohmann::json::array()}};
-    bool all_ok = true;
+    bool all_ok = true, mismatch = false;
     std::string last_summary;
     auto results = gpu::run_verify(v, [&](const gpu::verify_result& r) {
       all_ok = all_ok && r.ok;
+      mismatch = mismatch || r.first_mismatch >= 0;
       if (o->json) {
         out["results"].push_back({{"bytes", r.nbytes}, {"ok", r.ok}, {"path", std::string(to_string(r.path.path))},
                                   {"reasons", r.path.reasons}, {"write_gib_s", r.write_gib_s}, {"read_gib_s", r.read_gib_s},
@@ -105,12 +111,13 @@ void add_verify_command(CLI::App& app) {
     });
     if (o->json) {
       out["ok"] = all_ok;
-      fmt::print("{}\n", out.dump(2));
+      fmt::print("{}\n", gdskit::json_text(out));
     } else {
       fmt::print("{}: {} size{} verified byte for byte\n", all_ok ? "PASS" : "FAIL", results.size(),
                  results.size() == 1 ? "" : "s");
     }
-    exit_code() = all_ok ? 0 : 1;
+    // A byte that differs is the verification saying no; a transfer that failed is a run failure.
+    exit_code() = all_ok ? exit_ok : mismatch ? exit_said_no : exit_run_failed;
   });
 }
 

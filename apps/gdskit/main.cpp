@@ -1,23 +1,126 @@
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <string>
+#include <string_view>
 #include <system_error>
+#include <vector>
 
 #include "commands.hpp"
+#include "common/terminal.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/version.hpp"
 #include "shim/cufile.hpp"
 
 namespace gdskit::cli {
+
 int& exit_code() {
   static int code = 0;
   return code;
 }
+
+const char* exit_code_footer() {
+  return "Exit codes: 0 ok; 1 the check or verification said no; 2 usage or bad input (bad flag or setting,\n"
+         "missing input file; nothing ran); 3 I/O or device failure during the run. 130/143: interrupted.";
+}
+
+int exit_code_for(const std::exception& e) {
+  const auto* se = dynamic_cast<const std::system_error*>(&e);
+  if (se == nullptr || se->code().category() != std::generic_category()) return exit_run_failed;
+  switch (se->code().value()) {
+    case ENOENT: case ENOTDIR: case EISDIR: case EEXIST: case EACCES: case EPERM: case ENAMETOOLONG: case ELOOP:
+    case EINVAL: case EBADMSG:
+      return exit_usage;
+    default:
+      return exit_run_failed;
+  }
+}
+
+namespace {
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The candidate nearest to `word`, or empty when none is close enough to be what was meant.
+std::string closest(std::string_view word, const std::vector<std::string>& candidates) {
+  std::string best;
+  std::size_t best_d = std::max<std::size_t>(2, word.size() / 3) + 1;
+  for (const auto& c : candidates) {
+    const std::size_t d = edit_distance(word, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  return best;
+}
+
+std::vector<std::string> flag_names(const CLI::App& app) {
+  std::vector<std::string> out;
+  for (const CLI::Option* opt : app.get_options()) {
+    for (const auto& n : opt->get_lnames()) out.push_back("--" + n);
+    for (const auto& n : opt->get_snames()) out.push_back("-" + n);
+  }
+  return out;
+}
+
+// "unknown command 'docter'; did you mean 'doctor'?" for the first word that is not a subcommand.
+bool unknown_command(const CLI::App& app, int argc, char** argv) {
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (a.starts_with("-")) continue;  // gdskit's own flags take no value
+    if (std::find(names.begin(), names.end(), a) != names.end()) return false;
+    const std::string near = closest(a, names);
+    fmt::print(stderr, "gdskit: unknown command '{}'{}\n", printable(a),
+               near.empty() ? std::string(" (gdskit --help lists them)") : fmt::format("; did you mean '{}'?", near));
+    return true;
+  }
+  return false;
+}
+
+// After CLI11 found arguments nobody takes: name the first and the flag nearest to it.
+void unknown_argument(CLI::App& app) {
+  CLI::App* where = &app;
+  for (auto subs = app.get_subcommands(); !subs.empty(); subs = where->get_subcommands()) where = subs.back();
+  std::vector<std::string> left = app.remaining(true);
+  if (left.empty()) return;
+  std::string arg = left.front();
+  const std::string who = where == &app ? "gdskit" : "gdskit " + where->get_name();
+  if (!arg.starts_with("-")) {
+    fmt::print(stderr, "{}: unexpected argument '{}' ({} --help lists what it takes)\n", who, printable(arg), who);
+    return;
+  }
+  if (auto eq = arg.find('='); eq != std::string::npos) arg.resize(eq);
+  const std::string near = closest(arg, flag_names(*where));
+  fmt::print(stderr, "{}: unknown flag '{}'{}\n", who, printable(arg),
+             near.empty() ? fmt::format(" ({} --help lists the flags)", who) : fmt::format("; did you mean '{}'?", near));
+}
+
+}  // namespace
 }  // namespace gdskit::cli
 
 int main(int argc, char** argv) {
+  // A write past `ulimit -f` must fail with EFBIG and be reported, not kill the process with SIGXFSZ.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{
       "gdskit " GDSKIT_VERSION_STRING
       ": move data between storage and NVIDIA GPU memory as fast as the machine allows, and say how.\n\n"
@@ -38,18 +141,26 @@ int main(int argc, char** argv) {
   add_load_command(app);
   add_patch_command(app);
   add_setup_command(app);
+  const std::string version = std::string("gdskit ") + GDSKIT_VERSION_STRING;
+  app.set_version_flag("-V,--version", version, "Print the version and exit");
+  for (CLI::App* sub : app.get_subcommands({})) {
+    sub->footer(exit_code_footer());
+    sub->set_version_flag("--version", version, "Print the version and exit");
+  }
+  app.footer(exit_code_footer());
+  if (unknown_command(app, argc, argv)) return exit_usage;
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ExtrasError&) {
+    unknown_argument(app);
+    return exit_usage;
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     // CLI11 uses 0 for --help; usage errors are 2 like other Unix tools.
-    return rc == 0 ? 0 : 2;
-  } catch (const gdskit::error& e) {
-    fmt::print(stderr, "gdskit: {}\n", e.what());
-    return 2;
+    return rc == 0 ? exit_ok : exit_usage;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "gdskit: {}\n", e.what());
-    return 2;
+    fmt::print(stderr, "gdskit: {}\n", gdskit::printable(e.what()));
+    return exit_code_for(e);
   }
   // libcufile 1.15.1 was seen crashing in its own exit handlers (H200 VM): once it has been opened, leave
   // without running library teardown. Files are closed by now and their data is with the kernel.

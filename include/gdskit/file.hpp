@@ -34,10 +34,13 @@ struct io_choice {
 };
 
 /// An open file. Thread-safe: any number of reads and writes may run at once on one handle.
-/// Move-only; the destructor closes the file (it waits for nothing: do not destroy a handle that has
-/// asynchronous operations in flight).
+/// Move-only. The file stays open while the handle or any of its asynchronous operations' futures needs it:
+/// destroying the handle with operations in flight is safe, and the descriptors close when the last one ends.
+/// A default-constructed or moved-from handle is empty: is_open() is false, the accessors return empty or
+/// default values, and every I/O method throws gdskit::error (EBADF).
 class file_handle {
  public:
+  /// An empty handle (see above).
   file_handle() noexcept;
   /// Opens `path`. Throws gdskit::error (errno category) naming the path when it cannot be opened, and
   /// EINVAL when settings.direct is `on` but the file system refuses O_DIRECT.
@@ -58,7 +61,7 @@ class file_handle {
   std::size_t pwrite(const void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const;
 
   /// Asynchronous forms: the work runs on gdskit's thread pool; `buf` must stay valid until the future is
-  /// ready. The future throws what the blocking form would.
+  /// ready. The future throws what the blocking form would, and keeps the file open until it is ready.
   std::future<std::size_t> pread_async(void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const;
   std::future<std::size_t> pwrite_async(const void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const;
 
@@ -69,7 +72,8 @@ class file_handle {
   void read_exact(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const;
   /// Writes from host or GPU memory; returns nbytes or throws.
   std::size_t write(buffer_view src, std::size_t nbytes, std::uint64_t offset_bytes) const;
-  /// The path read()/write() take for this buffer, and the reasons (cheap; cached per device).
+  /// The path read()/write() take for this buffer, and the reasons (cheap; cached per device). An empty
+  /// handle returns a default path_decision.
   path_decision plan(buffer_view buf) const;
 
   /// Current size of the file (fstat).
@@ -81,6 +85,8 @@ class file_handle {
   /// Drops this file's pages from the page cache (posix_fadvise DONTNEED; dirty pages are written first).
   void drop_cache() const;
 
+  /// Whether the handle holds an open file. The accessors below return the values of the open file, or empty
+  /// and default values for an empty handle (path "", open_mode::read, io_choice{}, settings{}, fds -1).
   bool is_open() const noexcept;
   const std::filesystem::path& path() const noexcept;
   open_mode mode() const noexcept;
@@ -90,12 +96,11 @@ class file_handle {
   int fd() const noexcept;
   int direct_fd() const noexcept;
 
-  struct impl;
-  /// For gdskit's own data paths (src/gpu): the handle's internals.
-  const impl* impl_for_paths() const noexcept { return impl_.get(); }
+  struct impl;  ///< opaque
 
  private:
-  std::unique_ptr<impl> impl_;
+  friend struct file_access;  // gdskit's own data paths
+  std::shared_ptr<impl> impl_;
 };
 
 /// Why io_uring can or cannot be used in this process (probed once): empty when it can.

@@ -37,6 +37,11 @@ std::optional<dtype> parse_dtype(std::string_view text) noexcept;
 /// Bits per element: 4 (F4), 6 (F6_*), 8 .. 64.
 unsigned bits_of(dtype t) noexcept;
 
+/// `name` (a tensor name or other text read from a file) made safe to print on a terminal or in a line-based
+/// report: control bytes become C escapes (\n, \t, \x1b, ...), a backslash becomes \\, bytes that are not
+/// UTF-8 become \xNN, and C1 controls and bidirectional overrides become \uNNNN. Printable UTF-8 is kept.
+std::string printable_name(std::string_view name);
+
 /// Largest JSON header accepted (the 8-byte length field above this is rejected): 100 MiB.
 inline constexpr std::uint64_t max_header_bytes = std::uint64_t{100} << 20;
 /// Largest number of dimensions accepted for one tensor.
@@ -73,14 +78,19 @@ struct header {
 /// whole file (offsets are checked against it). `source` names the file in error messages.
 /// Throws gdskit::error with EBADMSG when the header is malformed: too short, length field above
 /// max_header_bytes or past the end of the file, invalid UTF-8, JSON syntax errors or trailing bytes other than
-/// spaces, duplicate names (at any level), an unknown dtype, a dimension that is negative, not an integer or
-/// overflows, data_offsets that are not two ordered integers, a span that differs from numel x dtype size, a
+/// spaces, duplicate names (at any level), an unknown dtype, a dimension that is negative, not an integer,
+/// above 2^63-1 (even in an empty tensor) or overflows, data_offsets that are not two ordered integers, a span that differs from numel x dtype size, a
 /// packed tensor that is not a whole number of bytes, offsets past the end of the file, or two tensors sharing
-/// bytes. Gaps between tensors are allowed.
+/// bytes. Gaps between tensors are allowed. Time and memory are linear in the header size (n log n in the
+/// tensor count).
 header parse_header(const void* bytes, std::size_t nbytes, std::uint64_t file_nbytes, std::string_view source);
+/// Opens a safetensors file, shard or index for reading. Unlike file_handle's constructor it cannot block on a
+/// FIFO, and it refuses anything but a regular file, naming the path: EISDIR for a folder, EINVAL for a FIFO,
+/// socket or device (block devices included: the engine sizes files with fstat). Open errors keep their errno.
+file_handle open_file(const std::filesystem::path& path, const settings& config = default_settings());
 /// Reads and parses the header of an open file (two small reads). Throws as parse_header, and I/O errors.
 header read_header(const file_handle& file);
-/// Opens `path` and reads its header.
+/// Opens `path` with open_file() and reads its header.
 header read_header(const std::filesystem::path& path);
 
 /// A tensor-parallel slice: rank `rank` of `world` takes its part of dimension `dim`. A dimension of size n
@@ -212,3 +222,111 @@ slice_plan plan_slice(const tensor_info& t, const std::optional<slice_spec>& sli
 
 }  // namespace safetensors
 }  // namespace gdskit
+
+// ---------------------------------------------------------------------------------------------------------------
+// Writing: safetensors files and sharded checkpoints from host, pinned or GPU memory, published atomically.
+// ---------------------------------------------------------------------------------------------------------------
+
+namespace gdskit::safetensors {
+
+/// One tensor to save: its name, dtype, shape and a view of its bytes (C order, little-endian) in host, pinned,
+/// managed or GPU memory. `data.nbytes` must equal numel x dtype size; the memory must stay valid and unchanged
+/// until save() returns.
+struct save_tensor {
+  std::string name;
+  safetensors::dtype dtype = safetensors::dtype::U8;
+  std::vector<std::uint64_t> shape;  ///< empty for a 0-dim tensor
+  /// The bytes. With `source` set, only data.nbytes counts (data.data may be null).
+  buffer_view data;
+  /// For tensors whose bytes are not in one piece of memory (strided views): called with an offset into the
+  /// tensor's C-order bytes, returns a view of the bytes from there on (at least 1 byte, at most the rest),
+  /// valid until the next call. Such tensors are written after the others, one at a time, from one thread, so
+  /// the caller needs staging memory for one view at a time.
+  std::function<buffer_view(std::uint64_t offset_bytes)> source;
+};
+
+/// "__metadata__" entries in the order they are written (safetensors itself writes them in hash order, so with
+/// more than one key its files agree with ours only up to that order). nullopt: no "__metadata__" key; an empty
+/// list writes "__metadata__":{} as safetensors does for an empty dict.
+using metadata_entries = std::vector<std::pair<std::string, std::string>>;
+
+struct save_options {
+  /// Replace existing files. Without it an existing file (any shard or the index for a sharded save) is EEXIST
+  /// and nothing is written.
+  bool overwrite = false;
+  /// Pieces written at once (tensors, or pieces of large tensors), each through file_handle::write.
+  unsigned in_flight = 4;
+  /// Tensors larger than this are split into pieces of this size (at file offsets that are multiples of it, so
+  /// O_DIRECT bodies stay aligned). A multiple of 4 KiB, at least 1 MiB.
+  std::size_t piece_bytes = std::size_t{64} << 20;
+  /// Sharded saves: the largest tensor bytes per shard, split the way huggingface_hub splits (in the given
+  /// order; a shard is closed when the next tensor would tip it over; a tensor larger than the limit gets a
+  /// shard of its own). 5 GB (decimal) as there.
+  std::uint64_t max_shard_bytes = 5'000'000'000;
+  /// Called from the saving threads after each piece with the tensor bytes written so far and the total.
+  std::function<void(std::uint64_t done_bytes, std::uint64_t total_bytes)> progress;
+  /// Polled between pieces: returning true stops the save with ECANCELED (nothing published).
+  std::function<bool()> cancelled;
+  /// Settings for opening the files.
+  settings config = default_settings();
+};
+
+/// What a save did.
+struct save_stats {
+  std::uint64_t tensor_bytes = 0;  ///< bytes of tensor data written
+  std::uint64_t file_bytes = 0;    ///< bytes of all files, headers included (index excluded)
+  std::size_t files = 0;           ///< safetensors files written
+  std::size_t pieces = 0;          ///< write requests issued for tensor data
+  double seconds = 0;              ///< wall time from opening the first file to the last rename
+  double sync_seconds = 0;         ///< of which fdatasync and folder fsync
+  path_decision path;              ///< the planner's path for the first tensor's memory
+  std::vector<std::filesystem::path> written;  ///< final names: shards in order, then the index if any
+  double gib_per_s() const noexcept { return seconds > 0 ? static_cast<double>(tensor_bytes) / seconds / 1073741824.0 : 0; }
+};
+
+/// The layout save() writes: the header bytes (8-byte length, JSON, spaces up to a multiple of 8) and where
+/// each tensor's data goes. The JSON is byte-identical to safetensors' own: tensors ordered by descending dtype
+/// alignment then by name (bytewise), "__metadata__" first, keys "dtype","shape","data_offsets", no spaces.
+struct save_layout {
+  std::string header;                 ///< bytes 0 .. data_offset_bytes of the file
+  std::vector<std::size_t> order;     ///< indexes into the tensors, in data order
+  std::vector<std::uint64_t> begin_bytes;  ///< data offset of tensors[i] (indexed like the input)
+  std::uint64_t data_nbytes = 0;
+  std::uint64_t file_nbytes() const noexcept { return header.size() + data_nbytes; }
+};
+/// Validates the tensors and computes the layout. Throws gdskit::error (EINVAL) for an empty or duplicate name,
+/// the name "__metadata__", a name or metadata text that is not valid UTF-8, duplicate metadata keys, a byte
+/// count that differs from numel x dtype size (or a packed tensor that is not whole bytes), a null view of
+/// nonzero size, or a header above max_header_bytes.
+save_layout plan_save(const std::vector<save_tensor>& tensors, const std::optional<metadata_entries>& metadata);
+
+/// Writes one safetensors file at `path`: to a temporary name in its folder, tensor data first (in parallel,
+/// through the engine's write path for each buffer: host I/O, or device -> pinned staging -> O_DIRECT), the
+/// header last into its reserved place, then fdatasync, rename over `path`, fsync of the folder. Throws
+/// gdskit::error: EEXIST when `path` exists and !options.overwrite, what plan_save() throws, ECANCELED when
+/// options.cancelled says so, and I/O (ENOSPC, EIO, ...) or CUDA errors naming the file. On any error the
+/// temporary file is removed and an existing file at `path` is untouched.
+save_stats save(const std::filesystem::path& path, const std::vector<save_tensor>& tensors,
+                const std::optional<metadata_entries>& metadata = std::nullopt, const save_options& options = {});
+
+/// Which tensors go to which shard (indexes into `tensors`), the huggingface_hub rule (see save_options).
+std::vector<std::vector<std::size_t>> plan_shards(const std::vector<save_tensor>& tensors, std::uint64_t max_shard_bytes);
+/// A shard size limit: bytes ("1000000"), huggingface_hub's decimal units ("5GB", "500MB", "1.5GB": TB, GB, MB,
+/// KB), or binary ones ("2GiB", "512MiB": TiB, GiB, MiB, KiB). nullopt for anything else, zero, or overflow.
+std::optional<std::uint64_t> parse_shard_size(std::string_view text);
+/// "model-00002-of-00005.safetensors" (1-based `k`), or "model.safetensors" when n is 1.
+std::string shard_file_name(std::size_t k, std::size_t n);
+
+/// Writes a checkpoint into `folder` (created if missing) in the Hugging Face layout: shards
+/// model-0000k-of-0000n.safetensors (each with `metadata`) and model.safetensors.index.json
+/// ({"metadata": {"total_size": N}, "weight_map": {name: file}}, names sorted); a single shard is written as
+/// model.safetensors with no index, as huggingface_hub does. Every shard is written and synced under a
+/// temporary name first; then the shards are renamed and the index is published last, so the index never
+/// names a missing or partial shard. Shards of an earlier checkpoint that the new index no longer names are
+/// left in place. Throws what save() throws; EEXIST (nothing written) when any of the files exists and
+/// !options.overwrite.
+save_stats save_sharded(const std::filesystem::path& folder, const std::vector<save_tensor>& tensors,
+                        const std::optional<metadata_entries>& metadata = std::nullopt,
+                        const save_options& options = {});
+
+}  // namespace gdskit::safetensors

@@ -1,43 +1,38 @@
 """gdskit: move data between storage and GPU memory, and say which path it took.
 
     import gdskit
-    tensors = gdskit.load_safetensors("model.safetensors", device="cuda:0")   # {name: torch.Tensor}
-    gdskit.read("data.bin", tensor, offset=0)                                  # fill an existing tensor
+    tensors = gdskit.load_file("model.safetensors", device="cuda:0")          # as safetensors.torch.load_file
+    with gdskit.safe_open("model.safetensors", framework="pt") as f:           # as safetensors.safe_open
+        part = f.get_slice("embed.weight")[:, :1024]
+    tensors = gdskit.load_safetensors("model-dir/", device="cuda:0")          # files, indexes, folders, slices
+    with gdskit.File("data.bin") as f:                                         # reads into tensors and arrays
+        f.read(tensor, offset=0)
     path, reasons = gdskit.plan("model.safetensors", device="cuda:0")          # ("staged", ["nvidia-fs ..."])
 
-Tensors leave the library through DLPack, so torch is only needed at run time (and only for torch tensors).
-Errors are OSError with the errno of the failure (FileNotFoundError, ...); a malformed file is EBADMSG.
+Devices are "cpu", "cuda", "cuda:N", N or a torch.device everywhere. Errors: OSError subclasses with errno and
+filename for I/O (FileNotFoundError, IsADirectoryError, PermissionError, ...), SafetensorError (a ValueError
+and an OSError with errno EBADMSG) for a malformed file, ValueError/TypeError for bad arguments.
 """
 
 from __future__ import annotations
 
-import errno as _errno
+import os
 
 from . import _gdskit
+from ._buffers import buffer_of as _buffer_of
+from ._devices import device_name as _device_name
+from ._devices import parse_device as _parse_device
+from ._file import File, IOFuture
+from ._safetensors import SafetensorError, load_file, safe_open
+from ._safetensors import _as_framework, _empty
 
 __version__ = _gdskit.__version__
 Tensor = _gdskit.Tensor
 
-__all__ = ["load_safetensors", "load_safetensors_raw", "read", "plan", "header", "gpu_available", "last_stats",
-           "Tensor", "__version__"]
+__all__ = ["load_file", "safe_open", "SafetensorError", "File", "IOFuture", "load_safetensors",
+           "load_safetensors_raw", "read", "plan", "header", "gpu_available", "last_stats", "Tensor", "__version__"]
 
 _last_stats: dict = {}
-
-# safetensors dtypes that leave as raw bytes, and the torch dtype they are reinterpreted as when torch has it.
-_TORCH_VIEW = {
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-    "F8_E8M0": "float8_e8m0fnu",
-}
-
-
-# safetensors dtype -> torch dtype name, for views of a torch-owned allocation.
-_TORCH_DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
-    "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool", "C64": "complex64",
-}
-
 
 def _torch():
     try:
@@ -47,51 +42,83 @@ def _torch():
     return torch
 
 
-def _to_torch(torch, t: Tensor):
-    x = torch.from_dlpack(t)
-    if t.raw_bytes:
-        name = _TORCH_VIEW.get(t.dtype)
-        if name is not None and hasattr(torch, name):
-            x = x.view(getattr(torch, name))
-        # F4 / F6 stay packed uint8 bytes: torch has no unpacked dtype for them.
-    return x
-
-
 def _torch_view(torch, storage, base: int, t: Tensor):
-    """t as a torch tensor viewing `storage` (a uint8 CUDA tensor the load wrote into)."""
+    """t as a torch tensor viewing `storage` (the uint8 tensor the load wrote into), with the dtype and shape
+    load_file gives."""
+    if t.nbytes == 0:
+        return _empty("pt", t.dtype, t.shape, -1 if storage.device.type == "cpu" else storage.device.index)
     x = storage.narrow(0, t.data_ptr - base, t.nbytes)
-    if t.raw_bytes:
-        name = _TORCH_VIEW.get(t.dtype)
-        if name is None:
-            return x  # packed 4-/6-bit floats stay bytes, as through DLPack
-        x = x.view(list(t.shape))
-        return x.view(getattr(torch, name)) if hasattr(torch, name) else x
-    dt = getattr(torch, _TORCH_DTYPES.get(t.dtype, ""), None)
-    if dt is None:
-        # A dtype this torch build lacks: DLPack's view, copied, since the view would not keep `storage` alive.
-        return _to_torch(torch, t).clone()
     try:
-        x = x.view(dt)
+        return _as_framework("pt", x, t.dtype, t.shape, -1)
     except RuntimeError:
         # The tensor's offset in the file is not a multiple of its element size (legal in safetensors, rare):
         # torch cannot view it in place, so it gets its own aligned copy.
-        x = x.clone().view(dt)
-    return x.view(list(t.shape))
+        return _as_framework("pt", x.clone(), t.dtype, t.shape, -1)
 
 
-def load_safetensors_raw(path, device: str = "cpu", *, only=None, rank=None, world=None, split_dim: int = 0,
+def load_safetensors_raw(path, device="cpu", *, only=None, rank=None, world=None, split_dim: int = 0,
                          allocate=None):
     """Loads like load_safetensors but returns gdskit.Tensor objects (DLPack exporters) and the stats dict.
     Works without torch or numpy: each Tensor has .dtype, .shape, .nbytes, .tobytes() (host) and __dlpack__.
-    allocate(nbytes) -> address, if given, supplies the one allocation; the caller keeps it alive."""
-    tensors, stats = _gdskit.load(str(path), device, list(only or []), rank, world, split_dim, allocate)
-    return tensors, stats
+    allocate(nbytes), if given, returns the one allocation: a contiguous torch tensor or numpy array of at least
+    nbytes bytes on `device` (checked; the tensors keep it alive)."""
+    index = _parse_device(device)
+    only = _names(only)
+    callback = None if allocate is None else _checked_allocate(allocate, index)
+    return _gdskit.load(_path(path), index, only, _count(rank, "rank"), _count(world, "world"),
+                        _count(split_dim, "split_dim"), callback)
 
 
-def load_safetensors(path, device: str = "cuda:0", *, only=None, rank=None, world=None, split_dim: int = 0,
+def _checked_allocate(allocate, device: int):
+    if not callable(allocate):
+        raise TypeError("allocate must be callable: allocate(nbytes) -> tensor or array")
+
+    def call(nbytes):
+        buf = allocate(nbytes)
+        ptr, have, where = _buffer_of(buf, writable=True, what="allocate")
+        if have < nbytes:
+            raise ValueError(f"allocate returned {have} bytes; the load needs {nbytes}")
+        if where != device:
+            raise ValueError(f"allocate returned memory on {_device_name(where)}; the load is for "
+                             f"{_device_name(device)}")
+        return ptr, have, buf
+
+    return call
+
+
+def _path(path) -> str:
+    try:
+        return os.fspath(path)
+    except TypeError:
+        raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}") from None
+
+
+def _names(only):
+    if only is None:
+        return []
+    if isinstance(only, str):
+        return [only]
+    names = list(only)
+    for n in names:
+        if not isinstance(n, str):
+            raise TypeError(f"only: names must be str, not {type(n).__name__}")
+    return names
+
+
+def _count(value, what):
+    if value is None:
+        return None if what != "split_dim" else 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{what} must be >= 0, not {value}")
+    return value
+
+
+def load_safetensors(path, device="cpu", *, only=None, rank=None, world=None, split_dim: int = 0,
                      framework: str = "auto"):
     """Loads a .safetensors file, a *.safetensors.index.json or a folder into one allocation on `device`
-    ("cpu", "cuda", "cuda:N") and returns {name: tensor}.
+    ("cpu", "cuda", "cuda:N", N or a torch.device) and returns {name: tensor} in file order.
 
     only: names, or prefixes ending in '.' or '*'. rank/world/split_dim: this rank's slice (numpy.array_split
     rule) of every tensor with more than split_dim dimensions. framework: "torch", "numpy", "dlpack" (gdskit.Tensor
@@ -99,45 +126,43 @@ def load_safetensors(path, device: str = "cuda:0", *, only=None, rank=None, worl
     last tensor that views it is gone. Statistics of the load: gdskit.last_stats().
     """
     global _last_stats
+    index = _parse_device(device)
     if framework == "auto":
         if _torch() is not None:
             framework = "torch"
-        elif device == "cpu" and _numpy() is not None:
+        elif index < 0 and _numpy() is not None:
             framework = "numpy"
         else:
             framework = "dlpack"
-    if framework == "torch" and device != "cpu":
-        # GPU memory from torch's caching allocator: no cuMemAlloc per load when torch has the memory cached,
-        # and the tensors are ordinary views of one torch tensor.
+    if framework not in ("torch", "numpy", "dlpack"):
+        raise ValueError(f"framework must be auto, torch, numpy or dlpack, not {framework!r}")
+    if framework == "torch":
+        # The allocation comes from torch (its caching allocator on a GPU: no cuMemAlloc per load when torch
+        # has the memory cached), and the tensors are ordinary views of one uint8 tensor.
         torch = _torch()
         if torch is None:
             raise ImportError("framework='torch' needs torch")
         storage = []
 
         def allocate(nbytes):
-            storage.append(torch.empty(nbytes, dtype=torch.uint8, device=device))
-            return storage[-1].data_ptr()
+            storage.append(torch.empty(nbytes, dtype=torch.uint8, device=_device_name(index)))
+            return storage[-1]
 
-        tensors, stats = load_safetensors_raw(path, device, only=only, rank=rank, world=world, split_dim=split_dim,
+        tensors, stats = load_safetensors_raw(path, _device_name(index), only=only, rank=rank, world=world, split_dim=split_dim,
                                               allocate=allocate)
         _last_stats = stats
         base = storage[0].data_ptr()
         return {k: _torch_view(torch, storage[0], base, v) for k, v in tensors.items()}
-    tensors, stats = load_safetensors_raw(path, device, only=only, rank=rank, world=world, split_dim=split_dim)
+    if framework == "numpy" and index >= 0:
+        raise ValueError("framework='numpy' gives numpy arrays, which live on the CPU: use device='cpu'")
+    tensors, stats = load_safetensors_raw(path, _device_name(index), only=only, rank=rank, world=world, split_dim=split_dim)
     _last_stats = stats
-    if framework == "torch":
-        torch = _torch()
-        if torch is None:
-            raise ImportError("framework='torch' needs torch")
-        return {k: _to_torch(torch, v) for k, v in tensors.items()}
     if framework == "numpy":
         np = _numpy()
         if np is None:
             raise ImportError("framework='numpy' needs numpy")
         return {k: _to_numpy(np, v) for k, v in tensors.items()}
-    if framework == "dlpack":
-        return tensors
-    raise ValueError(f"framework must be auto, torch, numpy or dlpack, not {framework!r}")
+    return tensors
 
 
 def _numpy():
@@ -149,10 +174,11 @@ def _numpy():
 
 
 def _to_numpy(np, t: Tensor):
-    # numpy has no bfloat16 or 8-bit floats: those stay raw bytes (uint8) with the tensor's shape in bytes.
-    if t.dtype in ("BF16",) or t.raw_bytes:
-        return np.frombuffer(t.tobytes(), dtype=np.uint8)
-    return np.from_dlpack(t)
+    # The bytes as numpy sees them: numpy has no bfloat16 or 8-bit floats, so those are their raw bits as
+    # unsigned integers of the same width (safe_open(framework="np") gives the same).
+    if t.nbytes == 0:
+        return _empty("np", t.dtype, t.shape, -1)
+    return _as_framework("np", np.frombuffer(t.tobytes(), dtype=np.uint8), t.dtype, t.shape, -1)
 
 
 def last_stats() -> dict:
@@ -163,38 +189,30 @@ def last_stats() -> dict:
 
 def read(path, tensor, offset: int = 0) -> int:
     """Reads tensor.nbytes bytes at `offset` of the file into `tensor` (a contiguous torch tensor on the CPU or
-    a CUDA device, or any object with __array_interface__). Returns the bytes read (fewer only at end of file)."""
-    torch = _torch()
-    if torch is not None and isinstance(tensor, torch.Tensor):
-        if not tensor.is_contiguous():
-            raise OSError(_errno.EINVAL, "gdskit.read: tensor must be contiguous")
-        nbytes = tensor.numel() * tensor.element_size()
-        device = tensor.device.index if tensor.is_cuda else -1
-        if tensor.is_cuda and device is None:
-            device = torch.cuda.current_device()
-        return _gdskit.read_into(str(path), tensor.data_ptr(), nbytes, offset, device)
-    iface = getattr(tensor, "__array_interface__", None)
-    if iface is not None:
-        ptr, readonly = iface["data"]
-        if readonly:
-            raise OSError(_errno.EINVAL, "gdskit.read: array is read-only")
-        if iface.get("strides") is not None:
-            raise OSError(_errno.EINVAL, "gdskit.read: array must be contiguous")
-        return _gdskit.read_into(str(path), ptr, tensor.nbytes, offset, -1)
-    raise TypeError("gdskit.read: pass a torch.Tensor or a numpy array")
+    a CUDA device, or a C-contiguous numpy array). Returns the bytes read (fewer only at end of file)."""
+    with File(path, "r") as f:
+        return f.read(tensor, offset)
 
 
-def plan(path, device: str = "cuda:0"):
+def plan(path, device="cuda:0"):
     """The data path gdskit takes to read `path` into memory on `device`, and the reasons:
-    ("gds" | "staged" | "compat" | "host", [reason, ...])."""
-    return _gdskit.plan(str(path), device)
+    ("gds" | "staged" | "compat" | "host", [reason, ...]). A CUDA device without a usable GPU raises
+    OSError(ENODEV) with the reason, as a read would."""
+    with File(path, "r") as f:
+        return f.plan(device)
 
 
 def header(path):
     """The validated safetensors header: ([{name, dtype, shape, data_offsets, file_offset}], metadata)."""
-    return _gdskit.header(str(path))
+    return _gdskit.header(_path(path))
 
 
 def gpu_available():
     """(True, "") when a CUDA GPU can be used, else (False, reason)."""
     return _gdskit.gpu_available()
+
+
+# Saving: safetensors files and sharded checkpoints (gdskit/_save.py).
+from ._save import last_save_stats, save_file, save_sharded  # noqa: E402
+
+__all__ += ["save_file", "save_sharded", "last_save_stats"]

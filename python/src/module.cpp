@@ -7,7 +7,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <atomic>
 #include <memory>
+#include <thread>
 
 #include "gdskit/buffer.hpp"
 #include "gdskit/error.hpp"
@@ -129,18 +131,179 @@ gdskit::buffer_view view_for(std::uintptr_t ptr, std::size_t nbytes, int device)
   return gdskit::describe_pointer(p, nbytes);
 }
 
-int parse_device(const std::string& d) {
-  if (d == "cpu") return -1;
-  std::string n = d;
-  if (n.starts_with("cuda:")) n = n.substr(5);
-  if (n == "cuda") return 0;
-  try {
-    std::size_t used = 0;
-    int v = std::stoi(n, &used);
-    if (used == n.size() && v >= 0) return v;
-  } catch (const std::exception&) {
+// ([{name, dtype, shape, data_offsets, file_offset}], metadata) of a parsed header.
+py::tuple header_tuple(const st::header& h) {
+  py::list out;
+  for (const auto& t : h.tensors) {
+    py::dict d;
+    d["name"] = t.name;
+    d["dtype"] = std::string(st::to_string(t.dtype));
+    d["shape"] = t.shape;
+    d["data_offsets"] = py::make_tuple(t.begin_bytes, t.end_bytes);
+    d["file_offset"] = t.file_offset_bytes;
+    out.append(d);
   }
-  throw gdskit::error(gdskit::errno_code(EINVAL), "device must be \"cpu\", \"cuda\" or \"cuda:N\", not \"" + d + "\"");
+  return py::make_tuple(out, h.metadata);
+}
+
+// The state behind gdskit.File; shared with the calls in flight, so closing waits for nothing and frees nothing
+// that a read still uses.
+struct file_object {
+  std::shared_ptr<const gdskit::file_handle> handle;
+  // A call holds its own reference while the GIL is released, so close() on another thread cannot free the
+  // handle under it; the file closes when the last call in flight ends.
+  std::shared_ptr<const gdskit::file_handle> get() const {
+    if (!handle) throw py::value_error("I/O operation on a closed gdskit.File");
+    return handle;
+  }
+  // read (Write false) or write of nbytes at ptr on `device` (-1: host), with the GIL released.
+  template <bool Write>
+  std::size_t transfer(std::uintptr_t ptr, std::size_t nbytes, std::uint64_t offset, int device) const {
+    const auto h = get();
+    py::gil_scoped_release unlocked;
+    const auto view = view_for(ptr, nbytes, device);
+    return Write ? h->write(view, nbytes, offset) : h->read(view, nbytes, offset);
+  }
+};
+
+// Keeps a Python object (the caller's allocation) alive from C++; may be released on any thread.
+struct py_owner {
+  py::object obj;
+  explicit py_owner(py::object o) : obj(std::move(o)) {}
+  ~py_owner() {
+    py::gil_scoped_acquire locked;
+    obj = py::object();
+  }
+};
+
+// (path, reasons) for reading `f` into memory on `device` (-1: host). Without a usable GPU a device plan is
+// ENODEV with the reason, as a read to that device would fail.
+py::tuple plan_tuple(const gdskit::file_handle& f, int device) {
+  gdskit::buffer_view v = gdskit::buffer_view::host(nullptr, 0);
+  if (device >= 0) {
+    std::string why;
+    if (!gdskit::gpu_available(&why)) {
+      throw gdskit::error(gdskit::errno_code(ENODEV), "plan", f.path().string(), -1, 0, "no usable GPU: " + why);
+    }
+    v = gdskit::buffer_view{nullptr, 0, gdskit::memory_kind::device, device};
+  }
+  auto d = f.plan(v);
+  return py::make_tuple(std::string(gdskit::to_string(d.path)), d.reasons);
+}
+
+// ---- saving (the facade is gdskit/_save.py) ---------------------------------------------------------------
+
+// OSError(errno, message, filename): Python picks the subclass (FileExistsError, ...) from the errno.
+[[noreturn]] void raise_save_error(const gdskit::error& e) {
+  const int code = e.code().category() == std::generic_category() ? e.code().value() : EIO;
+  PyObject* args = e.path().empty() ? Py_BuildValue("(is)", code, e.what())
+                                    : Py_BuildValue("(iss)", code, e.what(), e.path().c_str());
+  PyErr_SetObject(PyExc_OSError, args);
+  Py_XDECREF(args);
+  throw py::error_already_set();
+}
+
+// One entry of the facade's list: (name, dtype, shape, address, nbytes, device, source or None).
+// source(offset) -> (address, nbytes), for strided tensors staged piece by piece.
+using save_entry = std::tuple<std::string, std::string, std::vector<std::uint64_t>, std::uintptr_t, std::size_t, int,
+                              py::object>;
+
+std::vector<st::save_tensor> to_save_tensors(const std::vector<save_entry>& entries) {
+  std::vector<st::save_tensor> out;
+  out.reserve(entries.size());
+  for (const auto& [name, dtype_text, shape, ptr, nbytes, device, source] : entries) {
+    auto dt = st::parse_dtype(dtype_text);
+    if (!dt) throw py::type_error("gdskit.save: unknown safetensors dtype \"" + dtype_text + "\"");
+    st::save_tensor t{name, *dt, shape, {}, {}};
+    if (source.is_none()) {
+      t.data = nbytes == 0 ? gdskit::buffer_view{nullptr, 0, gdskit::memory_kind::host, -1}
+                           : view_for(ptr, nbytes, device);
+    } else {
+      t.data = {nullptr, nbytes, device < 0 ? gdskit::memory_kind::host : gdskit::memory_kind::device, device};
+      t.source = [source, device](std::uint64_t offset) {
+        py::gil_scoped_acquire locked;
+        auto r = source(offset).cast<std::pair<std::uintptr_t, std::size_t>>();
+        return view_for(r.first, r.second, device);
+      };
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+py::dict save_stats_dict(const st::save_stats& s) {
+  py::dict d;
+  d["seconds"] = s.seconds;
+  d["sync_seconds"] = s.sync_seconds;
+  d["gib_per_s"] = s.gib_per_s();
+  d["tensor_bytes"] = s.tensor_bytes;
+  d["file_bytes"] = s.file_bytes;
+  d["files"] = s.files;
+  d["pieces"] = s.pieces;
+  d["path"] = std::string(gdskit::to_string(s.path.path));
+  d["reasons"] = s.path.reasons;
+  std::vector<std::string> written;
+  for (const auto& p : s.written) written.push_back(p.string());
+  d["written"] = written;
+  return d;
+}
+
+void add_save_functions(py::module_& m) {
+  m.def(
+      "save",
+      [](const std::filesystem::path& path, const std::vector<save_entry>& entries,
+         std::optional<st::metadata_entries> metadata, bool overwrite, bool sharded, std::uint64_t max_shard_bytes,
+         unsigned in_flight) {
+        auto tensors = to_save_tensors(entries);
+        st::save_options o;
+        o.overwrite = overwrite;
+        o.max_shard_bytes = max_shard_bytes;
+        o.in_flight = in_flight;
+        // Signal handlers run only on the main thread: it waits here and checks them, so Ctrl-C stops the save
+        // between pieces (nothing is published) and raises KeyboardInterrupt.
+        std::atomic<bool> stop{false}, finished{false}, interrupted{false};
+        o.cancelled = [&stop] { return stop.load(); };
+        st::save_stats s;
+        std::exception_ptr failure;
+        {
+          py::gil_scoped_release unlocked;
+          std::thread worker([&] {
+            try {
+              s = sharded ? st::save_sharded(path, tensors, metadata, o) : st::save(path, tensors, metadata, o);
+            } catch (...) {
+              failure = std::current_exception();
+            }
+            finished = true;
+          });
+          while (!finished) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            py::gil_scoped_acquire locked;
+            if (!interrupted && PyErr_CheckSignals() != 0) interrupted = stop = true;
+          }
+          worker.join();
+        }
+        if (interrupted) throw py::error_already_set();
+        if (failure) {
+          try {
+            std::rethrow_exception(failure);
+          } catch (const gdskit::error& e) {
+            if (e.code() == std::errc::invalid_argument && e.path().empty()) throw py::value_error(e.what());
+            raise_save_error(e);
+          }
+        }
+        return save_stats_dict(s);
+      },
+      py::arg("path"), py::arg("tensors"), py::arg("metadata"), py::arg("overwrite"), py::arg("sharded"),
+      py::arg("max_shard_bytes"), py::arg("in_flight") = 4,
+      "Saves [(name, dtype, shape, address, nbytes, device, source)] to a file (or a sharded folder); returns stats.");
+
+  m.def(
+      "save_layout",
+      [](const std::vector<save_entry>& entries, std::optional<st::metadata_entries> metadata) {
+        auto l = st::plan_save(to_save_tensors(entries), metadata);
+        return py::bytes(l.header);
+      },
+      py::arg("tensors"), py::arg("metadata"), "The header bytes a save of these tensors writes.");
 }
 
 }  // namespace
@@ -149,16 +312,27 @@ PYBIND11_MODULE(_gdskit, m) {
   m.doc() = "gdskit: storage <-> GPU memory transfers (compiled part; use the gdskit package)";
   m.attr("__version__") = GDSKIT_VERSION_TEXT;
 
-  // gdskit::error becomes OSError with the errno (FileNotFoundError for ENOENT, ...); CUDA and cuFile codes,
-  // which are not errno values, become OSError(EIO) with the message naming the code.
+  // gdskit::error becomes OSError(errno, message, path): Python picks the subclass from the errno
+  // (FileNotFoundError, IsADirectoryError, PermissionError, ...). A malformed file (EBADMSG) is SafetensorError,
+  // which is both a ValueError (as in the safetensors library) and an OSError with that errno. CUDA and cuFile
+  // codes, which are not errno values, become OSError(EIO) with the message naming the code.
+  static py::handle safetensor_error;
+  {
+    py::tuple bases = py::make_tuple(py::handle(PyExc_OSError), py::handle(PyExc_ValueError));
+    PyObject* type = PyErr_NewExceptionWithDoc("gdskit.SafetensorError",
+                                               "A malformed safetensors file or index (errno EBADMSG).",
+                                               bases.ptr(), nullptr);
+    if (type == nullptr) throw py::error_already_set();
+    safetensor_error = type;
+    m.add_object("SafetensorError", py::handle(type));
+  }
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const gdskit::error& e) {
-      int code = e.code().category() == std::generic_category() ? e.code().value() : EIO;
-      PyObject* args = Py_BuildValue("(is)", code, e.what());
-      PyErr_SetObject(PyExc_OSError, args);
-      Py_XDECREF(args);
+      const int code = e.code().category() == std::generic_category() ? e.code().value() : EIO;
+      py::object args = e.path().empty() ? py::make_tuple(code, e.what()) : py::make_tuple(code, e.what(), e.path());
+      PyErr_SetObject(code == EBADMSG ? safetensor_error.ptr() : PyExc_OSError, args.ptr());
     }
   });
 
@@ -182,19 +356,22 @@ PYBIND11_MODULE(_gdskit, m) {
 
   m.def(
       "load",
-      [](const std::filesystem::path& path, const std::string& device, std::vector<std::string> only,
+      [](const std::filesystem::path& path, int device, std::vector<std::string> only,
          std::optional<unsigned> rank, std::optional<unsigned> world, unsigned split_dim, py::object allocate) {
         st::load_options o;
-        o.device = parse_device(device);
+        o.device = device;
         o.only = std::move(only);
         if (rank || world) o.slice = st::slice_spec{rank.value_or(0), world.value_or(1), split_dim};
+        std::shared_ptr<py_owner> owner_object;
         if (!allocate.is_none()) {
-          // The caller's allocator (torch's caching allocator, say) returns the address of nbytes bytes on the
-          // device and keeps them alive; the exported tensors then view memory the caller owns.
-          o.allocate = [allocate, dev = o.device](std::uint64_t n) {
+          // The caller's allocator (torch's caching allocator, say) returns (address, nbytes, owner) for at least
+          // n bytes on the device; the loader checks the size and the device, and the exported tensors keep
+          // `owner` alive.
+          o.allocate = [allocate, dev = o.device, &owner_object](std::uint64_t n) {
             py::gil_scoped_acquire locked;
-            const auto ptr = allocate(n).cast<std::uintptr_t>();
-            return view_for(ptr, static_cast<std::size_t>(n), dev);
+            py::tuple r = allocate(n);
+            owner_object = std::make_shared<py_owner>(py::object(r[2]));
+            return view_for(r[0].cast<std::uintptr_t>(), r[1].cast<std::size_t>(), dev);
           };
         }
         st::model model;
@@ -204,7 +381,8 @@ PYBIND11_MODULE(_gdskit, m) {
           model = st::load(path, o);
         }
         const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        auto keep = model.keep_alive();
+        std::shared_ptr<void> keep = model.keep_alive();
+        if (owner_object) keep = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<py_owner>>>(keep, owner_object);
         auto owner = std::make_shared<st::model>(std::move(model));
         // The allocation lives as long as any exported tensor: the model's shared storage is held by each.
         py::dict tensors;
@@ -239,54 +417,65 @@ PYBIND11_MODULE(_gdskit, m) {
         stats["metadata"] = owner->metadata();
         return py::make_tuple(tensors, stats);
       },
-      py::arg("path"), py::arg("device") = "cpu", py::arg("only") = std::vector<std::string>{},
+      py::arg("path"), py::arg("device") = -1, py::arg("only") = std::vector<std::string>{},
       py::arg("rank") = py::none(), py::arg("world") = py::none(), py::arg("split_dim") = 0,
       py::arg("allocate") = py::none(),
-      "Loads a safetensors file, index or folder: returns ({name: Tensor}, stats). allocate(nbytes) -> address, "
-      "if given, supplies the one allocation (the caller keeps it alive).");
-
-  m.def(
-      "read_into",
-      [](const std::filesystem::path& path, std::uintptr_t ptr, std::size_t nbytes, std::uint64_t offset,
-         int device) {
-        gdskit::file_handle f(path, gdskit::open_mode::read);
-        auto view = view_for(ptr, nbytes, device);
-        py::gil_scoped_release unlocked;
-        return f.read(view, nbytes, offset);
-      },
-      py::arg("path"), py::arg("ptr"), py::arg("nbytes"), py::arg("offset"), py::arg("device"),
-      "Reads nbytes at offset of the file into memory at ptr (device -1: host). Returns the bytes read.");
+      "Loads a safetensors file, index or folder onto device (-1: host, N: cuda:N): returns ({name: Tensor}, "
+      "stats). allocate(nbytes) -> (address, nbytes, owner), if given, supplies the one allocation.");
 
   m.def(
       "plan",
-      [](const std::filesystem::path& path, const std::string& device) {
+      [](const std::filesystem::path& path, int device) {
         gdskit::file_handle f(path, gdskit::open_mode::read);
-        int dev = parse_device(device);
-        gdskit::buffer_view v = dev < 0 ? gdskit::buffer_view::host(nullptr, 0)
-                                        : gdskit::buffer_view{nullptr, 0, gdskit::memory_kind::device, dev};
-        auto d = f.plan(v);
-        return py::make_tuple(std::string(gdskit::to_string(d.path)), d.reasons);
+        return plan_tuple(f, device);
       },
-      py::arg("path"), py::arg("device") = "cuda:0", "The data path for reading this file to the device, and why.");
+      py::arg("path"), py::arg("device") = 0, "The data path for reading this file to the device, and why.");
 
   m.def("header", [](const std::filesystem::path& path) {
-    auto h = st::read_header(path);
-    py::list out;
-    for (const auto& t : h.tensors) {
-      py::dict d;
-      d["name"] = t.name;
-      d["dtype"] = std::string(st::to_string(t.dtype));
-      d["shape"] = t.shape;
-      d["data_offsets"] = py::make_tuple(t.begin_bytes, t.end_bytes);
-      d["file_offset"] = t.file_offset_bytes;
-      out.append(d);
-    }
-    return py::make_tuple(out, h.metadata);
+    return header_tuple(st::read_header(path));
   }, py::arg("path"), "The validated header: ([{name, dtype, shape, data_offsets, file_offset}], metadata).");
+
+  // ---- gdskit.File: one open file, read and written from any thread (the GIL is released during I/O). ----
+  py::class_<file_object, std::shared_ptr<file_object>>(m, "FileHandle", "An open file (see gdskit.File).")
+      .def(py::init([](const std::filesystem::path& path, const std::string& mode) {
+             auto f = std::make_shared<file_object>();
+             if (mode == "r") {
+               f->handle = std::make_shared<const gdskit::file_handle>(st::open_file(path));  // cannot hang on a FIFO
+             } else {
+               gdskit::open_options o;
+               gdskit::open_mode m = gdskit::open_mode::read_write;
+               if (mode == "r+") {
+               } else if (mode == "w" || mode == "w+") {
+                 o.create = o.truncate = true;
+                 if (mode == "w") m = gdskit::open_mode::write;
+               } else if (mode == "x" || mode == "x+") {
+                 o.create = o.exclusive = true;
+                 if (mode == "x") m = gdskit::open_mode::write;
+               } else {
+                 throw py::value_error("mode must be \"r\", \"r+\", \"w\", \"w+\", \"x\" or \"x+\", not \"" + mode + "\"");
+               }
+               f->handle = std::make_shared<const gdskit::file_handle>(path, m, o);
+             }
+             return f;
+           }),
+           py::arg("path"), py::arg("mode") = "r")
+      .def("read", &file_object::transfer<false>, py::arg("ptr"), py::arg("nbytes"), py::arg("offset"),
+           py::arg("device"), "Reads up to nbytes at offset into memory at ptr (device -1: host); returns the bytes read.")
+      .def("write", &file_object::transfer<true>, py::arg("ptr"), py::arg("nbytes"), py::arg("offset"),
+           py::arg("device"), "Writes nbytes from memory at ptr (device -1: host) at offset; returns nbytes.")
+      .def("plan", [](const file_object& f, int device) { return plan_tuple(*f.get(), device); }, py::arg("device"))
+      .def("size", [](const file_object& f) { return f.get()->size(); })
+      .def("header", [](const file_object& f) { return header_tuple(st::read_header(*f.get())); },
+           "The validated safetensors header of this file, as gdskit.header() gives it.")
+      .def("close", [](file_object& f) { f.handle.reset(); })
+      .def_property_readonly("closed", [](const file_object& f) { return !f.handle; });
+  // ---- end of gdskit.File ----
 
   m.def("gpu_available", [] {
     std::string why;
     bool ok = gdskit::gpu_available(&why);
     return py::make_tuple(ok, why);
   });
+
+  add_save_functions(m);
 }

@@ -110,6 +110,9 @@ class usage_error : public std::runtime_error {
 request parse_args(const std::vector<std::string>& args);
 /// Reads a gdsio-style job file ([global] and [jobN] sections, key=value). Throws usage_error.
 std::vector<job_spec> parse_config(std::string_view text, const job_spec& defaults);
+/// The end of the furthest byte the job touches (offset + size x workers sharing the file). Throws usage_error when
+/// a sum or product passes 2^63 - 1 (the largest file offset).
+std::uint64_t check_extent(const job_spec& job);
 /// Checks a job against the machine before anything runs (files, folders, sizes, GPUs). Throws usage_error.
 void validate(const job_spec& job);
 /// The flag summary printed by `gdskit bench -h`.
@@ -187,6 +190,8 @@ struct hooks {
   std::function<void(const job_spec&, const std::vector<std::filesystem::path>& files)> after_write;
   /// Progress: bytes so far and seconds so far, called about twice a second from a watcher thread.
   std::function<void(std::uint64_t bytes, double seconds)> progress;
+  /// Before worker thread `index` is started (throw std::system_error here to act out a failed start).
+  std::function<void(std::size_t index)> before_thread;
 };
 
 /// Runs the jobs concurrently (all workers start together) and returns one result per job.

@@ -7,7 +7,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/json_text.hpp"
+
 #include "bench/bench.hpp"
+#include "common/terminal.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
 
@@ -61,7 +64,7 @@ int run_single(const request& req, std::ostream& out, std::ostream& err, const h
     nlohmann::json j = {{"gdskit_bench", 1}, {"results", nlohmann::json::array()},
                         {"total", many ? to_json(total) : nlohmann::json(nullptr)}, {"sweep", nullptr}};
     for (const auto& r : results) j["results"].push_back(to_json(r));
-    out << j.dump(2) << "\n";
+    out << json_text(j) << "\n";
   } else if (req.options.csv) {
     out << csv_header();
     for (const auto& r : results) out << csv_row(r);
@@ -98,7 +101,9 @@ int run_sweep(const request& req, std::ostream& out, std::ostream& err, const ho
         j.io = io;
         j.threads = t;
         j.name = fmt::format("{}-{}-{}", to_string(x.kind), io.max_bytes, t);
-        // Reads must fit the file, GPUs must exist: check every point before the first one runs.
+        // Reads must fit the file, GPUs must exist, no point may pass the largest file offset: check every point
+        // before the first one runs.
+        check_extent(j);
         if (!is_write(j.type)) validate(j);
         points.push_back(j);
       }
@@ -124,7 +129,7 @@ int run_sweep(const request& req, std::ostream& out, std::ostream& err, const ho
       pos = nl + 1;
     }
     j["sweep"] = {{"threads", sw.threads}, {"verdicts", lines}};
-    out << j.dump(2) << "\n";
+    out << json_text(j) << "\n";
   } else if (req.options.csv) {
     out << csv_header();
     for (const auto& row : rows) out << csv_row(row.result);
@@ -155,15 +160,18 @@ int run_command(const std::vector<std::string>& args, std::ostream& out, std::os
       out << usage();
       return 0;
     }
+    try {
+      // A bad GDSKIT_* setting is bad input: refused before anything runs, not an I/O failure mid-run.
+      (void)default_settings();
+    } catch (const gdskit::error& e) {
+      throw usage_error(e.what());
+    }
     return req.sweep ? run_sweep(req, out, err, h) : run_single(req, out, err, h);
   } catch (const usage_error& e) {
-    err << "gdskit bench: " << e.what() << "\n";
+    err << "gdskit bench: " << printable(e.what()) << "\n";
     return 2;
-  } catch (const gdskit::error& e) {
-    err << "gdskit bench: " << e.what() << "\n";
-    return 3;
   } catch (const std::exception& e) {
-    err << "gdskit bench: " << e.what() << "\n";
+    err << "gdskit bench: " << printable(e.what()) << "\n";
     return 3;
   }
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -73,10 +74,22 @@ namespace {
 
 [[noreturn]] void fail(const std::string& msg) { throw usage_error(msg); }
 
+// File offsets and sizes are off_t: nothing past 2^63 - 1 can be read or written.
+constexpr std::uint64_t kMaxFileBytes = static_cast<std::uint64_t>(INT64_MAX);
+
 std::uint64_t size_arg(std::string_view flag, std::string_view text) {
   auto v = parse_size(text);
   if (!v) fail(fmt::format("{} {}: not a size (use 4096, 4K, 1M, 1G)", flag, text));
+  if (*v > kMaxFileBytes) fail(fmt::format("{} {}: larger than the largest file offset (2^63 - 1 bytes)", flag, text));
   return *v;
+}
+
+// a * b + c, or nullopt when the result passes 2^63 - 1.
+std::optional<std::uint64_t> checked_extent(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
+  if (b != 0 && a > kMaxFileBytes / b) return std::nullopt;
+  const std::uint64_t ab = a * b;
+  if (c > kMaxFileBytes - ab) return std::nullopt;
+  return ab + c;
 }
 
 long long int_arg(std::string_view flag, std::string_view text, long long lo, long long hi) {
@@ -96,7 +109,8 @@ double seconds_arg(std::string_view flag, std::string_view text) {
   } catch (const std::exception&) {
     fail(fmt::format("{} {}: not a number of seconds", flag, text));
   }
-  if (v < 0 || v > 86400) fail(fmt::format("{} {}: must be between 0 and 86400 seconds", flag, text));
+  // stod takes "nan" and "inf"; neither is a duration, and NaN slips through every comparison.
+  if (!std::isfinite(v) || v < 0 || v > 86400) fail(fmt::format("{} {}: must be between 0 and 86400 seconds", flag, text));
   return v;
 }
 
@@ -181,6 +195,8 @@ std::vector<job_spec> parse_config(std::string_view text, const job_spec& defaul
   std::string raw;
   while (std::getline(in, raw)) {
     ++lineno;
+    // A NUL would silently cut a file name short when it reaches open(2).
+    if (raw.find('\0') != std::string::npos) fail(fmt::format("line {}: contains a NUL byte", lineno));
     std::string_view line = trim(raw);
     if (line.empty() || line[0] == '#' || line[0] == ';') continue;
     const std::string where = fmt::format("line {}:", lineno);
@@ -267,7 +283,8 @@ gdskit flags:
   --json | --csv    machine-readable output
   --plot FILE.png   throughput against threads per path (gnuplot)
   --quiet       no progress line
-Exit codes: 0 done, 1 verification failed, 2 usage or bad input (nothing run), 3 I/O error during the run.
+Exit codes: 0 ok; 1 the check or verification said no; 2 usage or bad input (bad flag or setting,
+missing input file; nothing ran); 3 I/O or device failure during the run. 130/143: interrupted.
 )";
 }
 
@@ -359,6 +376,7 @@ request parse_args(const std::vector<std::string>& args) {
     if (j.size_bytes == 0) fail(fmt::format("job {}: size must be above 0", j.name));
     if (j.verify && j.seconds > 0) fail("-V cannot be combined with -T (like gdsio: a timed run re-writes the data set)");
     if (j.io.min_bytes == 0) fail("-i: io size must be at least 1 byte");
+    check_extent(j);
   }
   if (r.sweep && r.jobs.size() > 1) fail("--sweep runs one job: use flags, not a job file");
   if (!r.options.plot.empty() && !r.sweep) fail("--plot needs --sweep (it draws throughput against threads)");
@@ -394,6 +412,18 @@ bool folder_writable(const std::filesystem::path& dir, std::string* why) {
 
 }  // namespace
 
+std::uint64_t check_extent(const job_spec& j) {
+  // -f: the workers share one file, one region each; -D: one region per file.
+  const std::uint64_t regions = j.file.empty() ? 1 : j.threads;
+  auto end = checked_extent(j.size_bytes, regions, j.offset_bytes);
+  auto total = checked_extent(j.size_bytes, j.threads, 0);
+  if (!end || !total) {
+    fail(fmt::format("job {}: offset {} + {} x {} bytes passes the largest file offset (2^63 - 1 bytes); "
+                     "lower -s, -w or -o", j.name, j.offset_bytes, regions, j.size_bytes));
+  }
+  return *end;
+}
+
 void validate(const job_spec& j) {
   const bool writing = is_write(j.type);
   const std::string who = fmt::format("job {}", j.name);
@@ -407,17 +437,18 @@ void validate(const job_spec& j) {
     int n = gpu_devices();
     if (j.gpu >= n) fail(fmt::format("-d {}: no such GPU (this machine has {}; indexes 0..{})", j.gpu, n, n - 1));
   }
+  const std::uint64_t end = check_extent(j);
   std::vector<std::filesystem::path> files;
   std::vector<std::uint64_t> need;
   if (!j.file.empty()) {
     files.push_back(j.file);
-    need.push_back(j.offset_bytes + j.size_bytes * j.threads);
+    need.push_back(end);
   } else {
     std::error_code ec;
     if (!std::filesystem::is_directory(j.directory, ec)) fail(fmt::format("-D {}: not a folder", j.directory.string()));
     for (unsigned n = 0; n < j.threads; ++n) {
       files.push_back(j.directory / fmt::format("gdsio.{}", n));
-      need.push_back(j.offset_bytes + j.size_bytes);
+      need.push_back(end);
     }
   }
   for (std::size_t k = 0; k < files.size(); ++k) {

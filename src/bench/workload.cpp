@@ -310,19 +310,44 @@ std::vector<job_result> run_jobs(const std::vector<job_spec>& jobs, const run_op
   std::atomic<bool> go{false};
   std::vector<std::thread> threads;
   threads.reserve(all.size());
-  for (worker* w : all) {
-    threads.emplace_back([&, w] {
-      ready.arrive_and_wait();
-      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-      try {
-        run_worker(*w, stop, start);
-      } catch (...) {
-        std::lock_guard lk(err_mu);
-        if (!first_error) first_error = std::current_exception();
-        stop = true;
-        w->end = clock_type::now();
+  try {
+    for (worker* w : all) {
+      if (h.before_thread) h.before_thread(threads.size());
+      threads.emplace_back([&, w] {
+        ready.arrive_and_wait();
+        while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+        if (stop.load()) return;
+        try {
+          run_worker(*w, stop, start);
+        } catch (...) {
+          std::lock_guard lk(err_mu);
+          if (!first_error) first_error = std::current_exception();
+          stop = true;
+          w->end = clock_type::now();
+        }
+      });
+    }
+  } catch (...) {
+    // Out of threads (RLIMIT_NPROC, memory): release the workers that did start and join them; files this run
+    // created hold nothing yet and are removed.
+    const std::size_t started = threads.size();
+    stop = true;
+    ready.count_down(static_cast<std::ptrdiff_t>(all.size() - started) + 1);
+    go.store(true, std::memory_order_release);
+    for (auto& t : threads) t.join();
+    for (auto& s : states) {
+      s.handles.clear();
+      for (const auto& f : s.result.created) {
+        std::error_code ec;
+        std::filesystem::remove(f, ec);
       }
-    });
+    }
+    try {
+      throw;
+    } catch (const std::system_error& e) {
+      throw error(e.code(), fmt::format("starting worker thread {} of {} (-w {})", started + 1, all.size(),
+                                        all.size()));
+    }
   }
   // cuFile statistics are process-wide: one snapshot before and after the timed phase (verification
   // read-backs come later and are not counted).
@@ -339,14 +364,18 @@ std::vector<job_result> run_jobs(const std::vector<job_spec>& jobs, const run_op
   std::atomic<bool> finished{false};
   std::thread watcher;
   if (h.progress) {
-    watcher = std::thread([&] {
-      while (!finished.load()) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(250));
-        std::uint64_t b = 0;
-        for (worker* w : all) b += w->bytes.load(std::memory_order_relaxed);
-        h.progress(b, std::chrono::duration<double>(clock_type::now() - start).count());
-      }
-    });
+    // No progress is no reason to fail a run: without a thread for it, the run goes on silently.
+    try {
+      watcher = std::thread([&] {
+        while (!finished.load()) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(250));
+          std::uint64_t b = 0;
+          for (worker* w : all) b += w->bytes.load(std::memory_order_relaxed);
+          h.progress(b, std::chrono::duration<double>(clock_type::now() - start).count());
+        }
+      });
+    } catch (const std::system_error&) {
+    }
   }
   for (auto& t : threads) t.join();
   const cpu_times cpu1 = process_cpu();

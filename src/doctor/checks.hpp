@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "doctor/report.hpp"
@@ -38,6 +39,22 @@ std::optional<std::pair<std::string, int>> find_field(const std::string& text, c
                                                       const std::string& section = {});
 /// Parses a decimal or 0x-hex unsigned number; nullopt on garbage or overflow.
 std::optional<std::uint64_t> parse_u64(const std::string& s);
+
+/// A driver version found in a line ("NVRM version: ... 580.95.05 ..."): the first run of 3 or more digits
+/// followed by '.' and digits (and optionally one more '.' and digits). `major` fits an int or the whole
+/// token is rejected. Linear in the line's length, no recursion.
+struct version_token {
+  std::string text;  // "580.95.05"
+  int major = 0;
+};
+std::optional<version_token> find_version_token(std::string_view line);
+
+/// Whether `s` is a PCI address "dddd:bb:dd.f" (hex digits, function 0-7).
+bool is_bdf(std::string_view s) noexcept;
+/// The last PCI address inside a sysfs path ("/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0" -> the last).
+std::string last_bdf_in(std::string_view s);
+/// The root complex of a sysfs path ("pci0000:00" from "/sys/devices/pci0000:00/..."), empty when none.
+std::string root_complex_in(std::string_view s);
 
 void read_cufile_config(system_root& root, facts& f, layer& userspace);
 layer check_gpu(system_root& root, facts& f);

@@ -83,6 +83,64 @@ std::optional<std::uint64_t> parse_u64(const std::string& raw) {
   return v;
 }
 
+namespace {
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_hex(char c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+bool all_hex(std::string_view s) {
+  for (char c : s)
+    if (!is_hex(c)) return false;
+  return true;
+}
+std::size_t digits_from(std::string_view s, std::size_t i) {
+  std::size_t j = i;
+  while (j < s.size() && is_digit(s[j])) ++j;
+  return j - i;
+}
+}  // namespace
+
+std::optional<version_token> find_version_token(std::string_view line) {
+  for (std::size_t i = 0; i < line.size();) {
+    if (!is_digit(line[i]) || (i > 0 && is_digit(line[i - 1]))) {
+      ++i;
+      continue;
+    }
+    const std::size_t major_len = digits_from(line, i);
+    std::size_t end = i + major_len;
+    if (major_len >= 3 && end < line.size() && line[end] == '.' && digits_from(line, end + 1) > 0) {
+      end += 1 + digits_from(line, end + 1);
+      if (end < line.size() && line[end] == '.' && digits_from(line, end + 1) > 0) end += 1 + digits_from(line, end + 1);
+      int major = 0;
+      auto [p, ec] = std::from_chars(line.data() + i, line.data() + i + major_len, major);
+      if (ec != std::errc() || major <= 0) return std::nullopt;
+      return version_token{std::string(line.substr(i, end - i)), major};
+    }
+    i += major_len;
+  }
+  return std::nullopt;
+}
+
+bool is_bdf(std::string_view s) noexcept {
+  return s.size() == 12 && all_hex(s.substr(0, 4)) && s[4] == ':' && all_hex(s.substr(5, 2)) && s[7] == ':' &&
+         all_hex(s.substr(8, 2)) && s[10] == '.' && s[11] >= '0' && s[11] <= '7';
+}
+
+std::string last_bdf_in(std::string_view s) {
+  for (std::size_t i = s.size(); i-- > 0;) {
+    if (i + 12 <= s.size() && is_bdf(s.substr(i, 12))) return std::string(s.substr(i, 12));
+  }
+  return {};
+}
+
+std::string root_complex_in(std::string_view s) {
+  // "/pciDDDD:BB/" with hex digits.
+  for (std::size_t pos = s.find("/pci"); pos != std::string_view::npos; pos = s.find("/pci", pos + 1)) {
+    if (pos + 12 <= s.size() && all_hex(s.substr(pos + 4, 4)) && s[pos + 8] == ':' && all_hex(s.substr(pos + 9, 2)) &&
+        s[pos + 11] == '/')
+      return std::string(s.substr(pos + 1, 10));
+  }
+  return {};
+}
+
 std::vector<layer> run_checks(system_root& root, const std::string& path) {
   facts f;
   layer userspace{"userspace", "User space (cuFile)", {}};

@@ -2,7 +2,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <regex>
 
 #include "doctor/checks.hpp"
 
@@ -10,11 +9,6 @@ namespace gdskit::doctor {
 namespace {
 
 constexpr std::uint64_t mib = 1024 * 1024;
-
-bool looks_like_bdf(const std::string& s) {
-  static const std::regex bdf(R"([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])");
-  return std::regex_match(s, bdf);
-}
 
 // Data-center and workstation parts have the RM object that third-party P2P needs; GeForce does not.
 bool data_center_class(const std::string& model) {
@@ -34,26 +28,28 @@ layer check_gpu(system_root& root, facts& f) {
   {
     check c{"gpu.driver", "NVIDIA kernel driver", status::unknown, impact::cufile, "", {}, ""};
     auto v = root.read("proc/driver/nvidia/version");
-    if (!v.ok()) {
+    if (!v.ok() && v.error != std::errc::no_such_file_or_directory) {
+      c.summary = "/proc/driver/nvidia/version not readable: " + v.reason();
+      c.evidence.push_back({"proc/driver/nvidia/version", 0, v.reason()});
+    } else if (!v.ok()) {
       c.state = status::fail;
       c.summary = "NVIDIA kernel driver not loaded (no /proc/driver/nvidia/version)";
-      c.evidence.push_back({"proc/driver/nvidia/version", 0, v.error.message()});
+      c.evidence.push_back({"proc/driver/nvidia/version", 0, v.reason()});
       c.fix = "Install and load the NVIDIA open kernel module (nvidia-open / nvidia-driver-<ver>-open), then modprobe nvidia.";
     } else {
       auto lines = split_lines(*v.text);
       std::string first = lines.empty() ? "" : trim(lines[0]);
-      static const std::regex ver(R"((\d{3,})\.(\d+)(\.\d+)?)");
-      std::smatch m;
       c.evidence.push_back({"proc/driver/nvidia/version", 1, first});
-      if (first.rfind("NVRM version:", 0) != 0 || !std::regex_search(first, m, ver)) {
+      const auto ver = first.rfind("NVRM version:", 0) == 0 ? find_version_token(first) : std::nullopt;
+      if (!ver) {
         c.state = status::unknown;
         c.summary = "unrecognised /proc/driver/nvidia/version";
         c.fix = "Check that the NVIDIA driver loaded correctly (dmesg | grep NVRM).";
       } else {
-        f.driver_major = std::stoi(m[1].str());
+        f.driver_major = ver->major;
         f.open_module = first.find("Open Kernel Module") != std::string::npos;
         c.state = status::ok;
-        c.summary = fmt::format("driver {} ({} kernel module)", m[0].str(), f.open_module ? "open" : "proprietary");
+        c.summary = fmt::format("driver {} ({} kernel module)", ver->text, f.open_module ? "open" : "proprietary");
       }
     }
     out.checks.push_back(std::move(c));
@@ -78,7 +74,7 @@ layer check_gpu(system_root& root, facts& f) {
   // GPUs as the driver lists them.
   std::error_code ec;
   auto bdfs = root.list("proc/driver/nvidia/gpus", ec);
-  bdfs.erase(std::remove_if(bdfs.begin(), bdfs.end(), [](const std::string& b) { return !looks_like_bdf(b); }),
+  bdfs.erase(std::remove_if(bdfs.begin(), bdfs.end(), [](const std::string& b) { return !is_bdf(b); }),
              bdfs.end());
   auto smi = root.command("nvidia-smi-q");
   {

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <regex>
 
 #include "doctor/checks.hpp"
 
@@ -25,8 +24,10 @@ struct mount_entry {
 std::string unescape(const std::string& s) {
   std::string out;
   for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 3 < s.size() + 0 && std::isdigit(static_cast<unsigned char>(s[i + 1]))) {
-      out += static_cast<char>(std::stoi(s.substr(i + 1, 3), nullptr, 8));
+    // The kernel writes space, tab, newline and backslash as \ooo: exactly three octal digits.
+    auto octal = [&](std::size_t k) { return k < s.size() && s[k] >= '0' && s[k] <= '7'; };
+    if (s[i] == '\\' && octal(i + 1) && octal(i + 2) && octal(i + 3)) {
+      out += static_cast<char>(((s[i + 1] - '0') << 6) | ((s[i + 2] - '0') << 3) | (s[i + 3] - '0'));
       i += 3;
     } else {
       out += s[i];
@@ -79,19 +80,6 @@ std::string option_value(const std::string& opts, const std::string& key) {
   return s.substr(start, s.find(',', start) - start);
 }
 
-std::string last_bdf(const std::string& sys_path) {
-  static const std::regex bdf(R"([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])");
-  std::string found;
-  for (std::sregex_iterator it(sys_path.begin(), sys_path.end(), bdf), end; it != end; ++it) found = it->str();
-  return found;
-}
-
-std::string root_complex(const std::string& sys_path) {
-  static const std::regex rc(R"(/(pci[0-9a-fA-F]{4}:[0-9a-fA-F]{2})/)");
-  std::smatch m;
-  if (std::regex_search(sys_path, m, rc)) return m[1].str();
-  return {};
-}
 
 }  // namespace
 
@@ -249,13 +237,13 @@ layer check_storage(system_root& root, facts& f, const std::string& path) {
       auto rp = root.real_path("sys/block/" + l);
       if (!rp.ok()) continue;
       c.evidence.push_back({"sys/block/" + l + "/realpath.txt", 1, *rp.text});
-      std::string bdf = last_bdf(*rp.text), rc = root_complex(*rp.text);
+      std::string bdf = last_bdf_in(*rp.text), rc = root_complex_in(*rp.text);
       if (bdf.empty()) {
         notes.push_back(l + " is not on PCIe");
         continue;
       }
       for (const auto& g : f.gpus) {
-        std::string grc = root_complex(g.sys_path);
+        std::string grc = root_complex_in(g.sys_path);
         if (grc.empty() || rc.empty()) {
           notes.push_back(fmt::format("{} at {}: root complex of GPU {} unknown", l, bdf, g.bdf));
         } else if (grc == rc) {

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "common/json_text.hpp"
+
 #include "doctor/checks.hpp"
 
 namespace gdskit::doctor {
@@ -75,7 +77,7 @@ void read_cufile_config(system_root& root, facts& f, layer& userspace) {
   auto r = root.read(rel);
   if (!r.ok()) {
     c.summary = "no " + ("/" + rel) + ": cuFile uses its built-in defaults (allow_compat_mode true)";
-    c.evidence.push_back({rel, 0, r.error.message()});
+    c.evidence.push_back({rel, 0, r.reason()});
     userspace.checks.push_back(std::move(c));
     return;
   }
@@ -119,8 +121,8 @@ void read_cufile_config(system_root& root, facts& f, layer& userspace) {
   if (const json* deny = at_path(j, {"denylist"}); deny != nullptr && deny->is_object()) {
     for (auto it = deny->begin(); it != deny->end(); ++it) {
       if (it.value().is_array() && !it.value().empty()) {
-        warns.push_back(fmt::format("denylist.{} = {}", it.key(), it.value().dump()));
-        c.evidence.push_back({rel, line_of(*r.text, it.key()), fmt::format("denylist.{}: {}", it.key(), it.value().dump())});
+        warns.push_back(fmt::format("denylist.{} = {}", it.key(), json_text(it.value(), -1)));
+        c.evidence.push_back({rel, line_of(*r.text, it.key()), fmt::format("denylist.{}: {}", it.key(), json_text(it.value(), -1))});
       }
     }
   }

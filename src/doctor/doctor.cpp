@@ -134,6 +134,15 @@ report diagnose(system_root& root, const std::string& path, std::optional<probe_
   r.path = path;
   root.record("commands/doctor-path.txt", path + "\n");
   r.layers = run_checks(root, path);
+  if (!root.capped().empty() && !r.layers.empty()) {
+    // A file cut at its size limit was judged on its first bytes only: say so, next to the logs.
+    check c{"inputs.capped", "Files cut at the size limit", status::warn, impact::none,
+            fmt::format("{} file(s) larger than the doctor reads were judged on their first bytes only",
+                        root.capped().size()),
+            {}, ""};
+    for (const auto& f : root.capped()) c.evidence.push_back({f, 0, "cut at the size limit"});
+    r.layers.back().checks.push_back(std::move(c));
+  }
   if (probe) {
     layer pl{"probe", "Live proof (cuFile)", {}};
     check c{"probe.run", "Live probe", status::unknown, impact::none, "", {}, ""};

@@ -13,12 +13,14 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <regex>
+#include <cctype>
+#include <charconv>
 #include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "common/bounded_read.hpp"
 #include "doctor/probe.hpp"
 #include "gdskit/buffer.hpp"
 #include "shim/cufile.hpp"
@@ -30,15 +32,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string slurp(const fs::path& p, std::size_t cap = 4u << 20) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) return {};
-  std::string s;
-  s.resize(cap);
-  in.read(s.data(), static_cast<std::streamsize>(cap));
-  s.resize(static_cast<std::size_t>(in.gcount()));
-  return s;
-}
+std::string slurp(const fs::path& p, std::size_t cap = 4u << 20) { return read_bounded(p, cap).text.value_or(""); }
 
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> out;
@@ -131,21 +125,22 @@ void collect_log(probe_results& r, const fs::path& log, const std::string& label
 
 nvfs_counters parse_nvfs_stats(const std::string& text) {
   nvfs_counters c;
-  static const std::regex n_re(R"(\bn=(\d+))");
   for (const auto& l : lines_of(text)) {
     auto colon = l.find(':');
     if (colon == std::string::npos) continue;
     std::string key = l.substr(0, colon);
     key.erase(key.find_last_not_of(" \t") + 1);
-    std::smatch m;
-    std::string rest = l.substr(colon + 1);
-    if (!std::regex_search(rest, m, n_re)) continue;
-    std::uint64_t v = 0;
-    try {
-      v = std::stoull(m[1].str());
-    } catch (...) {
-      continue;
+    const std::string rest = l.substr(colon + 1);
+    // The first "n=<digits>" that starts a word.
+    std::optional<std::uint64_t> found;
+    for (auto p = rest.find("n="); p != std::string::npos && !found; p = rest.find("n=", p + 1)) {
+      const bool word_start = p == 0 || !(std::isalnum(static_cast<unsigned char>(rest[p - 1])) || rest[p - 1] == '_');
+      std::uint64_t v = 0;
+      auto [end, ec] = std::from_chars(rest.data() + p + 2, rest.data() + rest.size(), v);
+      if (word_start && ec == std::errc() && end != rest.data() + p + 2) found = v;
     }
+    if (!found) continue;
+    const std::uint64_t v = *found;
     if (key == "Reads" && !c.reads) c.reads = v;
     else if (key == "Bar1-map" && !c.bar1_maps) c.bar1_maps = v;
   }
@@ -171,7 +166,6 @@ std::vector<std::string> new_gds_dmesg_lines(const std::string& before, const st
 }
 
 std::string strict_cufile_json(const std::string& system_json) {
-  static const std::regex allow_re(R"re(("allow_compat_mode"\s*:\s*)(true|false))re");
   // Only a document that says allow_compat_mode on an uncommented line is edited in place.
   bool present = false;
   for (const auto& l : lines_of(system_json)) {
@@ -179,7 +173,40 @@ std::string strict_cufile_json(const std::string& system_json) {
     auto c = l.find("//");
     if (k != std::string::npos && (c == std::string::npos || c > k)) present = true;
   }
-  if (present) return std::regex_replace(system_json, allow_re, "$1false");
+  if (present) {
+    // Every `"allow_compat_mode" : true|false` becomes false; the rest of the document is kept byte for byte.
+    static constexpr std::string_view key = "\"allow_compat_mode\"";
+    std::string out;
+    std::size_t pos = 0;
+    for (auto k = system_json.find(key); k != std::string::npos; k = system_json.find(key, pos)) {
+      std::size_t i = k + key.size();
+      auto skip_ws = [&] {
+        while (i < system_json.size() && (system_json[i] == ' ' || system_json[i] == '\t' || system_json[i] == '\n' ||
+                                          system_json[i] == '\r'))
+          ++i;
+      };
+      skip_ws();
+      if (i < system_json.size() && system_json[i] == ':') {
+        ++i;
+        skip_ws();
+        for (std::string_view word : {"true", "false"}) {
+          if (system_json.compare(i, word.size(), word) == 0) {
+            out.append(system_json, pos, i - pos);
+            out += "false";
+            i += word.size();
+            pos = i;
+            break;
+          }
+        }
+      }
+      if (pos < i) {
+        out.append(system_json, pos, i - pos);
+        pos = i;
+      }
+    }
+    out.append(system_json, pos, std::string::npos);
+    return out;
+  }
   bool p2pdma = false;
   for (const auto& l : lines_of(system_json)) {
     auto k = l.find("\"use_pci_p2pdma\"");

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_text.hpp"
 #include "doctor/probe.hpp"
 #include "gdskit/buffer.hpp"
 #include "gdskit/error.hpp"
@@ -169,7 +170,7 @@ std::string child_report_line(const child_report& c) {
             {"stats", stats},
             {"sweep", sw},
             {"notes", c.notes}};
-  return std::string(kChildMarker) + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  return std::string(kChildMarker) + json_text(j, -1) + "\n";
 }
 
 std::optional<child_report> parse_child_report(const std::string& text, std::string* why) {

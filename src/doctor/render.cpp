@@ -3,6 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_text.hpp"
+
 #include "doctor/doctor.hpp"
 
 namespace gdskit::doctor {
@@ -138,7 +140,7 @@ std::string render_json(const report& r) {
             {"path", r.path},
             {"layers", layers},
             {"probe", probe}};
-  return j.dump(2) + "\n";
+  return json_text(j) + "\n";
 }
 
 }  // namespace gdskit::doctor

@@ -1,5 +1,7 @@
 #include "doctor/system_root.hpp"
 
+#include "common/bounded_read.hpp"
+
 #include <sys/resource.h>
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -9,7 +11,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
 
 namespace gdskit::doctor {
@@ -45,20 +46,9 @@ fs::path system_root::abs(const std::string& rel) const {
 
 namespace {
 
-read_result read_limited(const fs::path& p, std::size_t max_bytes) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) {
-    int e = errno != 0 ? errno : ENOENT;
-    return {std::nullopt, std::error_code(e, std::generic_category())};
-  }
-  std::string out;
-  std::array<char, 65536> buf{};
-  while (out.size() < max_bytes && in) {
-    in.read(buf.data(), static_cast<std::streamsize>(std::min(buf.size(), max_bytes - out.size())));
-    out.append(buf.data(), static_cast<std::size_t>(in.gcount()));
-  }
-  if (in.bad()) return {std::nullopt, std::make_error_code(std::errc::io_error)};
-  return {std::move(out), {}};
+read_result read_limited(const fs::path& p, std::size_t max_bytes, bool tail = false) {
+  auto b = read_bounded(p, max_bytes, tail);
+  return {std::move(b.text), b.error, b.capped, std::move(b.why)};
 }
 
 // Runs a program with its stderr folded into stdout; error when it cannot start or exits non-zero.
@@ -91,31 +81,35 @@ bool program_exists(const char* name) {
 
 }  // namespace
 
+void system_root::note_capped(const std::string& rel) {
+  if (std::find(capped_.begin(), capped_.end(), rel) == capped_.end()) capped_.push_back(rel);
+}
+
 read_result system_root::read(const std::string& rel, std::size_t max_bytes) {
   auto r = read_limited(abs(rel), max_bytes);
   if (r.ok()) recorded_[rel] = *r.text;
+  if (r.capped) note_capped(rel);
   return r;
 }
 
 read_result system_root::grep(const std::string& rel, const std::vector<std::string>& needles) {
-  std::ifstream in(abs(rel));
-  if (!in) {
-    int e = errno != 0 ? errno : ENOENT;
-    return {std::nullopt, std::error_code(e, std::generic_category())};
-  }
   std::string out;
-  std::string line;
-  while (std::getline(in, line)) {
+  auto b = scan_lines_bounded(abs(rel), max_scan_bytes, max_line_bytes, [&](std::string_view line) {
     for (const auto& n : needles) {
-      if (line.find(n) != std::string::npos) {
-        out += line;
-        out += '\n';
+      if (line.find(n) != std::string_view::npos) {
+        // Matching lines are few (symbols of a handful of modules); a file of nothing but matches is capped too.
+        if (out.size() < (8u << 20)) {
+          out += line;
+          out += '\n';
+        }
         break;
       }
     }
-  }
+  });
+  if (!b.ok()) return {std::nullopt, b.error, false, std::move(b.why)};
+  if (b.capped) note_capped(rel);
   recorded_[rel] = out;
-  return {std::move(out), {}};
+  return {std::move(out), {}, b.capped, {}};
 }
 
 std::vector<std::string> system_root::list(const std::string& rel, std::error_code& ec) {
@@ -230,17 +224,8 @@ read_result system_root::live_command(const std::string& name) {
   if (name == "cufile-log") {
     const char* env = std::getenv("CUFILE_LOGFILE_PATH");
     fs::path p = env != nullptr && *env != '\0' ? fs::path(env) : fs::current_path(ec) / "cufile.log";
-    std::error_code sec;
-    auto size = fs::file_size(p, sec);
-    if (sec) return {std::nullopt, sec};
-    std::ifstream in(p, std::ios::binary);
-    if (!in) return {std::nullopt, std::make_error_code(std::errc::permission_denied)};
     // Only the tail matters: the latest run's lines.
-    constexpr std::uintmax_t tail = 256 * 1024;
-    if (size > tail) in.seekg(static_cast<std::streamoff>(size - tail));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return {ss.str(), {}};
+    return read_limited(p, 256 * 1024, /*tail=*/true);
   }
   return {std::nullopt, std::make_error_code(std::errc::invalid_argument)};
 }

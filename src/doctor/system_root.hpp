@@ -16,7 +16,10 @@ namespace gdskit::doctor {
 struct read_result {
   std::optional<std::string> text;
   std::error_code error;  // set when `text` is empty
+  bool capped = false;    // the file was longer than the limit: `text` holds its first bytes
+  std::string why;        // explanation beyond `error` ("not a regular file (FIFO)"), may be empty
   bool ok() const noexcept { return text.has_value(); }
+  std::string reason() const { return why.empty() ? error.message() : why; }
 };
 
 /// Where a piece of evidence came from: a path relative to the root ("proc/modules") or a command
@@ -41,10 +44,11 @@ class system_root {
   bool live() const noexcept { return live_; }
   const std::filesystem::path& root() const noexcept { return root_; }
 
-  /// Reads a text file given relative to the root ("proc/cmdline"). Files larger than `max_bytes` are cut.
+  /// Reads a text file given relative to the root ("proc/cmdline"). Only regular files are read (a FIFO,
+  /// device or socket is an error, never a wait); files larger than `max_bytes` are cut and listed in capped().
   read_result read(const std::string& rel, std::size_t max_bytes = 1 << 20);
   /// Reads a file and keeps only lines containing one of `needles`; only those lines are recorded
-  /// (how /proc/kallsyms, many MiB, is read and captured).
+  /// (how /proc/kallsyms, many MiB, is read and captured). At most max_scan_bytes are scanned.
   read_result grep(const std::string& rel, const std::vector<std::string>& needles);
   /// Entry names of a folder, sorted; error when absent or unreadable.
   std::vector<std::string> list(const std::string& rel, std::error_code& ec);
@@ -60,6 +64,13 @@ class system_root {
   /// itself (running the program where needed); capture, root/commands/<name>.txt.
   read_result command(const std::string& name);
 
+  /// Files (relative to the root) whose reading stopped at a size limit, in the order met.
+  const std::vector<std::string>& capped() const noexcept { return capped_; }
+
+  /// Most bytes grep() scans, and the longest line it keeps.
+  static constexpr std::size_t max_scan_bytes = 256u << 20;
+  static constexpr std::size_t max_line_bytes = 4096;
+
   /// Everything read so far: path relative to root -> recorded content (command outputs under commands/).
   const std::map<std::string, std::string>& recorded() const noexcept { return recorded_; }
   /// Adds a synthetic record (used for command outputs produced by the caller).
@@ -72,6 +83,8 @@ class system_root {
   std::filesystem::path root_;
   bool live_;
   std::map<std::string, std::string> recorded_;
+  std::vector<std::string> capped_;
+  void note_capped(const std::string& rel);
 };
 
 /// Splits text into lines (no trailing '\n'; a final line without newline is kept).

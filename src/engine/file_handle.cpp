@@ -8,9 +8,12 @@
 #include <fmt/format.h>
 
 #include "engine/file_impl.hpp"
+#include "engine/file_range.hpp"
 #include "engine/io_engine.hpp"
 #include "engine/residency.hpp"
 #include "engine/thread_pool.hpp"
+#include "engine/planner.hpp"
+#include "gpu/device_io.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
 #include "posix/fs_info.hpp"
@@ -53,6 +56,7 @@ void add_chunks(std::vector<io_task>& out, const io_task& proto, std::byte* buf,
 std::vector<io_task> file_handle::impl::plan(bool write, std::byte* buf, std::size_t nbytes,
                                              std::uint64_t offset) const {
   std::vector<io_task> tasks;
+  engine::check_file_range(write ? "pwrite" : "pread", path.string(), write, offset, nbytes);
   const std::uint64_t end = offset + nbytes;
   io_task proto;
   proto.write = write;
@@ -136,6 +140,7 @@ std::uint64_t file_handle::impl::current_size() const {
 }
 
 std::size_t file_handle::impl::read(void* buf, std::size_t nbytes, std::uint64_t offset) const {
+  engine::check_file_range("pread", path.string(), false, offset, nbytes);
   if (nbytes == 0) return 0;
   if (buf == nullptr) throw error(errno_code(EFAULT), "pread", path.string(), static_cast<std::int64_t>(offset), nbytes);
   if (mode == open_mode::write) {
@@ -158,6 +163,7 @@ std::size_t file_handle::impl::read(void* buf, std::size_t nbytes, std::uint64_t
 }
 
 std::size_t file_handle::impl::write(const void* buf, std::size_t nbytes, std::uint64_t offset) const {
+  engine::check_file_range("pwrite", path.string(), true, offset, nbytes);
   if (nbytes == 0) return 0;
   if (buf == nullptr) throw error(errno_code(EFAULT), "pwrite", path.string(), static_cast<std::int64_t>(offset), nbytes);
   if (mode == open_mode::read) {
@@ -167,18 +173,49 @@ std::size_t file_handle::impl::write(const void* buf, std::size_t nbytes, std::u
   auto tasks = plan(true, const_cast<std::byte*>(static_cast<const std::byte*>(buf)), nbytes, offset);
   execute(tasks, nbytes);
   throw_first_error(tasks, "pwrite");
+  // A write never returns short: every task must account for all its bytes.
+  std::size_t total = 0;
+  for (const auto& t : tasks) total += t.done;
+  if (total != nbytes) {
+    throw error(errno_code(EIO), "pwrite", path.string(), static_cast<std::int64_t>(offset), nbytes,
+                fmt::format("only {} of {} bytes were written", total, nbytes));
+  }
   return nbytes;
 }
 
 file_handle::impl::~impl() { engine::release_residency_map(*this); }
+
+// The inside of an open handle; an empty (default-constructed or moved-from) one has none.
+const file_handle::impl& file_access::open_impl(const std::shared_ptr<file_handle::impl>& m, const char* op) {
+  if (!m) throw error(errno_code(EBADF), op, "", -1, 0, "the file handle is not open");
+  return *m;
+}
 
 file_handle::file_handle() noexcept = default;
 file_handle::~file_handle() = default;
 file_handle::file_handle(file_handle&&) noexcept = default;
 file_handle& file_handle::operator=(file_handle&&) noexcept = default;
 
+namespace {
+
+const file_handle::impl& open_impl(const std::shared_ptr<file_handle::impl>& m, const char* op) {
+  return file_access::open_impl(m, op);
+}
+
+// Runs `body` on the shared pool; the job holds the file open until it has run.
+template <class Body>
+std::future<std::size_t> run_async(std::shared_ptr<file_handle::impl> m, Body body) {
+  auto task = std::make_shared<std::packaged_task<std::size_t()>>(
+      [m = std::move(m), body = std::move(body)] { return body(m); });
+  auto fut = task->get_future();
+  engine::shared_pool(1).submit([task] { (*task)(); });
+  return fut;
+}
+
+}  // namespace
+
 file_handle::file_handle(const std::filesystem::path& path, open_mode mode, open_options options, const settings& config)
-    : impl_(std::make_unique<impl>()) {
+    : impl_(std::make_shared<impl>()) {
   config.validate();
   impl& m = *impl_;
   m.path = path;
@@ -247,58 +284,123 @@ file_handle::file_handle(const std::filesystem::path& path, open_mode mode, open
 }
 
 std::size_t file_handle::pread(void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const {
-  return impl_->read(buf, nbytes, offset_bytes);
+  return open_impl(impl_, "pread").read(buf, nbytes, offset_bytes);
 }
 
 void file_handle::read_exact(void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const {
-  std::size_t got = impl_->read(buf, nbytes, offset_bytes);
-  if (got != nbytes) throw short_read_error(impl_->path.string(), static_cast<std::int64_t>(offset_bytes), nbytes, got);
+  const impl& m = open_impl(impl_, "read_exact");
+  std::size_t got = m.read(buf, nbytes, offset_bytes);
+  if (got != nbytes) throw short_read_error(m.path.string(), static_cast<std::int64_t>(offset_bytes), nbytes, got);
 }
 
 std::size_t file_handle::pwrite(const void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const {
-  return impl_->write(buf, nbytes, offset_bytes);
+  return open_impl(impl_, "pwrite").write(buf, nbytes, offset_bytes);
 }
 
 std::future<std::size_t> file_handle::pread_async(void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const {
-  auto task = std::make_shared<std::packaged_task<std::size_t()>>(
-      [m = impl_.get(), buf, nbytes, offset_bytes] { return m->read(buf, nbytes, offset_bytes); });
-  auto fut = task->get_future();
-  engine::shared_pool(1).submit([task] { (*task)(); });
-  return fut;
+  return run_async(impl_, [buf, nbytes, offset_bytes](const std::shared_ptr<impl>& m) {
+    return open_impl(m, "pread").read(buf, nbytes, offset_bytes);
+  });
 }
 
 std::future<std::size_t> file_handle::pwrite_async(const void* buf, std::size_t nbytes,
                                                    std::uint64_t offset_bytes) const {
-  auto task = std::make_shared<std::packaged_task<std::size_t()>>(
-      [m = impl_.get(), buf, nbytes, offset_bytes] { return m->write(buf, nbytes, offset_bytes); });
-  auto fut = task->get_future();
-  engine::shared_pool(1).submit([task] { (*task)(); });
-  return fut;
+  return run_async(impl_, [buf, nbytes, offset_bytes](const std::shared_ptr<impl>& m) {
+    return open_impl(m, "pwrite").write(buf, nbytes, offset_bytes);
+  });
 }
 
-std::uint64_t file_handle::size() const { return impl_->current_size(); }
+std::uint64_t file_handle::size() const { return open_impl(impl_, "fstat").current_size(); }
 
 void file_handle::truncate(std::uint64_t nbytes) const {
-  if (posix::sys().ftruncate(impl_->fd.get(), static_cast<off_t>(nbytes)) != 0) {
-    throw error(errno_code(errno), "ftruncate", impl_->path.string(), static_cast<std::int64_t>(nbytes), 0);
+  const impl& m = open_impl(impl_, "ftruncate");
+  if (nbytes > engine::max_file_offset) {
+    throw error(errno_code(EINVAL), "ftruncate", m.path.string(), -1, 0,
+                fmt::format("length {} is past the largest file size", nbytes));
+  }
+  if (posix::sys().ftruncate(m.fd.get(), static_cast<off_t>(nbytes)) != 0) {
+    throw error(errno_code(errno), "ftruncate", m.path.string(), static_cast<std::int64_t>(nbytes), 0);
   }
 }
 
 void file_handle::sync() const {
-  if (posix::sys().fdatasync(impl_->fd.get()) != 0) throw error(errno_code(errno), "fdatasync", impl_->path.string(), -1, 0);
+  const impl& m = open_impl(impl_, "fdatasync");
+  if (posix::sys().fdatasync(m.fd.get()) != 0) throw error(errno_code(errno), "fdatasync", m.path.string(), -1, 0);
 }
 
 void file_handle::drop_cache() const {
-  if (impl_->mode != open_mode::read) posix::sys().fdatasync(impl_->fd.get());
-  int r = posix::sys().fadvise(impl_->fd.get(), 0, 0, POSIX_FADV_DONTNEED);
-  if (r != 0) throw error(errno_code(r), "posix_fadvise DONTNEED", impl_->path.string(), -1, 0);
+  const impl& m = open_impl(impl_, "posix_fadvise DONTNEED");
+  if (m.mode != open_mode::read) posix::sys().fdatasync(m.fd.get());
+  int r = posix::sys().fadvise(m.fd.get(), 0, 0, POSIX_FADV_DONTNEED);
+  if (r != 0) throw error(errno_code(r), "posix_fadvise DONTNEED", m.path.string(), -1, 0);
 }
 
+path_decision file_handle::plan(buffer_view buf) const {
+  if (!impl_) return {};
+  const impl& f = *impl_;
+  engine::runtime_facts rt;
+  rt.direct_ok = f.choice.direct;
+  rt.direct_reason = f.choice.direct_reason;
+  if (buf.kind == memory_kind::host || buf.kind == memory_kind::pinned) {
+    return engine::decide({}, rt, buf.kind, f.config.mode);
+  }
+  rt.gpu_ok = gpu_available(&rt.gpu_reason);
+  rt.cufile_ok = shim::cufile(&rt.cufile_reason) != nullptr;
+  std::lock_guard lock(f.gpu.mutex);
+  if (!f.gpu.facts) f.gpu.facts = engine::gather_facts("/", f.st_dev, f.fs_type);
+  return engine::decide(*f.gpu.facts, rt, buf.kind, f.config.mode);
+}
+
+namespace {
+
+bool host_memory(const buffer_view& b) { return b.kind == memory_kind::host || b.kind == memory_kind::pinned; }
+
+// Checks a buffer_view request: the range fits in a file, the buffer exists and holds nbytes.
+void check_view(const file_handle::impl& f, bool write, const buffer_view& buf, std::size_t nbytes, std::uint64_t offset) {
+  const char* op = write ? "pwrite" : "pread";
+  engine::check_file_range(op, f.path.string(), write, offset, nbytes);
+  if (buf.data == nullptr && nbytes > 0) {
+    throw error(errno_code(EFAULT), op, f.path.string(), static_cast<std::int64_t>(offset), nbytes, "null buffer");
+  }
+  if (buf.nbytes < nbytes) {
+    throw error(errno_code(EINVAL), op, f.path.string(), static_cast<std::int64_t>(offset), nbytes,
+                fmt::format("buffer holds only {} bytes", buf.nbytes));
+  }
+}
+
+}  // namespace
+
+std::size_t file_handle::read(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  const impl& m = open_impl(impl_, "pread");
+  check_view(m, false, dst, nbytes, offset_bytes);
+  if (host_memory(dst)) return m.read(dst.data, nbytes, offset_bytes);
+  return gpu::device_transfer(*this, false, dst, nbytes, offset_bytes);
+}
+
+void file_handle::read_exact(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  std::size_t got = read(dst, nbytes, offset_bytes);
+  if (got != nbytes) throw short_read_error(impl_->path.string(), static_cast<std::int64_t>(offset_bytes), nbytes, got);
+}
+
+std::size_t file_handle::write(buffer_view src, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  const impl& m = open_impl(impl_, "pwrite");
+  check_view(m, true, src, nbytes, offset_bytes);
+  if (host_memory(src)) return m.write(src.data, nbytes, offset_bytes);
+  return gpu::device_transfer(*this, true, src, nbytes, offset_bytes);
+}
+
+namespace {
+const file_handle::impl& empty_impl() {
+  static const file_handle::impl empty;
+  return empty;
+}
+}  // namespace
+
 bool file_handle::is_open() const noexcept { return impl_ && impl_->fd; }
-const std::filesystem::path& file_handle::path() const noexcept { return impl_->path; }
-open_mode file_handle::mode() const noexcept { return impl_->mode; }
-const io_choice& file_handle::choice() const noexcept { return impl_->choice; }
-const settings& file_handle::config() const noexcept { return impl_->config; }
+const std::filesystem::path& file_handle::path() const noexcept { return (impl_ ? *impl_ : empty_impl()).path; }
+open_mode file_handle::mode() const noexcept { return (impl_ ? *impl_ : empty_impl()).mode; }
+const io_choice& file_handle::choice() const noexcept { return (impl_ ? *impl_ : empty_impl()).choice; }
+const settings& file_handle::config() const noexcept { return (impl_ ? *impl_ : empty_impl()).config; }
 int file_handle::fd() const noexcept { return impl_ ? impl_->fd.get() : -1; }
 int file_handle::direct_fd() const noexcept { return impl_ ? impl_->direct_fd.get() : -1; }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <optional>
@@ -56,6 +57,13 @@ struct file_handle::impl {
   std::uint64_t current_size() const;
   std::size_t read(void* buf, std::size_t nbytes, std::uint64_t offset) const;
   std::size_t write(const void* buf, std::size_t nbytes, std::uint64_t offset) const;
+};
+
+/// The data paths' way into a handle (src/gpu): its inside, or EBADF when the handle is empty.
+struct file_access {
+  static const file_handle::impl& open_impl(const file_handle& f, const char* op) { return open_impl(f.impl_, op); }
+  static const file_handle::impl& open_impl(const std::shared_ptr<file_handle::impl>& m, const char* op);
+  static const std::shared_ptr<file_handle::impl>& shared(const file_handle& f) noexcept { return f.impl_; }
 };
 
 }  // namespace gdskit

@@ -106,14 +106,23 @@ class ring {
   unsigned depth_;
 };
 
+// One ring per thread, reused across requests. Dropped after a failed submission: entries the kernel did not
+// take are still queued in it and must never be submitted later.
+thread_local std::unique_ptr<ring> tls_ring;
+
 ring* thread_ring(unsigned depth) {
-  thread_local std::unique_ptr<ring> r;
-  if (!r || r->depth() < depth) {
-    r.reset();
-    r = std::make_unique<ring>(depth);
+  if (!tls_ring || tls_ring->depth() < depth) {
+    tls_ring.reset();
+    tls_ring = std::make_unique<ring>(depth);
   }
-  return r.get();
+  return tls_ring.get();
 }
+
+bool transient_submit_error(int r) { return r == -EINTR || r == -EAGAIN || r == -EBUSY; }
+
+// A transient refusal (EAGAIN: no memory for requests right now; EBUSY: completions to reap first) is retried
+// this many times in a row without progress before it counts as a failure.
+constexpr unsigned k_transient_retries = 1000;
 
 void prep(io_uring* rg, io_task& t, std::size_t index) {
   io_uring_sqe* sqe = io_uring_get_sqe(rg);
@@ -160,36 +169,22 @@ bool run_uring(std::span<io_task> tasks, unsigned depth) {
     t.done = 0;
     t.ec.clear();
   }
+  std::vector<bool> finished(tasks.size(), false);
   std::size_t next = 0;
-  unsigned inflight = 0;
+  unsigned inflight = 0;  // prepared and not yet reaped: queued in the ring or held by the kernel
   bool failed = false;
-  // io_uring takes at most 2 GiB - 4 KiB per operation; the planner's chunks are far smaller.
-  while (true) {
-    while (!failed && inflight < depth && next < tasks.size()) {
-      io_task& t = tasks[next];
-      if (t.bounce || t.nbytes == 0) {
-        run_task(t);
-        if (t.ec) failed = true;
-      } else {
-        prep(r, t, next);
-        ++inflight;
-      }
-      ++next;
-    }
-    if (inflight == 0) break;
+  std::error_code submit_error;
+  unsigned transient = 0;
+  auto reap = [&]() -> unsigned {
+    unsigned reaped = 0;
     io_uring_cqe* cqe = nullptr;
-    int w = io_uring_submit_and_wait(r, 1);
-    if (w < 0 && w != -EINTR && w != -EAGAIN && w != -EBUSY) {
-      // The ring itself refused the submission: stop submitting and keep reaping what is in flight, so no
-      // buffer is touched by the kernel after we return.
-      failed = true;
-    }
     while (io_uring_peek_cqe(r, &cqe) == 0) {
       const std::size_t i = io_uring_cqe_get_data64(cqe);
       io_task& t = tasks[i];
       int res = posix::sys().uring_result(t.write, t.fd, t.offset + t.done, t.nbytes - t.done, cqe->res);
       io_uring_cqe_seen(r, cqe);
       --inflight;
+      ++reaped;
       bool again = false;
       if (res == -EINTR || res == -EAGAIN) {
         again = true;
@@ -211,8 +206,52 @@ bool run_uring(std::span<io_task> tasks, unsigned depth) {
       if (again && !failed) {
         prep(r, t, i);
         ++inflight;
+      } else if (!again) {
+        finished[i] = true;
       }
     }
+    return reaped;
+  };
+  // io_uring takes at most 2 GiB - 4 KiB per operation; the planner's chunks are far smaller.
+  while (true) {
+    while (!failed && inflight < depth && next < tasks.size()) {
+      io_task& t = tasks[next];
+      if (t.bounce || t.nbytes == 0) {
+        run_task(t);
+        finished[next] = true;
+        if (t.ec) failed = true;
+      } else {
+        prep(r, t, next);
+        ++inflight;
+      }
+      ++next;
+    }
+    if (inflight == 0) break;
+    const int w = posix::sys().uring_submit_and_wait(r, 1);
+    if (w < 0 && (!transient_submit_error(w) || ++transient > k_transient_retries)) {
+      submit_error = std::error_code(-w, std::generic_category());
+      failed = true;
+      break;
+    }
+    if (reap() > 0 || w >= 0) transient = 0;
+  }
+  if (submit_error) {
+    // The ring refused the submission. Entries it did not take stay queued; those it took are running and own
+    // their buffers until they complete, so wait for exactly those before returning.
+    unsigned held = inflight - io_uring_sq_ready(r);
+    unsigned retries = 0;
+    while (held > 0) {
+      const int w = posix::sys().uring_wait(r);
+      // Waiting itself failing for good leaves the rest to the kernel, which cancels it when the ring closes.
+      if (w < 0 && (!transient_submit_error(w) || ++retries > k_transient_retries)) break;
+      const unsigned before = inflight;
+      reap();
+      held -= std::min(held, before - inflight);
+    }
+    for (std::size_t i = 0; i < tasks.size(); ++i) {
+      if (!finished[i] && !tasks[i].ec) tasks[i].ec = submit_error;
+    }
+    tls_ring.reset();  // the queued entries go with it, never submitted
   }
   return true;
 }

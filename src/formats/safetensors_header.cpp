@@ -2,11 +2,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <vector>
 
 #include "gdskit/error.hpp"
@@ -36,42 +36,124 @@ constexpr dtype_entry k_dtypes[] = {
   throw error(errno_code(EBADMSG), "safetensors header", source, -1, 0, what);
 }
 
-// Returns the offset of the first byte that is a control character or not well-formed UTF-8 (overlongs, surrogates and code points
-// above U+10FFFF are invalid), or npos.
+// The length of the well-formed UTF-8 sequence at s[i] (overlongs, surrogates and code points above U+10FFFF
+// are not), or 0.
+std::size_t utf8_length_at(const unsigned char* s, std::size_t n, std::size_t i) {
+  const unsigned c = s[i];
+  if (c < 0x80) return 1;
+  std::size_t len;
+  unsigned lo = 0x80, hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) {
+    len = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    len = 3;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    len = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  if (i + len > n) return 0;
+  if (s[i + 1] < lo || s[i + 1] > hi) return 0;
+  for (std::size_t k = 2; k < len; ++k) {
+    if (s[i + k] < 0x80 || s[i + k] > 0xBF) return 0;
+  }
+  return len;
+}
+
+// The code point of the well-formed sequence of `len` bytes at s.
+std::uint32_t code_point(const unsigned char* s, std::size_t len) {
+  if (len == 1) return s[0];
+  std::uint32_t cp = s[0] & (0x7Fu >> len);
+  for (std::size_t k = 1; k < len; ++k) cp = (cp << 6) | (s[k] & 0x3Fu);
+  return cp;
+}
+
+// Returns the offset of the first byte that is a control character or not well-formed UTF-8, or npos.
 std::size_t invalid_utf8_at(const unsigned char* s, std::size_t n) {
   std::size_t i = 0;
   while (i < n) {
-    unsigned c = s[i];
-    if (c < 0x80) {
-      // JSON allows no raw control characters; outside strings only tab, newline and return are whitespace.
-      if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') return i;
-      ++i;
-      continue;
-    }
-    std::size_t len;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    } else {
-      return i;
-    }
-    if (i + len > n) return i;
-    if (s[i + 1] < lo || s[i + 1] > hi) return i;
-    for (std::size_t k = 2; k < len; ++k) {
-      if (s[i + k] < 0x80 || s[i + k] > 0xBF) return i;
-    }
+    // JSON allows no raw control characters; outside strings only tab, newline and return are whitespace.
+    if (s[i] < 0x20 && s[i] != '\t' && s[i] != '\n' && s[i] != '\r') return i;
+    const std::size_t len = utf8_length_at(s, n, i);
+    if (len == 0) return i;
     i += len;
   }
   return std::string::npos;
 }
+
+// Builds the DOM from SAX events. nlohmann's own DOM parser keeps the last of duplicate keys silently, and its
+// callback form rescans the parent object after every child (quadratic in the tensor count), so this builder
+// refuses duplicate keys as they arrive (one map insertion each) and nesting deeper than the format needs, so
+// that hostile input can build neither deep trees nor slow parses.
+class dom_builder final : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  dom_builder(nlohmann::json& root, std::string_view source) : root_(root), source_(source) {}
+
+  bool null() override { return put(nullptr) != nullptr; }
+  bool boolean(bool v) override { return put(v) != nullptr; }
+  bool number_integer(number_integer_t v) override { return put(v) != nullptr; }
+  bool number_unsigned(number_unsigned_t v) override { return put(v) != nullptr; }
+  bool number_float(number_float_t v, const string_t& text) override {
+    if (!std::isfinite(v)) bad(source_, fmt::format("invalid JSON: number {} is out of range", text));
+    return put(v) != nullptr;
+  }
+  bool string(string_t& v) override { return put(std::move(v)) != nullptr; }
+  bool binary(binary_t&) override { bad(source_, "invalid JSON: binary value"); }
+  bool start_object(std::size_t) override { return open(nlohmann::json::object()); }
+  bool start_array(std::size_t) override { return open(nlohmann::json::array()); }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool key(string_t& k) override {
+    auto& members = *stack_.back()->get_ptr<nlohmann::json::object_t*>();
+    auto [it, inserted] = members.emplace(k, nullptr);
+    if (!inserted) {
+      bad(source_, stack_.size() == 1 ? fmt::format("duplicate tensor name \"{}\"", printable_name(k))
+                                      : fmt::format("duplicate key \"{}\"", printable_name(k)));
+    }
+    member_ = &it->second;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    bad(source_, fmt::format("invalid JSON: {}", e.what()));
+  }
+
+ private:
+  // Stores a value where the grammar puts it: the root, the end of the open array, or the member whose key
+  // came last. Returns where it went.
+  template <typename V>
+  nlohmann::json* put(V&& v) {
+    if (stack_.empty()) {
+      root_ = nlohmann::json(std::forward<V>(v));
+      return &root_;
+    }
+    nlohmann::json* parent = stack_.back();
+    if (parent->is_array()) {
+      parent->emplace_back(std::forward<V>(v));
+      return &parent->back();
+    }
+    *member_ = nlohmann::json(std::forward<V>(v));
+    return member_;
+  }
+  bool open(nlohmann::json&& empty) {
+    const std::size_t depth = stack_.size();
+    if (depth > 2) bad(source_, fmt::format("JSON nested {} levels deep (the format needs 3)", depth + 1));
+    stack_.push_back(put(std::move(empty)));
+    return true;
+  }
+  bool close() {
+    stack_.pop_back();
+    return true;
+  }
+
+  nlohmann::json& root_;
+  std::string_view source_;
+  std::vector<nlohmann::json*> stack_;  // open objects and arrays, outermost first
+  nlohmann::json* member_ = nullptr;    // the member of the innermost object whose key came last
+};
 
 // A JSON integer that fits in uint64 and is not negative; `what` names it in the error.
 std::uint64_t as_u64(const nlohmann::json& v, std::string_view source, const std::string& what) {
@@ -105,6 +187,53 @@ unsigned bits_of(dtype t) noexcept {
     if (e.type == t) return e.bits;
   }
   return 8;
+}
+
+std::string printable_name(std::string_view name) {
+  const auto* s = reinterpret_cast<const unsigned char*>(name.data());
+  const std::size_t n = name.size();
+  std::string out;
+  out.reserve(n);
+  for (std::size_t i = 0; i < n;) {
+    const unsigned char c = s[i];
+    const std::size_t len = utf8_length_at(s, n, i);
+    if (len == 0) {
+      out += fmt::format("\\x{:02x}", c);  // not UTF-8: the byte itself
+      ++i;
+      continue;
+    }
+    if (len == 1) {
+      switch (c) {
+        case '\\': out += "\\\\"; break;
+        case '\a': out += "\\a"; break;
+        case '\b': out += "\\b"; break;
+        case '\t': out += "\\t"; break;
+        case '\n': out += "\\n"; break;
+        case '\v': out += "\\v"; break;
+        case '\f': out += "\\f"; break;
+        case '\r': out += "\\r"; break;
+        default:
+          if (c < 0x20 || c == 0x7F) {
+            out += fmt::format("\\x{:02x}", c);
+          } else {
+            out += static_cast<char>(c);
+          }
+      }
+      ++i;
+      continue;
+    }
+    // C1 controls (U+0080..U+009F: some terminals take U+009B as CSI) and the bidirectional overrides, which
+    // reorder what a reader sees, are written as code points.
+    const std::uint32_t cp = code_point(s + i, len);
+    if (cp <= 0x9F || cp == 0x200E || cp == 0x200F || (cp >= 0x202A && cp <= 0x202E) ||
+        (cp >= 0x2066 && cp <= 0x2069)) {
+      out += fmt::format("\\u{:04x}", cp);
+    } else {
+      out.append(name.substr(i, len));
+    }
+    i += len;
+  }
+  return out;
 }
 
 std::uint64_t tensor_info::numel() const noexcept {
@@ -149,40 +278,12 @@ header parse_header(const void* bytes, std::size_t nbytes, std::uint64_t file_nb
   std::size_t end = json_size;
   while (end > 0 && json_begin[end - 1] == ' ') --end;
 
-  // nlohmann::json keeps the last of duplicate keys silently, so track the keys of every open object; and
-  // refuse nesting deeper than the format needs so that hostile input cannot build deep trees.
-  std::vector<std::set<std::string>> open_objects;
-  nlohmann::json::parser_callback_t cb = [&](int depth, nlohmann::json::parse_event_t event,
-                                             nlohmann::json& parsed) {
-    using ev = nlohmann::json::parse_event_t;
-    switch (event) {
-      case ev::object_start:
-      case ev::array_start:
-        if (depth > 2) bad(source, fmt::format("JSON nested {} levels deep (the format needs 3)", depth + 1));
-        if (event == ev::object_start) open_objects.emplace_back();
-        break;
-      case ev::object_end:
-        if (!open_objects.empty()) open_objects.pop_back();
-        break;
-      case ev::key: {
-        auto key = parsed.get<std::string>();
-        if (open_objects.empty()) break;
-        if (!open_objects.back().insert(key).second) {
-          bad(source, depth <= 1 ? fmt::format("duplicate tensor name \"{}\"", key)
-                                 : fmt::format("duplicate key \"{}\"", key));
-        }
-        break;
-      }
-      default: break;
-    }
-    return true;
-  };
   nlohmann::json root;
+  dom_builder builder(root, source);
   try {
-    root = nlohmann::json::parse(json_begin, json_begin + end, cb, /*allow_exceptions=*/true,
-                                 /*ignore_comments=*/false);
+    nlohmann::json::sax_parse(json_begin, json_begin + end, &builder, nlohmann::json::input_format_t::json,
+                              /*strict=*/true, /*ignore_comments=*/false);
   } catch (const nlohmann::json::exception& e) {
-    // parse_error, and out_of_range for numbers too large to hold (1E400).
     bad(source, fmt::format("invalid JSON: {}", e.what()));
   }
   if (!root.is_object()) bad(source, "header is not a JSON object");
@@ -194,42 +295,48 @@ header parse_header(const void* bytes, std::size_t nbytes, std::uint64_t file_nb
   const std::uint64_t data_nbytes = file_nbytes - h.data_offset_bytes;
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string& name = it.key();
+    const std::string shown = printable_name(name);  // names in messages: they come from the file
     const auto& v = it.value();
     if (name == "__metadata__") {
       if (!v.is_object()) bad(source, "\"__metadata__\" is not an object");
       for (auto m = v.begin(); m != v.end(); ++m) {
         if (!m.value().is_string()) {
-          bad(source, fmt::format("\"__metadata__\" value of \"{}\" is not a string", m.key()));
+          bad(source, fmt::format("\"__metadata__\" value of \"{}\" is not a string", printable_name(m.key())));
         }
         h.metadata.emplace(m.key(), m.value().get<std::string>());
       }
       continue;
     }
-    if (!v.is_object()) bad(source, fmt::format("tensor \"{}\" is not an object", name));
+    if (!v.is_object()) bad(source, fmt::format("tensor \"{}\" is not an object", shown));
     tensor_info t;
     t.name = name;
     auto d = v.find("dtype");
-    if (d == v.end() || !d->is_string()) bad(source, fmt::format("tensor \"{}\" has no string \"dtype\"", name));
+    if (d == v.end() || !d->is_string()) bad(source, fmt::format("tensor \"{}\" has no string \"dtype\"", shown));
     auto type = parse_dtype(d->get_ref<const std::string&>());
-    if (!type) bad(source, fmt::format("tensor \"{}\" has unknown dtype \"{}\"", name, d->get<std::string>()));
+    if (!type) bad(source, fmt::format("tensor \"{}\" has unknown dtype \"{}\"", shown, printable_name(d->get<std::string>())));
     t.dtype = *type;
     auto s = v.find("shape");
-    if (s == v.end() || !s->is_array()) bad(source, fmt::format("tensor \"{}\" has no array \"shape\"", name));
+    if (s == v.end() || !s->is_array()) bad(source, fmt::format("tensor \"{}\" has no array \"shape\"", shown));
     if (s->size() > max_rank) {
-      bad(source, fmt::format("tensor \"{}\" has {} dimensions (limit {})", name, s->size(), max_rank));
+      bad(source, fmt::format("tensor \"{}\" has {} dimensions (limit {})", shown, s->size(), max_rank));
     }
     // numel x bits must not overflow 64 bits; a zero dimension makes any other dimension harmless.
     bool has_zero = false;
     std::uint64_t numel = 1;
     for (std::size_t i = 0; i < s->size(); ++i) {
-      auto dim = as_u64((*s)[i], source, fmt::format("tensor \"{}\" dimension {}", name, i));
+      auto dim = as_u64((*s)[i], source, fmt::format("tensor \"{}\" dimension {}", shown, i));
+      // Shapes are signed 64-bit everywhere they go (torch, numpy, DLPack): a larger dimension cannot be
+      // represented even when a zero dimension makes the tensor empty.
+      if (dim > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+        bad(source, fmt::format("tensor \"{}\" dimension {} is {}: above 2^63-1", shown, i, dim));
+      }
       t.shape.push_back(dim);
       if (dim == 0) has_zero = true;
     }
     if (!has_zero) {
       for (auto dim : t.shape) {
         if (__builtin_mul_overflow(numel, dim, &numel) || numel > (std::numeric_limits<std::uint64_t>::max() >> 6)) {
-          bad(source, fmt::format("tensor \"{}\" shape is too large (element count overflows)", name));
+          bad(source, fmt::format("tensor \"{}\" shape is too large (element count overflows)", shown));
         }
       }
     } else {
@@ -237,26 +344,26 @@ header parse_header(const void* bytes, std::size_t nbytes, std::uint64_t file_nb
     }
     auto o = v.find("data_offsets");
     if (o == v.end() || !o->is_array() || o->size() != 2) {
-      bad(source, fmt::format("tensor \"{}\" has no \"data_offsets\" of two integers", name));
+      bad(source, fmt::format("tensor \"{}\" has no \"data_offsets\" of two integers", shown));
     }
-    t.begin_bytes = as_u64((*o)[0], source, fmt::format("tensor \"{}\" data_offsets[0]", name));
-    t.end_bytes = as_u64((*o)[1], source, fmt::format("tensor \"{}\" data_offsets[1]", name));
+    t.begin_bytes = as_u64((*o)[0], source, fmt::format("tensor \"{}\" data_offsets[0]", shown));
+    t.end_bytes = as_u64((*o)[1], source, fmt::format("tensor \"{}\" data_offsets[1]", shown));
     if (t.end_bytes < t.begin_bytes) {
-      bad(source, fmt::format("tensor \"{}\" data_offsets [{}, {}] end before they begin", name, t.begin_bytes,
+      bad(source, fmt::format("tensor \"{}\" data_offsets [{}, {}] end before they begin", shown, t.begin_bytes,
                               t.end_bytes));
     }
     const std::uint64_t bits = numel * bits_of(t.dtype);  // numel <= 2^58, bits <= 64: no overflow
     if (bits % 8 != 0) {
-      bad(source, fmt::format("tensor \"{}\": {} elements of {} ({} bits) are not a whole number of bytes", name,
+      bad(source, fmt::format("tensor \"{}\": {} elements of {} ({} bits) are not a whole number of bytes", shown,
                               numel, to_string(t.dtype), bits_of(t.dtype)));
     }
     const std::uint64_t want = bits / 8;
     if (want != t.nbytes()) {
-      bad(source, fmt::format("tensor \"{}\": shape x {} is {} bytes but data_offsets [{}, {}] span {}", name,
+      bad(source, fmt::format("tensor \"{}\": shape x {} is {} bytes but data_offsets [{}, {}] span {}", shown,
                               to_string(t.dtype), want, t.begin_bytes, t.end_bytes, t.nbytes()));
     }
     if (t.end_bytes > data_nbytes) {
-      bad(source, fmt::format("tensor \"{}\" data_offsets [{}, {}] run past the {}-byte data section", name,
+      bad(source, fmt::format("tensor \"{}\" data_offsets [{}, {}] run past the {}-byte data section", shown,
                               t.begin_bytes, t.end_bytes, data_nbytes));
     }
     t.file_offset_bytes = h.data_offset_bytes + t.begin_bytes;
@@ -270,8 +377,8 @@ header parse_header(const void* bytes, std::size_t nbytes, std::uint64_t file_nb
   for (const auto& t : h.tensors) {
     if (t.nbytes() == 0) continue;
     if (prev != nullptr && t.begin_bytes < prev->end_bytes) {
-      bad(source, fmt::format("tensors \"{}\" [{}, {}] and \"{}\" [{}, {}] overlap", prev->name, prev->begin_bytes,
-                              prev->end_bytes, t.name, t.begin_bytes, t.end_bytes));
+      bad(source, fmt::format("tensors \"{}\" [{}, {}] and \"{}\" [{}, {}] overlap", printable_name(prev->name), prev->begin_bytes,
+                              prev->end_bytes, printable_name(t.name), t.begin_bytes, t.end_bytes));
     }
     prev = &t;
   }
@@ -298,8 +405,7 @@ header read_header(const file_handle& file) {
 }
 
 header read_header(const std::filesystem::path& path) {
-  file_handle f(path, open_mode::read);
-  return read_header(f);
+  return read_header(open_file(path));
 }
 
 }  // namespace gdskit::safetensors

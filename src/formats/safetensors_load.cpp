@@ -5,11 +5,13 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <new>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string_view>
+#include <unordered_map>
 
+#include "formats/safetensors_open.hpp"
 #include "formats/sha256.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
@@ -61,11 +63,10 @@ bool matches(const std::string& entry, const std::string& name) {
 bool ends_with(const std::string& s, std::string_view suffix) { return s.ends_with(suffix); }
 
 std::vector<shard> read_index(const std::filesystem::path& index) {
-  std::ifstream in(index, std::ios::binary);
-  if (!in) throw error(errno_code(ENOENT), "open", index.string(), -1, 0);
+  const std::string text = formats::read_small_file(index, max_header_bytes);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     bad_index(index, fmt::format("invalid JSON: {}", e.what()));
   }
@@ -181,15 +182,31 @@ std::string model::sha256_hex(const loaded_tensor& t) const {
 
 std::vector<shard> resolve_shards(const std::filesystem::path& path) {
   namespace fs = std::filesystem;
+  // An index by name is read as one, even when it is not a file (EISDIR then, naming it).
+  if (ends_with(path.filename().string(), ".index.json")) return read_index(path);
   std::error_code ec;
-  if (fs::is_directory(path, ec)) {
-    if (fs::exists(path / "model.safetensors.index.json")) return read_index(path / "model.safetensors.index.json");
+  const bool folder = fs::is_directory(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) throw error(ec, "stat", path.string(), -1, 0);
+  if (folder) {
+    const fs::path preferred = path / "model.safetensors.index.json";
+    if (fs::exists(fs::symlink_status(preferred, ec))) return read_index(preferred);
     std::vector<fs::path> indexes, files;
-    for (const auto& e : fs::directory_iterator(path)) {
-      const auto name = e.path().filename().string();
-      if (!e.is_regular_file()) continue;
-      if (ends_with(name, ".safetensors.index.json")) indexes.push_back(e.path());
-      if (ends_with(name, ".safetensors")) files.push_back(e.path());
+    fs::directory_iterator it(path, ec), end;
+    for (; !ec && it != end; it.increment(ec)) {
+      const auto name = it->path().filename().string();
+      std::error_code type_ec;
+      if (!it->is_regular_file(type_ec)) continue;
+      if (ends_with(name, ".safetensors.index.json")) indexes.push_back(it->path());
+      if (ends_with(name, ".safetensors")) files.push_back(it->path());
+    }
+    if (ec) throw error(ec, "read folder", path.string(), -1, 0);
+    std::sort(indexes.begin(), indexes.end());
+    if (indexes.size() > 1) {
+      // Two indexes (say fp16 and fp32 variants) name different shards: loading every file would mix them.
+      throw error(errno_code(EINVAL), "safetensors load", path.string(), -1, 0,
+                  fmt::format("the folder has {} index files ({}, {}{}): name the one to load", indexes.size(),
+                              indexes[0].filename().string(), indexes[1].filename().string(),
+                              indexes.size() > 2 ? ", ..." : ""));
     }
     if (indexes.size() == 1) return read_index(indexes.front());
     if (files.empty()) {
@@ -201,7 +218,6 @@ std::vector<shard> resolve_shards(const std::filesystem::path& path) {
     for (auto& f : files) out.push_back({f, {}});
     return out;
   }
-  if (ends_with(path.filename().string(), ".index.json")) return read_index(path);
   return {shard{path, {}}};
 }
 
@@ -213,7 +229,7 @@ model load(const std::filesystem::path& path, const load_options& options) {
   files.reserve(shards.size());
   headers.reserve(shards.size());
   for (const auto& s : shards) {
-    files.emplace_back(s.file, open_mode::read, open_options{}, options.config);
+    files.push_back(open_file(s.file, options.config));
     headers.push_back(read_header(files.back()));
   }
 
@@ -235,11 +251,16 @@ model load(const std::filesystem::path& path, const load_options& options) {
     if (shards[fi].names.empty()) {
       for (const auto& t : h.tensors) chosen.push_back(&t);
     } else {
+      // header::find is a linear scan; an index names every tensor, so look names up through a map.
+      std::unordered_map<std::string_view, const tensor_info*> by_name;
+      by_name.reserve(h.tensors.size());
+      for (const auto& t : h.tensors) by_name.emplace(t.name, &t);
       for (const auto& name : shards[fi].names) {
-        const auto* t = h.find(name);
+        const auto found = by_name.find(name);
+        const tensor_info* t = found == by_name.end() ? nullptr : found->second;
         if (t == nullptr) {
           throw error(errno_code(EBADMSG), "safetensors index", shards[fi].file.string(), -1, 0,
-                      fmt::format("the index assigns \"{}\" to this file but its header lacks it", name));
+                      fmt::format("the index assigns \"{}\" to this file but its header lacks it", printable_name(name)));
         }
         chosen.push_back(t);
       }
@@ -248,7 +269,7 @@ model load(const std::filesystem::path& path, const load_options& options) {
       if (!wanted(t->name)) continue;
       if (!seen.insert(t->name).second) {
         throw error(errno_code(EBADMSG), "safetensors load", shards[fi].file.string(), -1, 0,
-                    fmt::format("tensor \"{}\" appears in more than one file", t->name));
+                    fmt::format("tensor \"{}\" appears in more than one file", printable_name(t->name)));
       }
       items.push_back({t, fi, plan_slice(*t, options.slice), 0});
     }
@@ -359,7 +380,7 @@ model load(const std::filesystem::path& path, const load_options& options) {
 
 load_stats load_into(const std::filesystem::path& path, const std::map<std::string, buffer_view>& destinations,
                      const load_options& options) {
-  file_handle f(path, open_mode::read, open_options{}, options.config);
+  const file_handle f = open_file(path, options.config);
   const auto t_headers = std::chrono::steady_clock::now();
   const auto h = read_header(f);
   load_stats stats;
@@ -368,10 +389,10 @@ load_stats load_into(const std::filesystem::path& path, const std::map<std::stri
   std::vector<std::pair<const tensor_info*, slice_plan>> work;
   for (const auto& [name, dst] : destinations) {
     const auto* t = h.find(name);
-    if (t == nullptr) invalid(fmt::format("{} has no tensor \"{}\"", path.string(), name));
+    if (t == nullptr) invalid(fmt::format("{} has no tensor \"{}\"", path.string(), printable_name(name)));
     auto plan = plan_slice(*t, options.slice);
     if (dst.nbytes < plan.nbytes()) {
-      invalid(fmt::format("destination of \"{}\" holds {} bytes; the tensor needs {}", name, dst.nbytes,
+      invalid(fmt::format("destination of \"{}\" holds {} bytes; the tensor needs {}", printable_name(name), dst.nbytes,
                           plan.nbytes()));
     }
     work.emplace_back(t, std::move(plan));

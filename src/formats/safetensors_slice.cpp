@@ -36,7 +36,7 @@ slice_plan plan_slice(const tensor_info& t, const std::optional<slice_spec>& sli
   // Packed dtypes: every row boundary must fall on a byte.
   if ((inner * bits) % 8 != 0) {
     throw error(errno_code(EINVAL), "safetensors slice: " + fmt::format("tensor \"{}\" ({}) cannot be sliced along dimension {}: rows of {} elements are not whole "
-                        "bytes", t.name, to_string(t.dtype), slice->dim, inner));
+                        "bytes", printable_name(t.name), to_string(t.dtype), slice->dim, inner));
   }
   const std::uint64_t row_bytes = inner * bits / 8;
   if (outer == 0 || row_bytes == 0 || count == 0) {

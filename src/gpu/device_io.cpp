@@ -1,4 +1,6 @@
-// file_handle's buffer_view entry points: the planner picks the path, the path moves the bytes.
+// Device buffers: the planner picks the path, the path moves the bytes.
+#include "gpu/device_io.hpp"
+
 #include <cerrno>
 
 #include <fmt/format.h>
@@ -37,20 +39,10 @@ std::string path_decision::summary() const {
   return out;
 }
 
-namespace {
-
-void check_range(const file_handle::impl& f, const char* op, buffer_view buf, std::size_t nbytes, std::uint64_t offset) {
-  if (buf.data == nullptr && nbytes > 0) {
-    throw error(errno_code(EFAULT), op, f.path.string(), static_cast<std::int64_t>(offset), nbytes, "null buffer");
-  }
-  if (buf.nbytes < nbytes) {
-    throw error(errno_code(EINVAL), op, f.path.string(), static_cast<std::int64_t>(offset), nbytes,
-                fmt::format("buffer holds only {} bytes", buf.nbytes));
-  }
-}
+namespace gpu {
 
 std::size_t device_transfer(const file_handle& file, bool write, buffer_view buf, std::size_t nbytes, std::uint64_t offset) {
-  const file_handle::impl& f = *file.impl_for_paths();
+  const file_handle::impl& f = file_access::open_impl(file, write ? "pwrite" : "pread");
   const path_decision d = file.plan(buf);
   const char* op = write ? "pwrite" : "pread";
   std::string gpu_reason;
@@ -78,38 +70,6 @@ std::size_t device_transfer(const file_handle& file, bool write, buffer_view buf
   }
 }
 
-}  // namespace
-
-path_decision file_handle::plan(buffer_view buf) const {
-  const impl& f = *impl_;
-  engine::runtime_facts rt;
-  rt.direct_ok = f.choice.direct;
-  rt.direct_reason = f.choice.direct_reason;
-  if (buf.kind == memory_kind::host || buf.kind == memory_kind::pinned) {
-    return engine::decide({}, rt, buf.kind, f.config.mode);
-  }
-  rt.gpu_ok = gpu_available(&rt.gpu_reason);
-  rt.cufile_ok = shim::cufile(&rt.cufile_reason) != nullptr;
-  std::lock_guard lock(f.gpu.mutex);
-  if (!f.gpu.facts) f.gpu.facts = engine::gather_facts("/", f.st_dev, f.fs_type);
-  return engine::decide(*f.gpu.facts, rt, buf.kind, f.config.mode);
-}
-
-std::size_t file_handle::read(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const {
-  check_range(*impl_, "pread", dst, nbytes, offset_bytes);
-  if (dst.kind == memory_kind::host || dst.kind == memory_kind::pinned) return impl_->read(dst.data, nbytes, offset_bytes);
-  return device_transfer(*this, false, dst, nbytes, offset_bytes);
-}
-
-void file_handle::read_exact(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const {
-  std::size_t got = read(dst, nbytes, offset_bytes);
-  if (got != nbytes) throw short_read_error(impl_->path.string(), static_cast<std::int64_t>(offset_bytes), nbytes, got);
-}
-
-std::size_t file_handle::write(buffer_view src, std::size_t nbytes, std::uint64_t offset_bytes) const {
-  check_range(*impl_, "pwrite", src, nbytes, offset_bytes);
-  if (src.kind == memory_kind::host || src.kind == memory_kind::pinned) return impl_->write(src.data, nbytes, offset_bytes);
-  return device_transfer(*this, true, src, nbytes, offset_bytes);
-}
+}  // namespace gpu
 
 }  // namespace gdskit

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "engine/file_impl.hpp"
+#include "engine/file_range.hpp"
 #include "engine/residency.hpp"
 #include "engine/thread_pool.hpp"
 #include "gdskit/error.hpp"
@@ -24,6 +25,7 @@ struct piece {
 };
 
 // Pieces end at absolute multiples of the slot size, so a piece's aligned cover always fits one slot.
+// The caller has checked the range (check_file_range), so offset + nbytes does not wrap.
 std::vector<piece> split(std::uint64_t offset, std::size_t nbytes, std::size_t slot_bytes) {
   std::vector<piece> out;
   const std::uint64_t end = offset + nbytes;
@@ -248,8 +250,9 @@ void finish(transfer& t, staged_stats* stats) {
 
 std::size_t staged_read(const file_handle& file, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,
                         const staged_options& options, staged_stats* stats) {
+  const file_handle::impl& f = file_access::open_impl(file, "pread");
+  engine::check_file_range("pread", f.path.string(), false, offset, nbytes);
   if (nbytes == 0) return 0;
-  const file_handle::impl& f = *file.impl_for_paths();
   const std::uint64_t size = f.current_size();
   if (offset >= size) return 0;
   nbytes = static_cast<std::size_t>(std::min<std::uint64_t>(nbytes, size - offset));
@@ -267,8 +270,9 @@ std::size_t staged_read(const file_handle& file, copier& cp, std::uintptr_t far,
 
 std::size_t staged_write(const file_handle& file, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,
                          const staged_options& options, staged_stats* stats) {
+  const file_handle::impl& f = file_access::open_impl(file, "pwrite");
+  engine::check_file_range("pwrite", f.path.string(), true, offset, nbytes);
   if (nbytes == 0) return 0;
-  const file_handle::impl& f = *file.impl_for_paths();
   if (f.mode == open_mode::read) {
     throw error(errno_code(EBADF), "pwrite", f.path.string(), static_cast<std::int64_t>(offset), nbytes,
                 "file opened for reading only");

@@ -158,6 +158,8 @@ struct registry_dwords {
   std::string modprobe_conf;  ///< full text of /etc/modprobe.d/gdskit-p2p.conf
   std::vector<std::string> notes;
 };
+/// Precondition: `v` is known (throws gdskit::error EINVAL otherwise: the value depends on the series, and a
+/// guess could select another P2P type). Callers refuse series that version_supported() rejects.
 registry_dwords make_registry_dwords(const driver_version& v, atomics_mode atomics);
 
 /// One step of the setup plan.
@@ -186,6 +188,8 @@ struct plan_options {
   atomics_mode atomics = atomics_mode::default_atomics;
   bool use_registry_dwords = false;  ///< BIF overrides through modprobe options instead of the source edit
 };
+/// Throws gdskit::error EINVAL when `opts.src` holds control characters (they could break out of the script's
+/// comments). Every path in a command is shell-quoted.
 std::vector<plan_step> make_setup_plan(const system_facts& sys, const plan_options& opts);
 /// The plan as a reviewable shell script, with the rollback plan at the end (commented out).
 std::string render_plan(const std::vector<plan_step>& steps, const system_facts& sys);

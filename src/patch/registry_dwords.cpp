@@ -2,6 +2,7 @@
 // module reads from NVreg_RegistryDwords at load time.
 #include <fmt/format.h>
 
+#include "gdskit/error.hpp"
 #include "patch/patch.hpp"
 
 namespace gdskit::patch {
@@ -9,8 +10,9 @@ namespace gdskit::patch {
 registry_dwords make_registry_dwords(const driver_version& v, atomics_mode atomics) {
   registry_dwords r;
   const bool known = v.known();
-  const bool new_enum = !known || v.compare(575, 51, 2) >= 0;
-  const bool has_atomics = !known || v.compare(565, 57, 1) >= 0;
+  if (!known) throw error(errno_code(EINVAL), "registry-dwords: driver version unknown (the value depends on it)");
+  const bool new_enum = v.compare(575, 51, 2) >= 0;
+  const bool has_atomics = v.compare(565, 57, 1) >= 0;
   const std::string force_p2p = has_atomics && atomics == atomics_mode::default_atomics ? "0x211" : "0x11";
   if (new_enum) {
     r.value = fmt::format("ForceP2P={};RMForceP2PType=1;RMPcieP2PType=1", force_p2p);
@@ -22,7 +24,6 @@ registry_dwords make_registry_dwords(const driver_version& v, atomics_mode atomi
         "RMPcieP2PType does not exist before 575",
         v.text));
   }
-  if (!known) r.notes.push_back("driver version unknown: the value assumes 575 or later (give --driver-version)");
   if (!has_atomics) r.notes.push_back("ForceP2P has no atomics field before 565: 0x11 whatever --atomics says");
   if (force_p2p == "0x11" && has_atomics) {
     r.notes.push_back("ForceP2P=0x11 forces P2P atomics OFF; 0x211 (--atomics default) keeps the chipset default");
@@ -39,7 +40,7 @@ registry_dwords make_registry_dwords(const driver_version& v, atomics_mode atomi
       "# then rebuild the initramfs if the nvidia module is loaded from it.\n"
       "# NVreg_EnableGpuFirmware=0 is deliberately absent: the open kernel module ignores it.\n"
       "options nvidia NVreg_RegistryDwords=\"{}\"\n",
-      known ? v.text : "unknown", r.value);
+      v.text, r.value);
   return r;
 }
 

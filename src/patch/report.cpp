@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/json_text.hpp"
+
 #include "patch/report.hpp"
 
 namespace gdskit::patch {
@@ -71,7 +73,7 @@ std::string render_json(const tree_report& r) {
   j["refused"] = r.refused;
   j["refusal"] = r.refusal;
   if (!r.diff.empty()) j["diff"] = r.diff;
-  return j.dump(2) + "\n";
+  return json_text(j) + "\n";
 }
 
 std::string_view overall_state(const tree_report& r) {

@@ -1,9 +1,11 @@
 // The steps after the source patch, as a plan a person reads before anything runs.
-#include <fstream>
 #include <sstream>
 
 #include <fmt/format.h>
 
+#include "common/bounded_read.hpp"
+#include "common/shell_text.hpp"
+#include "gdskit/error.hpp"
 #include "patch/patch.hpp"
 
 namespace gdskit::patch {
@@ -11,24 +13,13 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string read_small(const fs::path& p, std::size_t limit = 1 << 20) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) return {};
-  std::string s(limit, '\0');
-  in.read(s.data(), static_cast<std::streamsize>(limit));
-  s.resize(static_cast<std::size_t>(in.gcount()));
-  return s;
+  return read_bounded(p, limit).text.value_or("");
 }
 
 std::string first_line(std::string s) {
   if (auto nl = s.find('\n'); nl != std::string::npos) s.resize(nl);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\r')) s.pop_back();
   return s;
-}
-
-std::string quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
 }
 
 }  // namespace
@@ -40,19 +31,18 @@ system_facts read_system_facts(const fs::path& root) {
   const std::string drv = read_small(root / "proc/driver/nvidia/version");
   f.open_module = drv.find("Open Kernel Module") != std::string::npos;
   f.nvidia_fs_loaded = fs::exists(root / "sys/module/nvidia_fs");
-  // kallsyms is large; scanning it line by line keeps memory flat.
-  std::ifstream ks(root / "proc/kallsyms");
-  for (std::string line; std::getline(ks, line);) {
-    for (const char* sym : {"nvme_v2_register_nvfs_dma_ops", "nvme_v1_register_nvfs_dma_ops"}) {
+  // kallsyms is large; scanning it line by line keeps memory flat, and the scan is bounded like the doctor's.
+  auto scan = scan_lines_bounded(root / "proc/kallsyms", 256u << 20, 4096, [&](std::string_view line) {
+    if (!f.nvfs_symbol.empty()) return;
+    for (std::string_view sym : {"nvme_v2_register_nvfs_dma_ops", "nvme_v1_register_nvfs_dma_ops"}) {
       const auto at = line.rfind(sym);
-      if (at != std::string::npos && at > 0 && line[at - 1] == ' ' &&
-          (at + std::string_view(sym).size() == line.size() || line[at + std::string_view(sym).size()] == '\t' ||
-           line[at + std::string_view(sym).size()] == ' ')) {
-        f.nvfs_symbol = sym;
+      if (at != std::string_view::npos && at > 0 && line[at - 1] == ' ' &&
+          (at + sym.size() == line.size() || line[at + sym.size()] == '\t' || line[at + sym.size()] == ' ')) {
+        f.nvfs_symbol = std::string(sym);
       }
     }
-    if (!f.nvfs_symbol.empty()) break;
-  }
+  });
+  (void)scan;  // unreadable or not a regular file: no hook known, which the plan handles
   std::istringstream os(read_small(root / "etc/os-release"));
   for (std::string line; std::getline(os, line);) {
     if (line.rfind("ID=", 0) == 0) {
@@ -65,7 +55,12 @@ system_facts read_system_facts(const fs::path& root) {
 
 std::vector<plan_step> make_setup_plan(const system_facts& sys, const plan_options& opts) {
   std::vector<plan_step> steps;
-  const std::string src = opts.src.empty() ? std::string("\"$GDSKIT_DRIVER_SRC\"") : quote(opts.src.string());
+  // A newline in a path would end the comment a rollback line sits in and make it a command.
+  if (has_control_chars(opts.src.string())) {
+    throw error(errno_code(EINVAL), "setup plan", printable(opts.src.string()), -1, 0,
+                "the driver source path holds control characters");
+  }
+  const std::string src = opts.src.empty() ? std::string("\"$GDSKIT_DRIVER_SRC\"") : shell_quote(opts.src.string());
   const std::string krel = "\"$(uname -r)\"";
   const std::string atomics = opts.atomics == atomics_mode::off ? "off" : "default";
   const std::string backup_dir = "/var/backups/gdskit/nvidia-$(uname -r)";
@@ -115,12 +110,23 @@ std::vector<plan_step> make_setup_plan(const system_facts& sys, const plan_optio
                                backup_dir),
                    false});
   if (opts.use_registry_dwords) {
-    const auto rd = make_registry_dwords(parse_version(sys.loaded_driver_version).value_or(driver_version{}),
-                                         opts.atomics);
-    steps.push_back({"Set the BIF overrides as module options", "same effect as the three kernel_bif.c edits",
-                     fmt::format("printf '%s\\n' {} | sudo tee /etc/modprobe.d/gdskit-p2p.conf >/dev/null",
-                                 quote(fmt::format("options nvidia NVreg_RegistryDwords=\"{}\"", rd.value))),
-                     "sudo rm -f /etc/modprobe.d/gdskit-p2p.conf", false});
+    const auto v = parse_version(sys.loaded_driver_version);
+    if (v && version_supported(*v)) {
+      const auto rd = make_registry_dwords(*v, opts.atomics);
+      steps.push_back({"Set the BIF overrides as module options", "same effect as the three kernel_bif.c edits",
+                       fmt::format("printf '%s\\n' {} | sudo tee /etc/modprobe.d/gdskit-p2p.conf >/dev/null",
+                                   shell_quote(fmt::format("options nvidia NVreg_RegistryDwords=\"{}\"", rd.value))),
+                       "sudo rm -f /etc/modprobe.d/gdskit-p2p.conf", false});
+    } else {
+      // The value depends on the driver series; a guess could select another P2P type.
+      steps.push_back({"Set the BIF overrides as module options",
+                       v ? fmt::format("the loaded driver {} is not a series gdskit knows (550 to 595): no value is "
+                                       "written for it", v->text)
+                         : std::string("the loaded driver version is unknown: the value depends on it"),
+                       "gdskit patch registry-dwords --driver-version <version of the built module> | "
+                       "sudo tee /etc/modprobe.d/gdskit-p2p.conf",
+                       "sudo rm -f /etc/modprobe.d/gdskit-p2p.conf", true});
+    }
   }
   steps.push_back({"Rebuild the module index and the initramfs",
                    "the initramfs may carry its own copy of the nvidia modules and modprobe options",
@@ -138,8 +144,8 @@ std::vector<plan_step> make_setup_plan(const system_facts& sys, const plan_optio
 std::string render_plan(const std::vector<plan_step>& steps, const system_facts& sys) {
   std::string out = "#!/bin/sh\n";
   out += fmt::format("# gdskit setup plan. Kernel {}, loaded nvidia driver {} ({}), nvfs hook: {}.\n",
-                     sys.kernel_release.empty() ? "unknown" : sys.kernel_release,
-                     sys.loaded_driver_version.empty() ? "none" : sys.loaded_driver_version,
+                     sys.kernel_release.empty() ? "unknown" : printable(sys.kernel_release),
+                     sys.loaded_driver_version.empty() ? "none" : printable(sys.loaded_driver_version),
                      sys.open_module ? "open kernel module" : "open module not detected",
                      sys.nvfs_symbol.empty() ? "MISSING" : sys.nvfs_symbol);
   out += "# Review every step. Nothing has run. `gdskit setup plan --execute` asks before each step and stops\n"
@@ -155,13 +161,14 @@ std::string render_plan(const std::vector<plan_step>& steps, const system_facts&
   out += "set -eu\n";
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const auto& s = steps[i];
-    out += fmt::format("\n# --- Step {}: {}{}\n# {}\n", i + 1, s.title, s.manual ? " (MANUAL)" : "", s.why);
-    if (!s.command.empty()) out += s.manual ? fmt::format("# suggested: {}\n", s.command) : s.command + "\n";
+    out += fmt::format("\n# --- Step {}: {}{}\n# {}\n", i + 1, printable(s.title), s.manual ? " (MANUAL)" : "",
+                       printable(s.why));
+    if (!s.command.empty()) out += s.manual ? fmt::format("# suggested: {}\n", printable(s.command)) : s.command + "\n";
   }
   out += "\n# === Rollback plan (run from the last step done backwards) ===\n";
   for (std::size_t i = steps.size(); i-- > 0;) {
     if (steps[i].rollback.empty()) continue;
-    out += fmt::format("# undo step {} ({}):\n#   {}\n", i + 1, steps[i].title, steps[i].rollback);
+    out += fmt::format("# undo step {} ({}):\n#   {}\n", i + 1, printable(steps[i].title), printable(steps[i].rollback));
   }
   out += "# then reboot, and run `gdskit doctor` to confirm the stock driver is back.\n";
   return out;

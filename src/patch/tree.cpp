@@ -2,13 +2,12 @@
 // memory, and only then writes: a refusal or a failed write leaves the tree as it was.
 #include <algorithm>
 #include <cerrno>
-#include <fstream>
-#include <sstream>
 
 #include <unistd.h>
 
 #include <fmt/format.h>
 
+#include "common/bounded_read.hpp"
 #include "gdskit/error.hpp"
 #include "patch/patch.hpp"
 
@@ -16,13 +15,21 @@ namespace gdskit::patch {
 namespace fs = std::filesystem;
 namespace {
 
+// Driver source files are a few MiB at most; anything larger, or anything that is not a regular file (a FIFO
+// would block, a device never end), is refused rather than read.
+constexpr std::size_t max_source_bytes = 64u << 20;
+
 std::optional<std::string> read_optional(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw error(errno_code(EIO), "read", p.string(), -1, 0);
-  return std::move(ss).str();
+  auto r = read_bounded(p, max_source_bytes);
+  if (!r.ok()) {
+    if (r.error == std::errc::no_such_file_or_directory) return std::nullopt;
+    throw error(r.error, "read", p.string(), -1, 0, r.why);
+  }
+  if (r.capped) {
+    throw error(errno_code(EFBIG), "read", p.string(), -1, 0,
+                fmt::format("larger than {} MiB: not a driver source file", max_source_bytes >> 20));
+  }
+  return std::move(r.text);
 }
 
 tree_texts read_tree(const fs::path& src) {

@@ -21,7 +21,7 @@ std::string fs_type_name(std::int64_t magic) {
     case 0x9123683E: return "btrfs";
     case 0x6969: return "nfs";
     case 0x794C7630: return "overlayfs";
-    case 0x65735546: return "fuse";
+    case 0x65735546: return "fuse";  // FUSE_SUPER_MAGIC; virtiofs is FUSE and reports this magic too
     case 0x2FC12FC1: return "zfs";
     case 0xF2F52010: return "f2fs";
     case 0x858458F6: return "ramfs";
@@ -34,7 +34,7 @@ std::string fs_type_name(std::int64_t magic) {
     case 0x47504653: return "gpfs";
     case 0x19830326: return "beegfs";
     case 0xFF534D42: return "cifs";
-    case 0x6E667364: return "virtiofs";  // fuse-based in practice; listed for completeness
+    case 0x6E667364: return "nfsd";  // NFSD_MAGIC: the nfsd control file system, not a data file system
     default: return fmt::format("0x{:x}", static_cast<std::uint32_t>(magic));
   }
 }

@@ -1,8 +1,13 @@
 #include "posix/syscalls.hpp"
 
+#include <stdio.h>
 #include <unistd.h>
 
 #include <cerrno>
+
+#ifdef GDSKIT_HAVE_URING
+#include <liburing.h>
+#endif
 
 namespace gdskit::posix {
 namespace {
@@ -18,7 +23,25 @@ syscall_table make_real() {
   t.ftruncate = [](int fd, off_t n) { return ::ftruncate(fd, n); };
   t.fdatasync = [](int fd) { return ::fdatasync(fd); };
   t.fadvise = [](int fd, off_t o, off_t n, int advice) { return ::posix_fadvise(fd, o, n, advice); };
+  t.fsync = [](int fd) { return ::fsync(fd); };
+  t.rename = [](const char* from, const char* to, unsigned flags) {
+    return ::renameat2(AT_FDCWD, from, AT_FDCWD, to, flags);
+  };
+  t.link = [](const char* from, const char* to) { return ::link(from, to); };
+  t.unlink = [](const char* p) { return ::unlink(p); };
   t.uring_result = [](bool, int, std::uint64_t, std::size_t, int result) { return result; };
+#ifdef GDSKIT_HAVE_URING
+  t.uring_submit_and_wait = [](void* ring, unsigned wait_nr) {
+    return io_uring_submit_and_wait(static_cast<io_uring*>(ring), wait_nr);
+  };
+  t.uring_wait = [](void* ring) {
+    io_uring_cqe* cqe = nullptr;
+    return io_uring_wait_cqe(static_cast<io_uring*>(ring), &cqe);
+  };
+#else
+  t.uring_submit_and_wait = [](void*, unsigned) { return -ENOSYS; };
+  t.uring_wait = [](void*) { return -ENOSYS; };
+#endif
   return t;
 }
 

@@ -25,9 +25,21 @@ struct syscall_table {
   std::function<int(int, off_t)> ftruncate;
   std::function<int(int)> fdatasync;
   std::function<int(int, off_t, off_t, int)> fadvise;
+  /// fsync (atomic publish syncs the folder that holds a renamed file).
+  std::function<int(int)> fsync;
+  /// renameat2(AT_FDCWD, from, AT_FDCWD, to, flags): flags 0 or RENAME_NOREPLACE.
+  std::function<int(const char*, const char*, unsigned)> rename;
+  /// link(2), the fallback for RENAME_NOREPLACE on file systems that lack it.
+  std::function<int(const char*, const char*)> link;
+  std::function<int(const char*)> unlink;
   /// io_uring completions pass through here: given what the kernel returned for an operation, returns what the
   /// engine sees. Identity in production; tests return -EINTR, -EIO, short counts.
   std::function<int(bool is_write, int fd, std::uint64_t offset, std::size_t nbytes, int result)> uring_result;
+  /// io_uring_submit_and_wait on `ring` (an io_uring*): submits the prepared entries and waits for `wait_nr`
+  /// completions; returns the entries submitted or -errno. Tests return errors without submitting.
+  std::function<int(void* ring, unsigned wait_nr)> uring_submit_and_wait;
+  /// io_uring_wait_cqe on `ring` without submitting: 0 once a completion is ready, or -errno.
+  std::function<int(void* ring)> uring_wait;
 };
 
 /// The table in force. Replace entries only while no I/O is in flight (tests use scoped_syscalls).

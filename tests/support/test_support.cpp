@@ -89,4 +89,25 @@ std::filesystem::path direct_refusing_parent() {
   return {};
 }
 
+posix::syscall_table counting_syscalls(std::atomic<int>& calls) {
+  posix::syscall_table t = posix::real_syscalls();
+  t.pread = [&calls](int fd, void* b, std::size_t n, off_t o) {
+    ++calls;
+    return posix::real_syscalls().pread(fd, b, n, o);
+  };
+  t.pwrite = [&calls](int fd, const void* b, std::size_t n, off_t o) {
+    ++calls;
+    return posix::real_syscalls().pwrite(fd, b, n, o);
+  };
+  t.ftruncate = [&calls](int fd, off_t n) {
+    ++calls;
+    return posix::real_syscalls().ftruncate(fd, n);
+  };
+  t.uring_result = [&calls](bool w, int fd, std::uint64_t o, std::size_t n, int r) {
+    ++calls;
+    return posix::real_syscalls().uring_result(w, fd, o, n, r);
+  };
+  return t;
+}
+
 }  // namespace gdskit::test

@@ -1,6 +1,7 @@
 // Shared test fixtures: a temporary folder, random data, a settings guard.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <random>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "gdskit/settings.hpp"
+#include "posix/syscalls.hpp"
 
 namespace gdskit::test {
 
@@ -45,6 +47,9 @@ class settings_guard {
 /// A folder on a file system that accepts O_DIRECT (tests' temp folder), and one that refuses it (/dev/shm),
 /// empty when none exists here.
 std::filesystem::path direct_capable_parent();
+/// The real system calls, except that every pread, pwrite, ftruncate and io_uring completion adds one to
+/// `calls` (for tests that prove a request never reached the file).
+posix::syscall_table counting_syscalls(std::atomic<int>& calls);
 std::filesystem::path direct_refusing_parent();
 
 }  // namespace gdskit::test

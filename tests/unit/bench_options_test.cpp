@@ -107,6 +107,9 @@ TEST(BenchOptions, EachErrorIsAUsageError) {
   expect_usage_error({"-f", "x", "-s", "1M", "-x", "fast"});
   expect_usage_error({"-f", "x", "-s", "1M", "-d", "-1"});
   expect_usage_error({"-f", "x", "-s", "1M", "-T", "-2"});
+  expect_usage_error({"-f", "x", "-s", "1M", "-T", "nan"});
+  expect_usage_error({"-f", "x", "-s", "1M", "-T", "inf"});
+  expect_usage_error({"-f", "x", "-s", "1M", "--plateau", "nan"});
   expect_usage_error({"-f", "x", "-s", "1M", "-k", "seed"});
   expect_usage_error({"-f", "x", "-s", "1M", "-O", "2"});
   expect_usage_error({"-f", "x", "-s", "1M", "-V", "-T", "1"});       // like gdsio
@@ -176,6 +179,14 @@ do_verify=1
   EXPECT_THROW(gb::parse_config("size=1M\n[job1]\n", defaults), gb::usage_error);
   EXPECT_THROW(gb::parse_config("[job1\n", defaults), gb::usage_error);
   EXPECT_THROW(gb::parse_config("[job1]\nbs\n", defaults), gb::usage_error);
+  // A NUL would cut the file name short at open(2): refused, naming the line.
+  try {
+    gb::parse_config(std::string("[job1]\nsize=4K\nfilename=/tmp/a\0b\n", 33), defaults);
+    ADD_FAILURE() << "a NUL in a job file was accepted";
+  } catch (const gb::usage_error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("line 3:", 0), 0u) << e.what();
+  }
+  EXPECT_THROW(gb::parse_config("[job1]\nruntime=nan\n", defaults), gb::usage_error);
 }
 
 TEST(BenchValidate, BadInputBeforeAnythingRuns) {
@@ -216,4 +227,23 @@ TEST(BenchValidate, BadInputBeforeAnythingRuns) {
                  gb::usage_error);
   }
   if (std::filesystem::exists(dir / "ro")) EXPECT_TRUE(std::filesystem::is_empty(dir / "ro"));
+}
+
+TEST(BenchOptions, RangesPastTheLargestFileOffsetAreRefused) {
+  // Each of these wrapped around 2^64 (or passed off_t) and slipped through the size checks.
+  expect_usage_error({"-f", "x", "-s", "9223372036854775808", "-w", "2"});         // -s above 2^63 - 1
+  expect_usage_error({"-f", "x", "-s", "4611686018427387904", "-w", "2"});         // 2^62 x 2 = 2^63
+  expect_usage_error({"-f", "x", "-s", "4096", "-i", "4096", "-o", "18446744073709551615"});
+  expect_usage_error({"-f", "x", "-s", "4096", "-i", "4096", "-o", "9223372036854771712", "-I", "1"});
+  expect_usage_error({"-D", "/tmp", "-s", "4611686018427387904", "-w", "2", "-i", "4K"});  // total bytes
+  gb::job_spec j;
+  j.file = "x";
+  j.size_bytes = std::uint64_t{1} << 62;
+  j.threads = 4;
+  EXPECT_THROW(gb::check_extent(j), gb::usage_error);
+  j.threads = 1;
+  j.offset_bytes = std::uint64_t{1} << 62;
+  EXPECT_THROW(gb::check_extent(j), gb::usage_error);  // 2^62 + 2^62 = 2^63
+  j.offset_bytes = (std::uint64_t{1} << 62) - 1;
+  EXPECT_EQ(gb::check_extent(j), (std::uint64_t{1} << 63) - 1);
 }

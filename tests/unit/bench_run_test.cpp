@@ -7,11 +7,13 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <system_error>
 
 #include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.hpp"
+#include "gdskit/error.hpp"
 #include "test_support.hpp"
 
 namespace gb = gdskit::bench;
@@ -212,4 +214,31 @@ TEST(BenchRun, SweepPlotIsAPng) {
   ASSERT_GE(bytes.size(), 8u);
   const unsigned char magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
   EXPECT_EQ(0, std::memcmp(bytes.data(), magic, 8));
+}
+
+TEST(BenchRun, AWorkerThreadThatCannotStartIsAnErrorAndTheOthersAreJoined) {
+  gdskit::test::temp_dir dir;
+  const std::string f = (dir / "data").string();
+  gb::hooks h;
+  // The fourth of eight threads fails to start, as std::thread does under RLIMIT_NPROC.
+  h.before_thread = [](std::size_t index) {
+    if (index == 3) throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+  };
+  auto r = run({"-f", f, "-s", "64K", "-i", "4K", "-w", "8", "-I", "1"}, h);
+  EXPECT_EQ(r.rc, 3) << r.err;
+  EXPECT_NE(r.err.find("worker thread 4 of 8"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(f)) << "the file the failed run created is removed";
+
+  gb::job_spec j;
+  j.file = f;
+  j.size_bytes = 64 << 10;
+  j.io = {4096, 4096, 0};
+  j.threads = 8;
+  j.type = gb::io_type::write;
+  try {
+    gb::run_jobs({j}, {}, h);
+    ADD_FAILURE() << "expected gdskit::error";
+  } catch (const gdskit::error& e) {
+    EXPECT_EQ(e.code(), std::errc::resource_unavailable_try_again);
+  }
 }

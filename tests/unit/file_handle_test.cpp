@@ -5,9 +5,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <future>
 #include <random>
+#include <thread>
 #include <tuple>
 
 #include "gdskit/error.hpp"
@@ -145,6 +148,50 @@ TEST_P(engine_variants, async_forms_match_blocking) {
   EXPECT_EQ(test::read_file(path), data);
 }
 
+// Offsets are off_t: a range past 2^63 - 1 must be refused before any I/O. Unchecked, offset + nbytes wraps
+// around and an O_DIRECT write lands at the start of the file (or a buffered one is reported done unwritten).
+TEST_P(engine_variants, ranges_past_the_largest_offset_are_refused_before_any_io) {
+  auto data = random_bytes(65536, 99);
+  auto path = *dir_ / "limits";
+  test::write_file(path, data);
+  std::atomic<int> io_calls{0};
+  posix::scoped_syscalls guard(test::counting_syscalls(io_calls));
+  file_handle f(path, open_mode::read_write, {}, small_chunks(GetParam()));
+  constexpr std::uint64_t max = 9223372036854775807ull;  // 2^63 - 1
+  std::vector<std::uint8_t> buf(1u << 20, 0x5A);
+  auto code_of = [](auto&& call) {
+    try {
+      call();
+    } catch (const error& e) {
+      return e.code();
+    }
+    return std::error_code();
+  };
+  const auto einval = std::make_error_code(std::errc::invalid_argument);
+  const auto efbig = std::make_error_code(std::errc::file_too_large);
+  for (std::size_t n : {std::size_t{4096}, std::size_t{1} << 20}) {
+    for (std::uint64_t off : {~std::uint64_t{0}, ~std::uint64_t{0} - 4095, max + 1}) {
+      EXPECT_EQ(code_of([&] { f.pwrite(buf.data(), n, off); }), einval) << off;
+      EXPECT_EQ(code_of([&] { f.pread(buf.data(), n, off); }), einval) << off;
+      EXPECT_EQ(code_of([&] { f.read_exact(buf.data(), n, off); }), einval) << off;
+      EXPECT_EQ(code_of([&] { f.write(buffer_view::host(buf.data(), n), n, off); }), einval) << off;
+      EXPECT_EQ(code_of([&] { f.read(buffer_view::host(buf.data(), n), n, off); }), einval) << off;
+      EXPECT_EQ(code_of([&] { f.pwrite_async(buf.data(), n, off).get(); }), einval) << off;
+      EXPECT_EQ(code_of([&] { f.pread_async(buf.data(), n, off).get(); }), einval) << off;
+    }
+    // A range that starts inside the limit but ends past it: too big a file for a write, invalid for a read.
+    EXPECT_EQ(code_of([&] { f.pwrite(buf.data(), n, max - 100); }), efbig);
+    EXPECT_EQ(code_of([&] { f.write(buffer_view::host(buf.data(), n), n, max - 100); }), efbig);
+    EXPECT_EQ(code_of([&] { f.pread(buf.data(), n, max - 100); }), einval);
+  }
+  EXPECT_EQ(code_of([&] { f.truncate(max + 1); }), einval);
+  EXPECT_EQ(code_of([&] { f.truncate(~std::uint64_t{0}); }), einval);
+  EXPECT_EQ(io_calls.load(), 0) << "a refused range reached the file";
+  EXPECT_EQ(test::read_file(path), data);
+  // The last byte of the range is still usable for a read (nothing is there).
+  EXPECT_EQ(f.pread(buf.data(), 1, max - 1), 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(all, engine_variants,
                          ::testing::Values(variant{engine_kind::threads, direct_mode::automatic},
                                            variant{engine_kind::threads, direct_mode::on},
@@ -278,6 +325,96 @@ TEST(file_handle, engine_choice_is_recorded) {
     EXPECT_EQ(a.choice().engine, engine_kind::threads);
     EXPECT_NE(a.choice().engine_reason.find(io_uring_unavailable_reason()), std::string::npos);
   }
+}
+
+// An empty handle (default-constructed or moved-from) answers its accessors with empty values and refuses
+// I/O with EBADF; it must never dereference the missing inside.
+TEST(file_handle, empty_handles_have_defined_behaviour) {
+  temp_dir dir;
+  test::write_file(dir / "m", {1, 2, 3});
+  file_handle opened(dir / "m", open_mode::read_write);
+  file_handle moved_to(std::move(opened));
+  EXPECT_TRUE(moved_to.is_open());
+  file_handle fresh;
+  for (const file_handle* h : {&fresh, &opened}) {
+    const file_handle& f = *h;
+    EXPECT_FALSE(f.is_open());
+    EXPECT_TRUE(f.path().empty());
+    EXPECT_EQ(f.mode(), open_mode::read);
+    EXPECT_FALSE(f.choice().direct);
+    EXPECT_EQ(f.config().threads, settings{}.threads);
+    EXPECT_EQ(f.fd(), -1);
+    EXPECT_EQ(f.direct_fd(), -1);
+    std::uint8_t b[8] = {};
+    EXPECT_EQ(f.plan(buffer_view::host(b, 8)).path, data_path::host);
+    auto ebadf = [](auto&& call) {
+      try {
+        call();
+      } catch (const error& e) {
+        return e.code() == std::errc::bad_file_descriptor;
+      }
+      return false;
+    };
+    EXPECT_TRUE(ebadf([&] { f.pread(b, 8, 0); }));
+    EXPECT_TRUE(ebadf([&] { f.pwrite(b, 8, 0); }));
+    EXPECT_TRUE(ebadf([&] { f.read_exact(b, 8, 0); }));
+    EXPECT_TRUE(ebadf([&] { f.read(buffer_view::host(b, 8), 8, 0); }));
+    EXPECT_TRUE(ebadf([&] { f.read_exact(buffer_view::host(b, 8), 8, 0); }));
+    EXPECT_TRUE(ebadf([&] { f.write(buffer_view::host(b, 8), 8, 0); }));
+    EXPECT_TRUE(ebadf([&] { f.pread_async(b, 8, 0).get(); }));
+    EXPECT_TRUE(ebadf([&] { f.pwrite_async(b, 8, 0).get(); }));
+    EXPECT_TRUE(ebadf([&] { f.size(); }));
+    EXPECT_TRUE(ebadf([&] { f.truncate(0); }));
+    EXPECT_TRUE(ebadf([&] { f.sync(); }));
+    EXPECT_TRUE(ebadf([&] { f.drop_cache(); }));
+  }
+  file_handle assigned;
+  assigned = std::move(moved_to);
+  EXPECT_FALSE(moved_to.is_open());
+  EXPECT_TRUE(moved_to.path().empty());
+  EXPECT_EQ(assigned.size(), 3u);
+}
+
+// A future may outlive its handle: the operation still runs on an open file, and the descriptor closes only
+// when the last operation has finished.
+TEST(file_handle, futures_keep_the_file_open) {
+  temp_dir dir;
+  auto data = random_bytes(100000, 21);
+  test::write_file(dir / "a", data);
+  std::promise<void> go;
+  std::shared_future<void> started = go.get_future().share();
+  std::atomic<int> closes{0};
+  posix::syscall_table t = posix::real_syscalls();
+  t.pread = [started](int fd, void* b, std::size_t n, off_t o) {
+    started.wait();  // hold every read until the handle is gone
+    return posix::real_syscalls().pread(fd, b, n, o);
+  };
+  t.close = [&closes](int fd) {
+    ++closes;
+    return posix::real_syscalls().close(fd);
+  };
+  posix::scoped_syscalls guard(t);
+  settings s;
+  s.direct = direct_mode::off;
+  std::vector<std::uint8_t> back(data.size());
+  std::future<std::size_t> fut;
+  std::future<std::size_t> wfut;
+  auto patch = random_bytes(5000, 22);
+  {
+    file_handle f(dir / "a", open_mode::read_write, {}, s);
+    fut = f.pread_async(back.data(), back.size(), 0);
+    wfut = f.pwrite_async(patch.data(), patch.size(), 200000);
+  }
+  EXPECT_EQ(closes.load(), 0) << "the file was closed under an operation in flight";
+  go.set_value();
+  EXPECT_EQ(fut.get(), data.size());
+  EXPECT_EQ(back, data);
+  EXPECT_EQ(wfut.get(), patch.size());
+  for (int i = 0; i < 2000 && closes.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(closes.load(), 1) << "the last operation to finish closes the file";
+  auto on_disk = test::read_file(dir / "a");
+  ASSERT_EQ(on_disk.size(), 205000u);
+  EXPECT_EQ(0, std::memcmp(on_disk.data() + 200000, patch.data(), patch.size()));
 }
 
 }  // namespace

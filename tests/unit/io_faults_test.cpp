@@ -5,6 +5,10 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <cstdlib>
+#include <functional>
+#include <future>
+#include <thread>
 
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
@@ -164,6 +168,94 @@ TEST_P(faults, write_returning_zero_is_enospc) {
 
 INSTANTIATE_TEST_SUITE_P(engines, faults, ::testing::Values(engine_kind::threads, engine_kind::io_uring),
                          [](const auto& info) { return std::string(to_string(info.param)); });
+
+// Runs `body` on a thread of its own and fails (ending the process: a hung engine cannot be unwound) if it
+// has not finished within `seconds`.
+void within_deadline(int seconds, std::function<void()> body) {
+  std::packaged_task<void()> task(std::move(body));
+  auto done = task.get_future();
+  std::thread(std::move(task)).detach();
+  if (done.wait_for(std::chrono::seconds(seconds)) != std::future_status::ready) {
+    ADD_FAILURE() << "the engine did not return within " << seconds << " s";
+    std::_Exit(1);
+  }
+  done.get();
+}
+
+std::error_code code_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const error& e) {
+    return e.code();
+  }
+  return {};
+}
+
+// The ring itself refusing a submission (io_uring_enter failing with ENOMEM, EFAULT, ...): tasks never
+// submitted must fail the request, never look like end of file or a finished write.
+class uring_submission : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!io_uring_unavailable_reason().empty()) GTEST_SKIP() << "io_uring unavailable: " << io_uring_unavailable_reason();
+    data_ = random_bytes(1u << 20, 31);
+    test::write_file(dir_ / "f", data_);
+  }
+  settings uring_settings() const {
+    settings s = faulty_settings(engine_kind::io_uring);
+    return s;
+  }
+  temp_dir dir_;
+  std::vector<std::uint8_t> data_;
+};
+
+TEST_F(uring_submission, a_refused_submission_fails_the_request) {
+  for (bool kernel_took_them : {false, true}) {
+    std::atomic<int> failures_left{0};
+    syscall_table t = real_syscalls();
+    t.uring_submit_and_wait = [&](void* ring, unsigned wait_nr) {
+      if (failures_left > 0) {
+        --failures_left;
+        // Either nothing was taken, or the kernel took the entries and then failed (waiting, say).
+        if (kernel_took_them) real_syscalls().uring_submit_and_wait(ring, 0);
+        return -ENOMEM;
+      }
+      return real_syscalls().uring_submit_and_wait(ring, wait_nr);
+    };
+    scoped_syscalls guard(t);
+    within_deadline(60, [&] {
+      file_handle f(dir_ / "f", open_mode::read_write, {}, uring_settings());
+      auto src = random_bytes(data_.size(), 32);
+      failures_left = 1;
+      EXPECT_EQ(code_of([&] { f.pwrite(src.data(), src.size(), 0); }), std::errc::not_enough_memory)
+          << "a write of which part was never submitted returned success";
+      std::vector<std::uint8_t> back(data_.size());
+      failures_left = 1;
+      EXPECT_EQ(code_of([&] { f.pread(back.data(), back.size(), 0); }), std::errc::not_enough_memory)
+          << "a read of which part was never submitted looked like end of file";
+      // The same thread's next requests run on a fresh ring: nothing left over from the failed ones lands.
+      auto again = random_bytes(data_.size(), 33);
+      EXPECT_EQ(f.pwrite(again.data(), again.size(), 0), again.size());
+      EXPECT_EQ(f.pread(back.data(), back.size(), 0), back.size());
+      EXPECT_EQ(back, again);
+      EXPECT_EQ(test::read_file(dir_ / "f"), again);
+    });
+  }
+}
+
+TEST_F(uring_submission, a_persistent_failure_returns_an_error_instead_of_looping) {
+  for (int err : {ENOMEM, EAGAIN, EBUSY}) {
+    syscall_table t = real_syscalls();
+    t.uring_submit_and_wait = [err](void*, unsigned) { return -err; };
+    scoped_syscalls guard(t);
+    within_deadline(60, [&] {
+      file_handle f(dir_ / "f", open_mode::read_write, {}, uring_settings());
+      std::vector<std::uint8_t> back(data_.size());
+      EXPECT_EQ(code_of([&] { f.pread(back.data(), back.size(), 0); }), errno_code(err));
+      EXPECT_EQ(code_of([&] { f.pwrite(back.data(), back.size(), 0); }), errno_code(err));
+    });
+  }
+  EXPECT_EQ(test::read_file(dir_ / "f"), data_) << "a write that never ran changed the file";
+}
 
 TEST(error, message_names_operation_path_offset_and_size) {
   error e(errno_code(EIO), "pread", "model.safetensors", 4096, 1048576);

@@ -1,8 +1,10 @@
 // gdskit patch registry-dwords and gdskit setup plan on captured system roots.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 
+#include "gdskit/error.hpp"
 #include "patch/patch.hpp"
 #include "test_support.hpp"
 
@@ -72,4 +74,51 @@ TEST(patch_setup, ExecuteAsksAndStopsAtFirstFailure) {
   });
   EXPECT_TRUE(no.stopped_by_user);
   EXPECT_TRUE(ran.empty());
+}
+
+TEST(patch_setup, RegistryDwordsNeedAKnownVersion) {
+  try {
+    (void)make_registry_dwords(driver_version{}, atomics_mode::default_atomics);
+    FAIL() << "an unknown version must not get a value";
+  } catch (const gdskit::error& e) {
+    EXPECT_EQ(e.code(), std::errc::invalid_argument);
+  }
+  auto r = make_registry_dwords(*parse_version("580.142"), atomics_mode::default_atomics);
+  for (std::size_t pos = 0; pos < r.modprobe_conf.size();) {
+    auto nl = r.modprobe_conf.find('\n', pos);
+    std::string line = r.modprobe_conf.substr(pos, nl - pos);
+    EXPECT_TRUE(line.empty() || line[0] == '#' || line.rfind("options nvidia NVreg_RegistryDwords=\"", 0) == 0) << line;
+    pos = nl + 1;
+  }
+}
+
+TEST(patch_setup, PlanRefusesControlCharactersAndQuotesPaths) {
+  system_facts sys;
+  sys.loaded_driver_version = "580.142";
+  plan_options o;
+  o.src = "/x\ntouch /tmp/PWNED";
+  try {
+    (void)make_setup_plan(sys, o);
+    FAIL() << "a newline in --src must be refused";
+  } catch (const gdskit::error& e) {
+    EXPECT_EQ(e.code(), std::errc::invalid_argument);
+  }
+  o.src = "/opt/it's $(reboot)";
+  o.use_registry_dwords = true;
+  const auto text = render_plan(make_setup_plan(sys, o), sys);
+  EXPECT_NE(text.find("--src '/opt/it'\\''s $(reboot)'"), std::string::npos) << text;
+  const auto rollback = text.substr(text.find("# === Rollback plan"));
+  for (std::size_t pos = 0; pos < rollback.size();) {
+    auto nl = rollback.find('\n', pos);
+    EXPECT_EQ(rollback[pos], '#') << rollback.substr(pos, nl - pos);
+    pos = nl + 1;
+  }
+  // A loaded driver that gdskit does not know gets no guessed value: the step is manual.
+  sys.loaded_driver_version = "535.183.01";
+  const auto steps = make_setup_plan(sys, o);
+  auto it = std::find_if(steps.begin(), steps.end(),
+                         [](const plan_step& s) { return s.title == "Set the BIF overrides as module options"; });
+  ASSERT_NE(it, steps.end());
+  EXPECT_TRUE(it->manual);
+  EXPECT_NE(it->why.find("535.183.01"), std::string::npos);
 }

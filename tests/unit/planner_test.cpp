@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "engine/planner.hpp"
+#include "posix/fs_info.hpp"
 #include "test_support.hpp"
 
 namespace gdskit::engine {
@@ -99,6 +100,19 @@ TEST(planner, modes_and_buffers) {
   runtime_facts nogpu;
   nogpu.gpu_reason = "libcuda.so.1 not found";
   EXPECT_TRUE(has_reason(decide(none, nogpu, memory_kind::device, path_mode::automatic), "no usable GPU"));
+}
+
+TEST(planner, file_system_magics_name_the_right_file_system) {
+  // virtiofs is FUSE (FUSE_SUPER_MAGIC); 0x6E667364 is NFSD_MAGIC, the nfsd control file system.
+  EXPECT_EQ(posix::fs_type_name(0x65735546), "fuse");
+  EXPECT_EQ(posix::fs_type_name(0x6E667364), "nfsd");
+  EXPECT_EQ(posix::fs_type_name(0xEF53), "ext4");
+  system_facts f;
+  f.fs_type = posix::fs_type_name(0x65735546);
+  f.run_udev = true;
+  auto d = decide(f, gpu_and_cufile(), memory_kind::device, path_mode::automatic);
+  EXPECT_EQ(d.path, data_path::staged);
+  EXPECT_TRUE(has_reason(d, "not on a block device"));
 }
 
 }  // namespace

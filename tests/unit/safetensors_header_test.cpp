@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -154,6 +155,9 @@ TEST(SafetensorsHeader, RejectsMalformedHeaders) {
       {R"({"__metadata__":[]})", 0, "metadata not an object"},
       {R"({"a":{"dtype":"U8","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,0]}})", 0, "shape overflow"},
       {R"({"a":{"dtype":"U8","shape":[99999999999999999999],"data_offsets":[0,1]}})", 1, "dim beyond 64 bits"},
+      {R"({"a":{"dtype":"U8","shape":[0,18446744073709551615,18446744073709551615],"data_offsets":[0,0]}})", 0,
+       "empty tensor with dims above 2^63-1"},
+      {R"({"a":{"dtype":"U8","shape":[9223372036854775808,0],"data_offsets":[0,0]}})", 0, "dim of 2^63"},
       {R"([])", 0, "not an object"},
       {R"({"a":222222222E2222222222})", 0, "number too large for a double (out_of_range, found by fuzzing)"},
       {R"({"a":{"dtype":"U8","shape":[1e400],"data_offsets":[0,1]}})", 1, "dim too large for a double"},
@@ -218,6 +222,70 @@ TEST(SafetensorsHeader, ReadHeaderFromFile) {
   } catch (const gdskit::error& e) {
     EXPECT_EQ(e.code().value(), EBADMSG);
     EXPECT_NE(std::string(e.what()).find("short.safetensors"), std::string::npos);
+  }
+}
+
+TEST(SafetensorsHeader, LargestSignedDimensionIsAccepted) {
+  auto h = parse(make_file(R"({"a":{"dtype":"U8","shape":[0,9223372036854775807],"data_offsets":[0,0]}})", 0));
+  EXPECT_EQ(h.tensors.at(0).shape.at(1), 9223372036854775807u);
+}
+
+// n one-element F32 tensors, optionally with the first name repeated at the end.
+std::vector<std::uint8_t> many_tensors(std::size_t n, bool duplicate_last = false) {
+  std::string json = "{";
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t name = duplicate_last && i + 1 == n ? 0 : i;
+    json += "\"layer." + std::to_string(name) + ".weight\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[" +
+            std::to_string(4 * i) + "," + std::to_string(4 * i + 4) + "]}" + (i + 1 < n ? "," : "");
+  }
+  json += "}";
+  return make_file(json, 4 * n);
+}
+
+// Best of three parses, in seconds.
+double parse_seconds(const std::vector<std::uint8_t>& f) {
+  double best = 1e9;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto h = parse(f);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    EXPECT_FALSE(h.tensors.empty());
+  }
+  return best;
+}
+
+TEST(SafetensorsHeader, ParseTimeGrowsLinearlyWithTensorCount) {
+  // 8x the tensors: a linear parser takes about 8x (n log n a little more); a quadratic one 64x. 16x leaves room
+  // for a loaded machine without letting quadratic work pass.
+  const auto small = many_tensors(5000), large = many_tensors(40000);
+  const double t_small = std::max(parse_seconds(small), 1e-4), t_large = parse_seconds(large);
+  EXPECT_LE(t_large, 16 * t_small) << "5k tensors: " << t_small << " s, 40k tensors: " << t_large << " s";
+  EXPECT_EQ(parse(large).tensors.size(), 40000u);
+  // Duplicate detection stays on for large headers.
+  EXPECT_EQ(parse_errno(many_tensors(40000, true)), EBADMSG);
+}
+
+TEST(SafetensorsHeader, PrintableNameEscapesWhatATerminalWouldObey) {
+  EXPECT_EQ(st::printable_name("layers.0.weight"), "layers.0.weight");
+  EXPECT_EQ(st::printable_name("a\nb"), "a\\nb");
+  EXPECT_EQ(st::printable_name("\x1b[2J\t\r\\"), "\\x1b[2J\\t\\r\\\\");
+  EXPECT_EQ(st::printable_name(std::string("nul\0end", 7)), "nul\\x00end");
+  EXPECT_EQ(st::printable_name("\x7f"), "\\x7f");
+  EXPECT_EQ(st::printable_name("caf\xc3\xa9 \xe6\x97\xa5"), "caf\xc3\xa9 \xe6\x97\xa5");  // UTF-8 kept
+  EXPECT_EQ(st::printable_name("\xff\xc3"), "\\xff\\xc3");                        // not UTF-8
+  EXPECT_EQ(st::printable_name("\xc2\x9b" "31m"), "\\u009b31m");                   // C1 CSI
+  EXPECT_EQ(st::printable_name("ab\xe2\x80\xae" "cd"), "ab\\u202ecd");             // right-to-left override
+}
+
+TEST(SafetensorsHeader, MessagesEscapeNamesFromTheFile) {
+  // "\u001b" in JSON is a legal string that decodes to ESC: the error must not carry it raw.
+  try {
+    parse(make_file(R"({"x\u001b[31m\n":{"dtype":"F12","shape":[1],"data_offsets":[0,1]}})", 1));
+    FAIL();
+  } catch (const gdskit::error& e) {
+    EXPECT_EQ(std::string(e.what()).find('\x1b'), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("x\\x1b[31m\\n"), std::string::npos) << e.what();
   }
 }
 

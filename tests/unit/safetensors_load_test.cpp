@@ -3,7 +3,13 @@
 // scripts/gpu-safetensors-test.py.)
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <chrono>
+#include <future>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -344,6 +350,77 @@ TEST(SafetensorsLoad, MalformedFileFailsWithEbadmsg) {
   gdskit::test::write_file(dir / "bad.safetensors", {3, 0, 0, 0, 0, 0, 0, 0, '{', '}'});
   EXPECT_EQ(load_errno(dir / "bad.safetensors", {}), EBADMSG);
   EXPECT_EQ(load_errno(dir / "missing.safetensors", {}), ENOENT);
+}
+
+// The error of loading `p`, which must name `p` (0 when it loads).
+int load_errno_naming(const std::filesystem::path& p, const std::filesystem::path& named) {
+  try {
+    st::load(p);
+  } catch (const gdskit::error& e) {
+    EXPECT_NE(std::string(e.what()).find(named.filename().string()), std::string::npos) << e.what();
+    return e.code().value();
+  }
+  return 0;
+}
+
+TEST(SafetensorsLoad, FifoShardIsRefusedWithoutBlocking) {
+  temp_dir dir;
+  const auto fifo = dir / "pipe.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto pending = std::async(std::launch::async, [&] { return load_errno_naming(fifo, fifo); });
+  if (pending.wait_for(std::chrono::seconds(20)) == std::future_status::timeout) {
+    // Release the blocked open so the test ends: a writer that closes at once gives the reader end-of-file.
+    const int w = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (w >= 0) ::close(w);
+    pending.wait();
+    FAIL() << "load blocked on a FIFO";
+  }
+  EXPECT_EQ(pending.get(), EINVAL);
+  // The header reader refuses it the same way.
+  try {
+    st::read_header(fifo);
+    FAIL();
+  } catch (const gdskit::error& e) {
+    EXPECT_EQ(e.code().value(), EINVAL);
+  }
+}
+
+TEST(SafetensorsLoad, ShardsThatAreNotRegularFilesAreRefused) {
+  temp_dir dir;
+  write_st(dir / "a.safetensors", {k_model[0]}, 1);
+  std::filesystem::create_directory(dir / "sub.safetensors");
+  std::filesystem::create_symlink("/dev/null", dir / "null.safetensors");
+  EXPECT_EQ(load_errno_naming(dir / "null.safetensors", dir / "null.safetensors"), EINVAL);
+  // An index that assigns tensors to a folder.
+  nlohmann::json idx = {{"weight_map", {{"embed.weight", "sub.safetensors"}}}};
+  std::ofstream(dir / "x.safetensors.index.json") << idx.dump();
+  EXPECT_EQ(load_errno_naming(dir / "x.safetensors.index.json", dir / "sub.safetensors"), EISDIR);
+}
+
+TEST(SafetensorsLoad, IndexThatIsAFolderIsRefused) {
+  temp_dir dir;
+  write_st(dir / "a.safetensors", {k_model[0]}, 1);
+  std::filesystem::create_directory(dir / "model.safetensors.index.json");
+  EXPECT_EQ(load_errno_naming(dir.path(), dir / "model.safetensors.index.json"), EISDIR);
+  EXPECT_EQ(load_errno_naming(dir / "model.safetensors.index.json", dir / "model.safetensors.index.json"), EISDIR);
+}
+
+TEST(SafetensorsLoad, FolderWithTwoIndexesIsRefused) {
+  temp_dir dir;
+  write_st(dir / "fp16-1.safetensors", {k_model[0]}, 1);
+  write_st(dir / "fp32-1.safetensors", {k_model[0]}, 2);
+  std::ofstream(dir / "m.fp16.safetensors.index.json") << R"({"weight_map":{"embed.weight":"fp16-1.safetensors"}})";
+  std::ofstream(dir / "m.fp32.safetensors.index.json") << R"({"weight_map":{"embed.weight":"fp32-1.safetensors"}})";
+  try {
+    st::load(dir.path());
+    FAIL() << "a folder with two indexes loaded";
+  } catch (const gdskit::error& e) {
+    EXPECT_EQ(e.code().value(), EINVAL);
+    EXPECT_NE(std::string(e.what()).find("m.fp16.safetensors.index.json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("m.fp32.safetensors.index.json"), std::string::npos) << e.what();
+  }
+  // Each index alone loads its own shard.
+  EXPECT_EQ(st::load(dir / "m.fp32.safetensors.index.json").tensors().at(0).file.filename(), "fp32-1.safetensors");
 }
 
 }  // namespace

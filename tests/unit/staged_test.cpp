@@ -258,5 +258,44 @@ TEST(staged_pipeline, cancellation_stops_and_reports_ecanceled) {
   EXPECT_EQ(cp.still_pending(), 0u);
 }
 
+// The staged path's split adds offset + nbytes: a range past 2^63 - 1 must be refused before any piece.
+TEST(staged_pipeline, ranges_past_the_largest_offset_are_refused) {
+  temp_dir dir;
+  auto data = random_bytes(65536, 8);
+  test::write_file(dir / "f", data);
+  std::atomic<int> io_calls{0};
+  posix::scoped_syscalls guard(test::counting_syscalls(io_calls));
+  std::vector<std::uint8_t> buf(8192, 1);
+  const auto far = reinterpret_cast<std::uintptr_t>(buf.data());
+  for (direct_mode d : {direct_mode::automatic, direct_mode::off}) {
+    file_handle f(dir / "f", open_mode::read_write, {}, test_settings(d));
+    for (std::uint64_t off : {~std::uint64_t{0}, ~std::uint64_t{0} - 4095, std::uint64_t{1} << 63}) {
+      deferred_copier cp(2, 2, 128 * 1024);
+      try {
+        gpu::staged_write(f, cp, far, 4096, off);
+        FAIL() << "write at " << off;
+      } catch (const error& e) {
+        EXPECT_EQ(e.code(), std::errc::invalid_argument);
+      }
+      try {
+        gpu::staged_read(f, cp, far, 4096, off);
+        FAIL() << "read at " << off;
+      } catch (const error& e) {
+        EXPECT_EQ(e.code(), std::errc::invalid_argument);
+      }
+      EXPECT_EQ(cp.copies.load(), 0);
+    }
+    deferred_copier cp(2, 2, 128 * 1024);
+    try {
+      gpu::staged_write(f, cp, far, 8192, 9223372036854775807ull - 4096);
+      FAIL();
+    } catch (const error& e) {
+      EXPECT_EQ(e.code(), std::errc::file_too_large);
+    }
+  }
+  EXPECT_EQ(io_calls.load(), 0);
+  EXPECT_EQ(test::read_file(dir / "f"), data);
+}
+
 }  // namespace
 }  // namespace gdskit

@@ -1,0 +1,298 @@
+"""Saving tensors as safetensors files and sharded checkpoints: gdskit.save_file and gdskit.save_sharded.
+
+Files are byte-identical to what safetensors.torch.save_file writes for the same tensors and metadata, appear
+under their final name only once whole and on disk, and never replace an existing file unless overwrite=True.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import _gdskit
+
+__all__ = ["save_file", "save_sharded", "last_save_stats"]
+
+_last_save_stats: dict = {}
+
+# Default staging memory for strided (non-contiguous) tensors, made contiguous one piece at a time.
+STAGING_BYTES = 64 << 20
+
+_TORCH_DTYPES = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
+    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8",
+    "uint64": "U64", "uint32": "U32", "uint16": "U16", "uint8": "U8", "bool": "BOOL", "complex64": "C64",
+    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0",
+    "float4_e2m1fn_x2": "F4",
+}
+
+_NUMPY_DTYPES = {
+    "float64": "F64", "float32": "F32", "float16": "F16",
+    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8",
+    "uint64": "U64", "uint32": "U32", "uint16": "U16", "uint8": "U8", "bool": "BOOL", "complex64": "C64",
+}
+
+# huggingface_hub's units for max_shard_size: decimal.
+_SIZE_UNITS = {"TB": 10**12, "GB": 10**9, "MB": 10**6, "KB": 10**3}
+
+
+def last_save_stats() -> dict:
+    """Statistics of the last save: seconds, sync_seconds, gib_per_s, tensor_bytes, file_bytes, files, pieces,
+    path (the data path for the tensors' memory), reasons, written (the final file names)."""
+    return dict(_last_save_stats)
+
+
+def parse_shard_size(size) -> int:
+    """max_shard_size as huggingface_hub reads it: an int (bytes) or "5GB", "500MB", "1.5GB" (TB/GB/MB/KB,
+    decimal). Raises ValueError for anything else."""
+    if isinstance(size, bool):
+        raise ValueError(f"max_shard_size must be an int or a string like '5GB', not {size!r}")
+    if isinstance(size, int):
+        if size <= 0:
+            raise ValueError(f"max_shard_size must be positive, not {size}")
+        return size
+    if not isinstance(size, str):
+        raise ValueError(f"max_shard_size must be an int or a string like '5GB', not {size!r}")
+    text = size.strip()
+    unit = text[-2:].upper()
+    if unit not in _SIZE_UNITS:
+        raise ValueError(f"Unit '{unit}' not supported. Supported units are TB, GB, MB, KB. Got '{size}'.")
+    try:
+        value = float(text[:-2].strip())
+    except ValueError as e:
+        raise ValueError(f"Could not parse the size value from '{size}': {e}") from e
+    n = int(value * _SIZE_UNITS[unit])
+    if n <= 0:
+        raise ValueError(f"max_shard_size must be positive, not {size!r}")
+    return n
+
+
+def _torch():
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError:
+        return None
+    return torch
+
+
+def _numpy():
+    try:
+        import numpy  # noqa: PLC0415
+    except ImportError:
+        return None
+    return numpy
+
+
+class _RowStager:
+    """Hands out a strided tensor's C-order bytes a block of rows (along dimension 0) at a time, each block
+    made contiguous on the tensor's own device within `budget` bytes (one row at least), so a strided tensor
+    never needs a second full copy."""
+
+    def __init__(self, t, nbytes, budget, contiguous, sync):
+        self.t = t
+        self.rows = t.shape[0]
+        self.row_bytes = nbytes // self.rows
+        self.per_block = max(1, budget // max(1, self.row_bytes))
+        self.contiguous = contiguous
+        self.sync = sync
+        self.block = None
+
+    def __call__(self, offset):
+        first = offset // self.row_bytes
+        last = min(self.rows, first + self.per_block)
+        self.block = None  # drop the previous block before making the next
+        self.block = self.contiguous(self.t[first:last])
+        ptr = self.sync(self.block)
+        return ptr, (last - first) * self.row_bytes
+
+
+def _torch_entry(torch, name, t, budget, keep):
+    dtype_name = str(t.dtype).split(".")[-1]
+    st_dtype = _TORCH_DTYPES.get(dtype_name)
+    if st_dtype is None:
+        raise TypeError(f"tensor `{name}`: dtype {t.dtype} has no safetensors dtype that gdskit writes")
+    if t.device.type == "cpu":
+        device = -1
+    elif t.device.type == "cuda":
+        device = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    else:
+        raise ValueError(f"tensor `{name}` is on {t.device}; gdskit saves tensors on the CPU or CUDA devices")
+    shape = list(t.shape)
+    if st_dtype == "F4" and shape:
+        shape[-1] *= 2  # two 4-bit values per byte: the header counts elements, as safetensors does
+    nbytes = t.numel() * t.element_size()
+    if t.is_contiguous() or nbytes == 0:
+        return (name, st_dtype, shape, t.data_ptr() if nbytes else 0, nbytes, device, None)
+
+    def sync(block):
+        if device >= 0:
+            torch.cuda.current_stream(device).synchronize()
+        return block.data_ptr()
+
+    stager = _RowStager(t, nbytes, budget, lambda x: x.contiguous(), sync)
+    keep.append(stager)
+    return (name, st_dtype, shape, 0, nbytes, device, stager)
+
+
+def _numpy_entry(np, name, a, budget, keep):
+    if a.dtype.byteorder == ">":
+        raise ValueError(f"array `{name}` is big-endian; safetensors files are little-endian")
+    st_dtype = _NUMPY_DTYPES.get(a.dtype.name)
+    if st_dtype is None:
+        raise TypeError(f"array `{name}`: dtype {a.dtype} has no safetensors dtype that gdskit writes")
+    nbytes = a.nbytes
+    if a.flags.c_contiguous or nbytes == 0:
+        return (name, st_dtype, list(a.shape), a.ctypes.data if nbytes else 0, nbytes, -1, None)
+    stager = _RowStager(a, nbytes, budget, np.ascontiguousarray, lambda b: b.ctypes.data)
+    keep.append(stager)
+    return (name, st_dtype, list(a.shape), 0, nbytes, -1, stager)
+
+
+def _torch_extent(t):
+    """[first byte, one past the last byte] that a torch tensor's elements occupy."""
+    start = t.data_ptr()
+    if t.numel() == 0:
+        return start, start
+    span = sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 0)
+    return start, start + (span + 1) * t.element_size()
+
+
+def _check_shared(torch, tensors):
+    # Like safetensors: tensors of one storage whose bytes overlap are refused (saving both would store the
+    # memory twice and load them as independent tensors); disjoint views of one storage are fine.
+    groups = {}
+    for k, v in tensors.items():
+        if v.device.type == "meta":
+            continue
+        try:
+            storage = v.untyped_storage()
+        except AttributeError:
+            storage = v.storage()
+        ptr, size = storage.data_ptr(), storage.nbytes()
+        if ptr != 0 and size != 0:
+            groups.setdefault((v.device, ptr, size), []).append(k)
+    failing = []
+    for names in groups.values():
+        if len(names) < 2:
+            continue
+        areas = sorted(_torch_extent(tensors[n]) + (n,) for n in names)
+        current = {areas[0][2]}
+        last_stop = areas[0][1]
+        for start, stop, n in areas[1:]:
+            if start >= last_stop:
+                if len(current) > 1:
+                    failing.append(current)
+                current = {n}
+            else:
+                current.add(n)
+            last_stop = max(last_stop, stop)
+        if len(current) > 1:
+            failing.append(current)
+    if failing:
+        raise RuntimeError(
+            f"Some tensors share memory, this will lead to duplicate memory on disk and potential differences when"
+            f" loading them again: {failing}. Save one tensor per storage (clone the others) instead.")
+
+
+def _check_shared_numpy(np, arrays):
+    items = [(k, a) for k, a in arrays.items() if a.nbytes]
+    failing = []
+    for i, (k, a) in enumerate(items):
+        for k2, b in items[i + 1:]:
+            if np.shares_memory(a, b):
+                failing.append({k, k2})
+    if failing:
+        raise RuntimeError(f"Some arrays share memory: {failing}. Save one array per buffer (copy the others).")
+
+
+def _prepare(tensors, staging_bytes):
+    if not isinstance(tensors, dict):
+        raise ValueError(f"Expected a dict of [str, torch.Tensor] or [str, numpy.ndarray] but received {type(tensors)}")
+    torch, np = _torch(), _numpy()
+    kinds = set()
+    for k, v in tensors.items():
+        if not isinstance(k, str):
+            raise TypeError(f"tensor names must be str, not {type(k).__name__} ({k!r})")
+        if torch is not None and isinstance(v, torch.Tensor):
+            kinds.add("torch")
+            if v.layout != torch.strided:
+                raise ValueError(f"You are trying to save a sparse tensor: `{k}` which this library does not"
+                                 " support. You can make it a dense tensor before saving with `.to_dense()`.")
+        elif np is not None and isinstance(v, np.ndarray):
+            kinds.add("numpy")
+        else:
+            raise ValueError(f"Key `{k}` is invalid, expected torch.Tensor or numpy.ndarray but received {type(v)}")
+        if k == "__metadata__":
+            raise ValueError("`__metadata__` is reserved and cannot name a tensor")
+    if isinstance(staging_bytes, bool) or not isinstance(staging_bytes, int) or staging_bytes <= 0:
+        raise ValueError(f"staging_bytes must be a positive int, not {staging_bytes!r}")
+    if "torch" in kinds:
+        _check_shared(torch, {k: v for k, v in tensors.items() if isinstance(v, torch.Tensor)})
+    if "numpy" in kinds:
+        _check_shared_numpy(np, {k: v for k, v in tensors.items() if isinstance(v, np.ndarray)})
+    keep, entries, cuda_devices = [], [], set()
+    for k, v in tensors.items():
+        if torch is not None and isinstance(v, torch.Tensor):
+            e = _torch_entry(torch, k, v, staging_bytes, keep)
+            if e[5] >= 0:
+                cuda_devices.add(e[5])
+        else:
+            e = _numpy_entry(np, k, v, staging_bytes, keep)
+        entries.append(e)
+    # Kernels still writing the tensors finish first: the save reads device memory outside torch's streams.
+    for d in cuda_devices:
+        torch.cuda.synchronize(d)
+    return entries, keep
+
+
+def _metadata(metadata):
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict of str to str, not {type(metadata).__name__}")
+    for k, v in metadata.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise TypeError(f"metadata must map str to str; {k!r}: {v!r} does not")
+    return list(metadata.items())
+
+
+def save_file(tensors, filename, metadata=None, *, overwrite: bool = False, staging_bytes: int = STAGING_BYTES):
+    """Saves {name: tensor} to `filename` in the safetensors format, like safetensors.torch.save_file (and
+    safetensors.numpy.save_file for numpy arrays), with the same bytes.
+
+    Tensors: torch tensors on the CPU (written from their memory, no copy) or CUDA devices (written straight
+    from device memory through pinned staging), or numpy arrays. Non-contiguous ones are made contiguous a block
+    of rows at a time within `staging_bytes`. Tensors whose memory overlaps are refused (RuntimeError), as
+    safetensors does. metadata: {str: str}, written in its order.
+
+    The file appears under `filename` only once whole and synced to disk; an error or interruption leaves an
+    existing file as it was and no temporary file. An existing file is replaced only with overwrite=True, else
+    FileExistsError. Raises ValueError / TypeError for bad arguments and OSError subclasses (with .filename) for
+    I/O errors. Statistics: gdskit.last_save_stats().
+    """
+    global _last_save_stats
+    md = _metadata(metadata)
+    entries, keep = _prepare(tensors, staging_bytes)
+    stats = _gdskit.save(os.fspath(filename), entries, md, bool(overwrite), False, 1)
+    del keep
+    _last_save_stats = stats
+    return None
+
+
+def save_sharded(tensors, folder, max_shard_size="5GB", metadata=None, overwrite: bool = False, *,
+                 staging_bytes: int = STAGING_BYTES):
+    """Saves {name: tensor} into `folder` (created if missing) as a Hugging Face sharded checkpoint:
+    model-0000k-of-0000n.safetensors files of at most max_shard_size bytes of tensor data each (split in the
+    order of the dict the way huggingface_hub splits; a tensor larger than the limit gets a shard of its own)
+    and model.safetensors.index.json, written last. A single shard is model.safetensors with no index.
+    max_shard_size: bytes, or "5GB"/"500MB" (decimal units). Tensors, metadata (written into every shard),
+    overwrite, errors: as save_file. Shards of an earlier checkpoint that the new index does not name are left
+    in place. Returns the final file names (shards, then the index).
+    """
+    global _last_save_stats
+    limit = parse_shard_size(max_shard_size)
+    md = _metadata(metadata)
+    entries, keep = _prepare(tensors, staging_bytes)
+    stats = _gdskit.save(os.fspath(folder), entries, md, bool(overwrite), True, limit)
+    del keep
+    _last_save_stats = stats
+    return list(stats["written"])

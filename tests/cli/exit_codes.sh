@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One exit-code table for every subcommand: 0 ok, 1 the check said no, 2 usage or bad input, 3 I/O or device
+# failure during the run; each --help ends with it.
+# Usage: exit_codes.sh <gdskit binary> <source dir> <build dir>
+set -u
+source "$(dirname "$0")/lib.bash" "$@"
+
+for sub in doctor patch setup bench verify load version; do
+  help=$("$gdskit" $sub --help 2>&1) || fail "$sub --help exited $?"
+  grep -q '^Exit codes: 0 ok; 1 ' <<<"$help" || fail "$sub --help has no exit-code table: $help"
+done
+"$gdskit" --help | grep -q '^Exit codes: 0 ok; 1 ' || fail "gdskit --help has no exit-code table"
+
+# A missing input file is bad input (2) for every subcommand that reads one.
+expect 2 bench -f "$work/missing" -s 4K -i 4K
+expect 2 load "$work/missing.safetensors"
+expect 2 verify -D "$work/no/such/folder" -d cpu --sizes 4K
+
+# A bad setting is bad input (2), not a failure during the run.
+head -c 8192 /dev/zero >"$work/data"
+GDSKIT_ENGINE=fast expect 2 bench -f "$work/data" -s 4K -i 4K
+GDSKIT_ENGINE=fast expect 2 verify -D "$work" -d cpu --sizes 4K
+GDSKIT_THREADS=lots expect 2 load "$work/data"
+[ "$(ls "$work")" = data ] || fail "refused runs left files: $(ls "$work")"
+
+# Bad flags are usage errors (2).
+expect 2 bench -f "$work/data" -s 4K -w 0
+expect 2 verify --sizes 0 -d cpu
+expect 2 load
+
+# Success is 0.
+expect 0 bench -f "$work/data" -s 4K -i 4K --quiet
+expect 0 verify -D "$work" -d cpu --sizes 4K,4097
+echo "ok"
