@@ -26,6 +26,11 @@ double resident(const std::filesystem::path& path);
 /// Whole file with `threads` threads, each a contiguous slice, 4 MiB preads (O_DIRECT or buffered) into
 /// private buffers (not a destination buffer: pure read rate).
 rate parallel_read(const std::filesystem::path& path, unsigned threads, bool direct);
+/// The same reads, `request_bytes` each, but into `dst` (the whole file's size, faulted in), at the file's
+/// offsets: what any reader into caller memory pays. On a RAM-backed loop device the copy into a reused 4 MiB
+/// buffer stays in the CPU's last-level cache while a large destination goes to DRAM, so the two differ there.
+rate parallel_read_into(const std::filesystem::path& path, unsigned threads, std::size_t request_bytes,
+                        std::byte* dst);
 /// Best of parallel_read over 1, 2, 4, ... max_threads (cold runs drop the cache before each try).
 rate best_parallel_read(const std::filesystem::path& path, unsigned max_threads, bool direct, bool cold);
 /// Whole-file O_DIRECT writes with `threads` threads (the file is rewritten with its size).

@@ -21,6 +21,7 @@
 #include "gdskit/buffer.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
+#include "gpu/cuda_raii.hpp"
 #include "shim/cuda_driver.hpp"
 #include "shim/cufile.hpp"
 
@@ -62,27 +63,28 @@ double copy_ceiling(const device_buffer& d, bool to_device) {
   const shim::cuda_api& a = *shim::cuda();
   const std::size_t piece = std::size_t{64} << 20;
   const unsigned nstreams = 4;
-  pinned_buffer pin(piece * nstreams);
-  std::vector<shim::CUstream> streams(nstreams);
-  for (auto& s : streams) shim::check_cuda(a.cuStreamCreate(&s, shim::CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  pinned_buffer pin(piece * nstreams, d.device());
+  gpu::context_guard ctx(d.device());
+  // Owned: a failed copy below throws without leaking the streams.
+  std::vector<gpu::cuda_stream> streams;
+  for (unsigned k = 0; k < nstreams; ++k) streams.emplace_back(d.device(), shim::CU_STREAM_NON_BLOCKING);
   auto run = [&] {
     std::size_t i = 0;
     for (std::size_t off = 0; off + piece <= d.size(); off += piece, ++i) {
       auto dev = reinterpret_cast<shim::CUdeviceptr>(d.data()) + off;
       auto* host = static_cast<std::byte*>(pin.data()) + (i % nstreams) * piece;
       if (to_device) {
-        shim::check_cuda(a.cuMemcpyHtoDAsync(dev, host, piece, streams[i % nstreams]), "cuMemcpyHtoDAsync");
+        shim::check_cuda(a.cuMemcpyHtoDAsync(dev, host, piece, streams[i % nstreams].get()), "cuMemcpyHtoDAsync");
       } else {
-        shim::check_cuda(a.cuMemcpyDtoHAsync(host, dev, piece, streams[i % nstreams]), "cuMemcpyDtoHAsync");
+        shim::check_cuda(a.cuMemcpyDtoHAsync(host, dev, piece, streams[i % nstreams].get()), "cuMemcpyDtoHAsync");
       }
     }
-    for (auto s : streams) a.cuStreamSynchronize(s);
+    for (const auto& s : streams) shim::check_cuda(a.cuStreamSynchronize(s.get()), "cuStreamSynchronize");
   };
   run();  // warm-up
   double t0 = now_s();
   run();
   double dt = now_s() - t0;
-  for (auto s : streams) a.cuStreamDestroy(s);
   return gib(d.size() / piece * piece) / dt;
 }
 
@@ -91,6 +93,7 @@ void naive_read(const std::filesystem::path& path, const device_buffer& d, std::
   std::vector<char> buf(piece);
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   const shim::cuda_api& a = *shim::cuda();
+  gpu::context_guard ctx(d.device());
   for (std::uint64_t off = 0; off < size;) {
     ssize_t r = ::read(fd, buf.data(), piece);
     if (r <= 0) break;
@@ -106,6 +109,7 @@ void naive_write(const std::filesystem::path& path, const device_buffer& d, std:
   std::vector<char> buf(piece);
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   const shim::cuda_api& a = *shim::cuda();
+  gpu::context_guard ctx(d.device());
   for (std::uint64_t off = 0; off < size; off += piece) {
     std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(piece, size - off));
     shim::check_cuda(a.cuMemcpyDtoH(buf.data(), reinterpret_cast<shim::CUdeviceptr>(d.data()) + off, n), "cuMemcpyDtoH");

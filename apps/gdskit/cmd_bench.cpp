@@ -1,8 +1,6 @@
-// `gdskit bench`: every argument goes to the bench part (src/bench), which parses gdsio's flags itself so that
-// the same parser is unit-tested.
+// `gdskit bench`: gdsio's flags and gdskit's on the CLI's parser (registered by the bench part, which also
+// unit-tests them), then the bench part runs and reports.
 #include <iostream>
-#include <string>
-#include <vector>
 
 #include "bench/bench.hpp"
 #include "commands.hpp"
@@ -10,17 +8,9 @@
 namespace gdskit::cli {
 
 void add_bench_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand(
-      "bench", "gdsio-compatible benchmark that reports the path that actually ran (gdskit bench -h for flags)");
-  // gdsio's single-letter flags (-x 0, -I 1, -V, ...) are parsed by the bench part, help included.
-  cmd->set_help_flag();
-  cmd->prefix_command();
-  cmd->allow_extras();
-  cmd->fallthrough(false);
-  cmd->callback([cmd] {
-    std::vector<std::string> args = cmd->remaining();
-    exit_code() = gdskit::bench::run_command(args, std::cout, std::cerr);
-  });
+  auto* cmd = app.add_subcommand("bench", "gdsio-compatible benchmark that reports the path that actually ran");
+  auto make_request = gdskit::bench::add_flags(*cmd);
+  cmd->callback([make_request] { exit_code() = gdskit::bench::run_command(make_request, std::cout, std::cerr); });
 }
 
 }  // namespace gdskit::cli

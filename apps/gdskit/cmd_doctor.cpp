@@ -33,7 +33,7 @@ void add_doctor_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "doctor", "Is GPUDirect Storage really working here? Checks each layer, then says true GDS, compat or unusable.\n"
                 "Exit code: 0 true GDS, 1 not GDS (compat or unusable), 2 the doctor itself failed.");
-  cmd->add_option("--root", opt->root, "Read a captured system root instead of / (command outputs in ROOT/commands/)");
+  cmd->add_option("--root", opt->root, "Read a captured system root instead of /: a folder (command outputs in ROOT/commands/) or the .tar.gz that --capture writes");
   cmd->add_option("--path", opt->path, "Folder whose storage is checked (default: current folder; for a capture, the captured path)");
   cmd->add_flag("--json", opt->json, "Print the report as JSON (stable keys)");
   cmd->add_option("--capture", opt->capture, "Write the files the checks read and command outputs to OUT.tar.gz");
@@ -75,9 +75,22 @@ void add_doctor_command(CLI::App& app) {
         fmt::print(stderr, "gdskit doctor: {} {}: {}\n", flag, printable(value), why);
         exit_code() = 2;
       };
-      if (auto ec = check_folder_argument(opt->root)) return refuse("--root", opt->root, folder_argument_problem(ec));
+      // --root takes a folder or the .tar.gz that --capture writes (unpacked into a private folder).
+      std::optional<doctor::private_folder> unpacked;
+      std::string root_dir = opt->root;
+      std::error_code sec;
+      if (!has_control_chars(opt->root) && fs::is_regular_file(opt->root, sec)) {
+        unpacked.emplace();
+        if (unpacked->error()) return refuse("--root", opt->root, unpacked->error().message());
+        std::string why;
+        if (auto ec = doctor::extract_capture(opt->root, unpacked->path(), why))
+          return refuse("--root", opt->root, "not a capture archive: " + why + " (" + ec.message() + ")");
+        root_dir = unpacked->path().string();
+      } else if (auto ec = check_folder_argument(opt->root)) {
+        return refuse("--root", opt->root, folder_argument_problem(ec));
+      }
       std::error_code cec;
-      const bool live = fs::weakly_canonical(opt->root, cec) == fs::path("/");
+      const bool live = !unpacked && fs::weakly_canonical(root_dir, cec) == fs::path("/");
       if (!opt->path.empty()) {
         if (live) {
           // The storage of a folder that does not exist cannot be judged; checking "/" instead would mislead.
@@ -86,7 +99,7 @@ void add_doctor_command(CLI::App& app) {
           return refuse("--path", opt->path, "for a captured root, an absolute path on that system without control characters");
         }
       }
-      auto root = live ? doctor::system_root::live_system() : doctor::system_root::captured(opt->root);
+      auto root = live ? doctor::system_root::live_system() : doctor::system_root::captured(root_dir);
       std::string path = opt->path.empty() ? doctor::default_path(root) : opt->path;
       if (live && !opt->path.empty()) path = fs::absolute(path).lexically_normal().string();
       std::optional<doctor::probe_results> probe;
@@ -100,6 +113,7 @@ void add_doctor_command(CLI::App& app) {
         probe = doctor::run_live_probe(po);
       }
       auto report = doctor::diagnose(root, path, std::move(probe));
+      if (unpacked) report.root = opt->root;
       if (opt->json) {
         fmt::print("{}", doctor::render_json(report));
       } else {

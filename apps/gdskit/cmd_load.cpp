@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_text.hpp"
+#include "common/progress.hpp"
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,27 +31,37 @@ struct load_flags {
   std::string save;            // --save OUT: write what was loaded back out
   std::string max_shard_size;  // --max-shard-size: sharded save
   bool force = false;          // --force: replace existing files
+  std::optional<bool> progress;  // --progress / --no-progress (for the save)
 };
 
-std::atomic<bool> interrupted{false};
-extern "C" void on_sigint(int) { interrupted = true; }
+// The signal (SIGINT, SIGTERM) that stopped a save, 0 while none did.
+std::atomic<int> interrupted{0};
+extern "C" void on_interrupt(int sig) { interrupted = sig; }
 
-// SIGINT stops a save between pieces (nothing is published) while this lives; the previous handler returns after.
-class sigint_guard {
+// While this lives, SIGINT and SIGTERM stop a save between pieces, so the library removes its temporary files
+// and publishes nothing; the process then exits 128 + the signal (docs/cli.md). A signal inherited as ignored
+// stays ignored. The previous handlers return afterwards.
+class interrupt_guard {
  public:
-  sigint_guard() {
-    interrupted = false;
-    struct sigaction sa {};
-    sa.sa_handler = on_sigint;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(SIGINT, &sa, &saved_);
+  interrupt_guard() {
+    interrupted = 0;
+    for (int i = 0; i < 2; ++i) {
+      struct sigaction sa {};
+      sa.sa_handler = on_interrupt;
+      sigemptyset(&sa.sa_mask);
+      ::sigaction(signals_[i], nullptr, &saved_[i]);
+      if (saved_[i].sa_handler != SIG_IGN) ::sigaction(signals_[i], &sa, nullptr);
+    }
   }
-  ~sigint_guard() { ::sigaction(SIGINT, &saved_, nullptr); }
-  sigint_guard(const sigint_guard&) = delete;
-  sigint_guard& operator=(const sigint_guard&) = delete;
+  ~interrupt_guard() {
+    for (int i = 0; i < 2; ++i) ::sigaction(signals_[i], &saved_[i], nullptr);
+  }
+  interrupt_guard(const interrupt_guard&) = delete;
+  interrupt_guard& operator=(const interrupt_guard&) = delete;
 
  private:
-  struct sigaction saved_ {};
+  static constexpr int signals_[2] = {SIGINT, SIGTERM};
+  struct sigaction saved_[2] {};
 };
 
 struct save_result {
@@ -65,7 +76,7 @@ save_result run_save(const load_flags& f, const gdskit::safetensors::model& m) {
   st::save_options so;
   so.overwrite = f.force;
   so.config = default_settings();
-  so.cancelled = [] { return interrupted.load(); };
+  so.cancelled = [] { return interrupted.load() != 0; };
   std::error_code ec;
   save_result r;
   r.sharded = !f.max_shard_size.empty() || std::filesystem::is_directory(f.save, ec) || f.save.ends_with('/');
@@ -80,7 +91,12 @@ save_result run_save(const load_flags& f, const gdskit::safetensors::model& m) {
   st::metadata_entries md(m.metadata().begin(), m.metadata().end());
   std::optional<st::metadata_entries> metadata;
   if (!md.empty()) metadata = std::move(md);
-  sigint_guard guard;
+  interrupt_guard guard;
+  progress_reporter progress(progress_reporter::choose(f.progress, f.json));
+  std::uint64_t total = 0;
+  for (const auto& t : tensors) total += t.data.nbytes;
+  progress.start(total, "save");
+  so.progress = [&progress](std::uint64_t done, std::uint64_t) { progress.update(done); };
   r.stats = r.sharded ? st::save_sharded(f.save, tensors, metadata, so) : st::save(f.save, tensors, metadata, so);
   return r;
 }
@@ -129,7 +145,7 @@ int run_load(const load_flags& f) {
       saved = run_save(f, m);
     } catch (const gdskit::error& e) {
       fmt::print(stderr, "gdskit load: save: {}\n", e.what());
-      return e.code() == std::errc::operation_canceled ? 130 : 1;
+      return e.code() == std::errc::operation_canceled && interrupted ? 128 + interrupted.load() : exit_code_for(e);
     }
   }
   std::vector<std::string> sums;
@@ -215,6 +231,10 @@ void add_load_command(CLI::App& app) {
                   "with --save: a sharded checkpoint with shards of at most this much tensor data "
                   "(5GB = 5*10^9 bytes as in huggingface_hub, 2GiB binary, or bytes)");
   cmd->add_flag("--force", flags->force, "with --save: replace existing files");
+  cmd->add_flag_callback("--progress", [flags] { flags->progress = true; },
+                         "with --save: progress on stderr even when it is not a terminal");
+  cmd->add_flag_callback("--no-progress", [flags] { flags->progress = false; },
+                         "with --save: no progress (the default when stderr is not a terminal or with --json)");
   cmd->callback([flags] { exit_code() = run_load(*flags); });
 }
 

@@ -5,6 +5,7 @@
 
 #include "commands.hpp"
 #include "common/json_text.hpp"
+#include "common/progress.hpp"
 #include "gdskit/buffer.hpp"
 #include "gdskit/error.hpp"
 #include "gpu/verify.hpp"
@@ -22,13 +23,16 @@ void add_verify_command(CLI::App& app) {
     std::uint64_t offset = 0;
     bool keep = false;
     bool json = false;
+    bool host = false;
+    bool progress = false, no_progress = false;
   };
   auto o = std::make_shared<opts>();
   auto* cmd = app.add_subcommand(
       "verify",
       "Fill GPU memory with a pattern, write it to a file through the chosen path, clear the memory, read it\n"
       "back and compare every byte, for each size. Prints the path, its reasons and GiB/s each way.\n"
-      "Exit 0 when every byte matched, 1 on any mismatch, 2 on bad input, 3 when a transfer failed.\n"
+      "Without a usable GPU it stops with the reason (exit 2); --host verifies host memory instead.\n"
+      "Exit 0 when every byte matched, 1 on any mismatch, 2 on bad input or no GPU, 3 when a transfer failed.\n"
       "Example: gdskit verify -D /mnt/nvme --sizes 4K,1M+1,64M,4G");
   cmd->add_option("-D,--dir", o->dir, "Folder for the test file (the storage under test)")->capture_default_str();
   cmd->add_option("-f,--file", o->file, "Test file (must not exist; removed afterwards unless --keep)");
@@ -37,8 +41,12 @@ void add_verify_command(CLI::App& app) {
   cmd->add_option("-x,--mode", o->mode, "Path: auto, gds, staged, compat")->capture_default_str();
   cmd->add_option("-o,--offset", o->offset, "File offset of the data (unaligned allowed)")->capture_default_str();
   cmd->add_option("-k,--seed", o->seed, "Pattern seed")->capture_default_str();
+  cmd->add_flag("--host", o->host, "Verify host memory (the file path without a GPU)");
   cmd->add_flag("--keep", o->keep, "Keep the test file");
   cmd->add_flag("--json", o->json, "One JSON document on stdout");
+  auto* on = cmd->add_flag("--progress", o->progress, "Progress on stderr even when it is not a terminal");
+  cmd->add_flag("--no-progress", o->no_progress, "No progress (the default when stderr is not a terminal or with --json)")
+      ->excludes(on);
   cmd->callback([o] {
     gpu::verify_options v;
     for (std::size_t pos = 0; pos < o->sizes.size();) {
@@ -68,19 +76,25 @@ void add_verify_command(CLI::App& app) {
     v.file_offset = o->offset;
     v.keep_file = o->keep;
     std::string note;
-    if (o->device == "cpu") {
+    if (o->host || o->device == "cpu") {
       v.device = -1;
+      note = "verifying host memory (--host)";
     } else {
       try {
-        v.device = std::stoi(o->device);
+        std::size_t used = 0;
+        v.device = std::stoi(o->device, &used);
+        if (used != o->device.size()) throw std::invalid_argument(o->device);
       } catch (...) {
         throw CLI::ValidationError("--device", "expected a GPU index or 'cpu'");
       }
       std::string reason;
       if (!gpu_available(&reason)) {
-        note = "no usable GPU (" + reason + "): verifying host memory instead";
-        v.device = -1;
-      } else if (v.device < 0 || v.device >= gpu_count()) {
+        // Verifying host memory instead would print PASS for a GPU that was never tested.
+        fmt::print(stderr, "gdskit verify: no usable GPU: {}. --host verifies host memory instead\n", reason);
+        exit_code() = exit_usage;
+        return;
+      }
+      if (v.device < 0 || v.device >= gpu_count()) {
         throw CLI::ValidationError("--device", fmt::format("GPU {} does not exist ({} visible)", v.device, gpu_count()));
       }
     }
@@ -88,9 +102,17 @@ void add_verify_command(CLI::App& app) {
                              : std::filesystem::path(o->file);
     if (!note.empty() && !o->json) fmt::print("note: {}\n", note);
     nlohmann::json out = {{"file", v.file.string()}, {"device", v.device}, {"note", note}, {"results", nlohmann::json::array()}};
+    std::optional<bool> progress_flag;
+    if (o->progress || o->no_progress) progress_flag = o->progress;
+    progress_reporter progress(progress_reporter::choose(progress_flag, o->json));
+    std::uint64_t total = 0;  // each size is written and read back; sizes are below 2^63, the sum saturates
+    for (auto n : v.sizes) total = 2 * n > UINT64_MAX - total ? UINT64_MAX : total + 2 * n;
+    progress.start(total, "verify");
+    v.on_bytes = [&progress](std::uint64_t n) { progress.advance(n); };
     bool all_ok = true, mismatch = false;
     std::string last_summary;
     auto results = gpu::run_verify(v, [&](const gpu::verify_result& r) {
+      progress.clear();  // the result line goes where the progress line was; the next report redraws it
       all_ok = all_ok && r.ok;
       mismatch = mismatch || r.first_mismatch >= 0;
       if (o->json) {
@@ -109,6 +131,7 @@ void add_verify_command(CLI::App& app) {
       if (r.first_mismatch >= 0) fmt::print("              first differing byte at offset {}\n", r.first_mismatch);
       if (!r.error.empty()) fmt::print("              {}\n", r.error);
     });
+    progress.finish();
     if (o->json) {
       out["ok"] = all_ok;
       fmt::print("{}\n", gdskit::json_text(out));

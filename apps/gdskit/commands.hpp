@@ -31,5 +31,6 @@ void add_doctor_command(CLI::App& app);
 void add_patch_command(CLI::App& app);
 void add_setup_command(CLI::App& app);
 void add_load_command(CLI::App& app);
+void add_tune_command(CLI::App& app);
 
 }  // namespace gdskit::cli

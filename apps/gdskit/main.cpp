@@ -12,7 +12,8 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "common/terminal.hpp"
+#include "common/signal_cleanup.hpp"
+#include "common/shell_text.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/version.hpp"
 #include "shim/cufile.hpp"
@@ -121,6 +122,8 @@ void unknown_argument(CLI::App& app) {
 int main(int argc, char** argv) {
   // A write past `ulimit -f` must fail with EFBIG and be reported, not kill the process with SIGXFSZ.
   std::signal(SIGXFSZ, SIG_IGN);
+  // Ctrl-C or SIGTERM mid-run: the files bench and verify created and had not finished are removed, exit 130/143.
+  gdskit::install_signal_cleanup();
   CLI::App app{
       "gdskit " GDSKIT_VERSION_STRING
       ": move data between storage and NVIDIA GPU memory as fast as the machine allows, and say how.\n\n"
@@ -128,6 +131,7 @@ int main(int argc, char** argv) {
       "  gdskit bench -f F -s 1G  gdsio-compatible benchmark that reports the path that actually ran\n"
       "  gdskit verify            write a pattern from GPU memory, read it back, compare every byte\n"
       "  gdskit load MODEL        load safetensors into GPU memory\n"
+      "  gdskit tune --path DIR   measure a device and save the profile its transfers start from\n"
       "  gdskit patch / setup     the GeForce BAR1 P2P driver patch and the remaining setup steps\n\n"
       "Settings come from GDSKIT_* environment variables (docs/settings.md).",
       "gdskit"};
@@ -139,6 +143,7 @@ int main(int argc, char** argv) {
   add_bench_command(app);
   add_verify_command(app);
   add_load_command(app);
+  add_tune_command(app);
   add_patch_command(app);
   add_setup_command(app);
   const std::string version = std::string("gdskit ") + GDSKIT_VERSION_STRING;

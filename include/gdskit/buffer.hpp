@@ -25,9 +25,9 @@ struct buffer_view {
 };
 
 /// Describes a pointer that gdskit did not allocate (torch, cupy, ...): asks the CUDA driver where it lives.
-/// Pageable host memory the driver does not know is `host`. Throws gdskit::error (cuda category) when the
-/// driver rejects the pointer, and EINVAL when the pointer is device memory of a context other than the
-/// current one's device and cannot be used.
+/// `host` means the driver does not know the pointer (pageable memory: CUDA_ERROR_INVALID_VALUE), or there is
+/// no usable driver. Any other driver error throws gdskit::error (cuda category); a range that runs past the
+/// pointer's allocation throws EINVAL, a null pointer EFAULT.
 buffer_view describe_pointer(void* ptr, std::size_t nbytes);
 
 /// Whether a CUDA GPU can be used by this process; when not, `reason` says why ("libcuda.so.1 not found",
@@ -42,8 +42,9 @@ int gpu_count();
 void copy_into(const buffer_view& dst, std::size_t offset_bytes, const void* src, std::size_t nbytes);
 void copy_out(const buffer_view& src, std::size_t offset_bytes, void* dst, std::size_t nbytes);
 
-/// Owning GPU memory (cuMemAlloc on `device`). Move-only. Throws gdskit::error (cuda category) when the
-/// allocation fails or no GPU is usable.
+/// Owning GPU memory (cuMemAlloc on `device`). Move-only; a moved-from buffer is empty. Throws gdskit::error
+/// (cuda category) when the allocation fails or no GPU is usable. No method leaves a CUDA context current
+/// that was not current before; the destructor never throws (a failure to free is logged).
 class device_buffer {
  public:
   device_buffer() noexcept = default;
@@ -70,11 +71,13 @@ class device_buffer {
   int device_ = -1;
 };
 
-/// Owning page-locked host memory (cuMemHostAlloc). Move-only.
+/// Owning page-locked host memory (cuMemHostAlloc, portable: usable from every device's context), allocated
+/// and freed in `device`'s primary context. Move-only; a moved-from buffer is empty. Throws gdskit::error
+/// (cuda category) when the allocation fails or no GPU is usable; the destructor never throws (it logs).
 class pinned_buffer {
  public:
   pinned_buffer() noexcept = default;
-  explicit pinned_buffer(std::size_t nbytes);
+  explicit pinned_buffer(std::size_t nbytes, int device = 0);
   ~pinned_buffer();
   pinned_buffer(pinned_buffer&& o) noexcept;
   pinned_buffer& operator=(pinned_buffer&& o) noexcept;
@@ -88,6 +91,7 @@ class pinned_buffer {
  private:
   void* ptr_ = nullptr;
   std::size_t nbytes_ = 0;
+  int device_ = -1;
 };
 
 /// Registers device memory with cuFile for its lifetime (cuFileBufRegister / cuFileBufDeregister).

@@ -34,8 +34,8 @@ struct io_choice {
 };
 
 /// An open file. Thread-safe: any number of reads and writes may run at once on one handle.
-/// Move-only. The file stays open while the handle or any of its asynchronous operations' futures needs it:
-/// destroying the handle with operations in flight is safe, and the descriptors close when the last one ends.
+/// Move-only. The file stays open while the handle or any of its asynchronous operations needs it: destroying
+/// the handle with operations in flight is safe, and the descriptors close when the last one ends.
 /// A default-constructed or moved-from handle is empty: is_open() is false, the accessors return empty or
 /// default values, and every I/O method throws gdskit::error (EBADF).
 class file_handle {
@@ -72,18 +72,31 @@ class file_handle {
   void read_exact(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const;
   /// Writes from host or GPU memory; returns nbytes or throws.
   std::size_t write(buffer_view src, std::size_t nbytes, std::uint64_t offset_bytes) const;
+  /// Asynchronous read() and write() for host or GPU buffers: same contracts, run on gdskit's thread pool.
+  /// The memory `dst`/`src` views must stay valid until the future is ready; the handle need not (the future
+  /// keeps the file open, and close() waits for it). The future returns the bytes moved (a read: fewer only at
+  /// end of file; a write: always nbytes) or throws what the blocking form would (EBADF for an empty handle).
+  std::future<std::size_t> read_async(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const;
+  std::future<std::size_t> write_async(buffer_view src, std::size_t nbytes, std::uint64_t offset_bytes) const;
   /// The path read()/write() take for this buffer, and the reasons (cheap; cached per device). An empty
   /// handle returns a default path_decision.
   path_decision plan(buffer_view buf) const;
 
-  /// Current size of the file (fstat).
+  /// Current size of the file (fstat; for a block device, the device's size from BLKGETSIZE64).
   std::uint64_t size() const;
   /// Sets the size of the file (ftruncate).
   void truncate(std::uint64_t nbytes) const;
   /// fdatasync.
   void sync() const;
-  /// Drops this file's pages from the page cache (posix_fadvise DONTNEED; dirty pages are written first).
+  /// Drops this file's pages from the page cache (posix_fadvise DONTNEED). Dirty pages are written first
+  /// (fdatasync); when that fails it throws the fdatasync error and drops nothing.
   void drop_cache() const;
+  /// Closes the file now and reports it: throws gdskit::error ("close", errno category) when close(2) fails
+  /// (file systems such as NFS report deferred write errors only here). Waits first for the handle's
+  /// asynchronous operations still in flight. The handle is empty afterwards, even when it throws; closing an
+  /// empty handle does nothing. Must not run concurrently with other calls on the same handle. The
+  /// destructor closes too, but can only log a close error (to stderr).
+  void close();
 
   /// Whether the handle holds an open file. The accessors below return the values of the open file, or empty
   /// and default values for an empty handle (path "", open_mode::read, io_choice{}, settings{}, fds -1).

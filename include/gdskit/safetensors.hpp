@@ -118,6 +118,12 @@ struct load_options {
   /// Selected tensors closer than this in the file are read in one request together with the gap between
   /// them (the gap lands in the allocation and is never exposed).
   std::size_t coalesce_gap_bytes = std::size_t{64} << 10;
+  /// One pipeline across every shard: the reads of all files are cut into segments of this size (at absolute
+  /// file offsets, a multiple of 4 KiB) and `pipeline_depth` segments are in flight at any time, so the next
+  /// segment (of the same file or the next one) is already reading while the last requests of the current one
+  /// finish: the engine's queue does not drain at a file boundary.
+  std::size_t pipeline_segment_bytes = std::size_t{256} << 20;
+  unsigned pipeline_depth = 2;
   /// Settings for opening the files.
   settings config = default_settings();
   /// Where the one allocation comes from. Empty: the loader allocates it (host memory or cuMemAlloc) and the
@@ -142,6 +148,8 @@ struct load_stats {
   std::uint64_t tensor_bytes = 0;  ///< bytes of tensors delivered
   std::size_t files = 0;
   std::size_t read_requests = 0;
+  std::size_t segments = 0;                ///< pipeline segments read (see load_options::pipeline_segment_bytes)
+  unsigned peak_segments_in_flight = 0;    ///< most segments reading at once
   double seconds = 0;              ///< wall time of the reads (header parsing and allocation excluded)
   double header_seconds = 0;       ///< wall time spent reading and parsing headers
   double alloc_seconds = 0;        ///< wall time spent obtaining the allocation
@@ -316,6 +324,15 @@ std::vector<std::vector<std::size_t>> plan_shards(const std::vector<save_tensor>
 std::optional<std::uint64_t> parse_shard_size(std::string_view text);
 /// "model-00002-of-00005.safetensors" (1-based `k`), or "model.safetensors" when n is 1.
 std::string shard_file_name(std::size_t k, std::size_t n);
+/// The text of a sharded checkpoint's model.safetensors.index.json as save_sharded writes it:
+/// {"metadata": {"total_size": N}, "weight_map": {name: file}} with the names sorted.
+std::string index_json(const std::vector<std::pair<std::string, std::string>>& weight_map, std::uint64_t total_size);
+/// Publishes `folder`/model.safetensors.index.json with index_json() atomically (temporary name, fdatasync,
+/// rename, folder fsync), for savers that write the shards themselves (the distributed save). EEXIST when it
+/// exists and !overwrite.
+void write_index(const std::filesystem::path& folder,
+                 const std::vector<std::pair<std::string, std::string>>& weight_map, std::uint64_t total_size,
+                 bool overwrite);
 
 /// Writes a checkpoint into `folder` (created if missing) in the Hugging Face layout: shards
 /// model-0000k-of-0000n.safetensors (each with `metadata`) and model.safetensors.index.json

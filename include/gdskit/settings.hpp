@@ -43,6 +43,15 @@ struct settings {
   /// Size of one pinned staging slot when a read's bytes come from the page cache (memory copies): smaller, so
   /// the slots a copy writes and the DMA reads stay in the CPU's last-level cache. GDSKIT_CACHED_SLOT_BYTES.
   std::size_t cached_slot_bytes = std::size_t{4} << 20;
+  /// Whether O_DIRECT depth and request size adapt to the device while transfers run, starting from its
+  /// profile (`gdskit tune`) where one exists. GDSKIT_ADAPTIVE=on|off (default on). Off: direct_depth and
+  /// chunk_bytes / staging_slot_bytes are used as they are.
+  bool adaptive = true;
+  /// True when the matching GDSKIT_* variable was given (from_env) or code set the value on purpose: that value
+  /// then wins over the adaptive controller and the profile, which adapt the other coordinate only.
+  bool direct_depth_set = false;
+  bool chunk_bytes_set = false;
+  bool staging_slot_bytes_set = false;
 
   /// Defaults overridden by the GDSKIT_* variables that are set. Throws gdskit::error (EINVAL) naming the
   /// variable when a value cannot be parsed or is out of range.

@@ -116,7 +116,7 @@ def _count(value, what):
 
 
 def load_safetensors(path, device="cpu", *, only=None, rank=None, world=None, split_dim: int = 0,
-                     framework: str = "auto"):
+                     framework: str = "auto", group=None, **distributed):
     """Loads a .safetensors file, a *.safetensors.index.json or a folder into one allocation on `device`
     ("cpu", "cuda", "cuda:N", N or a torch.device) and returns {name: tensor} in file order.
 
@@ -126,6 +126,12 @@ def load_safetensors(path, device="cpu", *, only=None, rank=None, world=None, sp
     last tensor that views it is gone. Statistics of the load: gdskit.last_stats().
     """
     global _last_stats
+    # Distributed load over a torch.distributed group (tp_rank, tp_world, placement, node, timeout): distributed.py
+    if group is not None or distributed:
+        from . import distributed as _distributed  # noqa: PLC0415
+        out = _distributed.load_safetensors(path, device, group=group, only=only, **distributed)
+        _last_stats = _distributed.last_stats()
+        return out
     index = _parse_device(device)
     if framework == "auto":
         if _torch() is not None:
@@ -216,3 +222,19 @@ def gpu_available():
 from ._save import last_save_stats, save_file, save_sharded  # noqa: E402
 
 __all__ += ["save_file", "save_sharded", "last_save_stats"]
+
+# Distributed save over a torch.distributed group (distributed.py); without group= the single-process save.
+_save_sharded_single = save_sharded
+
+
+def save_sharded(tensors, folder, max_shard_size="5GB", metadata=None, overwrite: bool = False, *, group=None,
+                 **options):
+    if group is None:
+        return _save_sharded_single(tensors, folder, max_shard_size, metadata, overwrite, **options)
+    from . import distributed as _distributed  # noqa: PLC0415
+    return _distributed.save_sharded(tensors, folder, max_shard_size, metadata, overwrite, group=group, **options)
+
+
+save_sharded.__doc__ = (_save_sharded_single.__doc__ or "") + """
+    group: a torch.distributed process group: every rank passes the tensors it holds and the ranks write the
+    files in parallel (gdskit.distributed.save_sharded, docs/distributed.md)."""

@@ -357,9 +357,11 @@ PYBIND11_MODULE(_gdskit, m) {
   m.def(
       "load",
       [](const std::filesystem::path& path, int device, std::vector<std::string> only,
-         std::optional<unsigned> rank, std::optional<unsigned> world, unsigned split_dim, py::object allocate) {
+         std::optional<unsigned> rank, std::optional<unsigned> world, unsigned split_dim, py::object allocate,
+         std::optional<std::size_t> coalesce_gap_bytes) {
         st::load_options o;
         o.device = device;
+        if (coalesce_gap_bytes) o.coalesce_gap_bytes = *coalesce_gap_bytes;
         o.only = std::move(only);
         if (rank || world) o.slice = st::slice_spec{rank.value_or(0), world.value_or(1), split_dim};
         std::shared_ptr<py_owner> owner_object;
@@ -419,9 +421,10 @@ PYBIND11_MODULE(_gdskit, m) {
       },
       py::arg("path"), py::arg("device") = -1, py::arg("only") = std::vector<std::string>{},
       py::arg("rank") = py::none(), py::arg("world") = py::none(), py::arg("split_dim") = 0,
-      py::arg("allocate") = py::none(),
+      py::arg("allocate") = py::none(), py::arg("coalesce_gap_bytes") = py::none(),
       "Loads a safetensors file, index or folder onto device (-1: host, N: cuda:N): returns ({name: Tensor}, "
-      "stats). allocate(nbytes) -> (address, nbytes, owner), if given, supplies the one allocation.");
+      "stats). allocate(nbytes) -> (address, nbytes, owner), if given, supplies the one allocation. "
+      "coalesce_gap_bytes: the largest gap between selected tensors read in one request (0: only their bytes).");
 
   m.def(
       "plan",
@@ -470,6 +473,33 @@ PYBIND11_MODULE(_gdskit, m) {
       .def("close", [](file_object& f) { f.handle.reset(); })
       .def_property_readonly("closed", [](const file_object& f) { return !f.handle; });
   // ---- end of gdskit.File ----
+
+  // Distributed load (gdskit/distributed.py): the files a path stands for, resolved as load() does.
+  m.def("resolve_shards", [](const std::filesystem::path& path) {
+    py::list out;
+    for (const auto& s : st::resolve_shards(path)) out.append(py::make_tuple(s.file.string(), s.names));
+    return out;
+  }, py::arg("path"), "The files of a file, index or folder in load order: [(file, [names the index assigns])].");
+
+  // Distributed save (gdskit/distributed.py): the single-process save's shard plan, file names and index.
+  m.def(
+      "plan_shards",
+      [](const std::vector<std::uint64_t>& sizes, std::uint64_t max_shard_bytes) {
+        std::vector<st::save_tensor> t(sizes.size());
+        for (std::size_t i = 0; i < sizes.size(); ++i) t[i].data = {nullptr, sizes[i], gdskit::memory_kind::host, -1};
+        return st::plan_shards(t, max_shard_bytes);
+      },
+      py::arg("sizes"), py::arg("max_shard_bytes"), "Tensor indexes per shard, as save_sharded splits them.");
+  m.def("shard_file_name", &st::shard_file_name, py::arg("k"), py::arg("n"));
+  m.def(
+      "write_index",
+      [](const std::filesystem::path& folder, const std::vector<std::pair<std::string, std::string>>& weight_map,
+         std::uint64_t total_size, bool overwrite) {
+        py::gil_scoped_release unlocked;
+        st::write_index(folder, weight_map, total_size, overwrite);
+      },
+      py::arg("folder"), py::arg("weight_map"), py::arg("total_size"), py::arg("overwrite"),
+      "Publishes folder/model.safetensors.index.json atomically, as save_sharded writes it.");
 
   m.def("gpu_available", [] {
     std::string why;

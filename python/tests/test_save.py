@@ -275,6 +275,34 @@ def test_sharded_layout_and_round_trip():
     return None
 
 
+def test_interrupt_publishes_nothing():
+    np = _np()
+    if np is None:
+        return "skip: numpy not installed"
+    import signal  # noqa: PLC0415
+
+    big = np.zeros((4096, 2 * 8192), dtype=np.uint8)[:, ::2]  # 32 MiB, strided: staged in many small blocks
+
+    def on_alarm(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "x.safetensors")
+            signal.setitimer(signal.ITIMER_REAL, 0.02)
+            try:
+                gdskit.save_file({"big": big}, p, staging_bytes=16 << 10)
+            except KeyboardInterrupt:
+                assert os.listdir(d) == [], os.listdir(d)
+                return None
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            return "skip: the save finished before the signal came"
+    finally:
+        signal.signal(signal.SIGALRM, old)
+
+
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from runner import run_tests  # noqa: E402

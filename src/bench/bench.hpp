@@ -16,6 +16,10 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+namespace CLI {
+class App;
+}
+
 namespace gdskit::bench {
 
 /// -I: gdsio's 0 read, 1 write, 2 randread, 3 randwrite.
@@ -69,6 +73,8 @@ struct job_spec {
   double seconds = 0;               ///< -T (0: one pass over the data set)
   std::uint64_t seed = 0;           ///< -k
   bool no_direct = false;           ///< -O 1 (gdsio 12.2+): buffered I/O
+  std::optional<int> numa_node;     ///< -n: workers run on this NUMA node's CPUs
+  bool refill = false;              ///< -F: new pattern data in the buffer before every write
 };
 
 /// Flags that are not per job.
@@ -78,6 +84,8 @@ struct run_options {
   bool json = false;          ///< --json
   bool csv = false;           ///< --csv
   bool quiet = false;         ///< --quiet: no progress line
+  /// --progress / --no-progress; unset: progress only when stderr is a terminal and the output is a table.
+  std::optional<bool> progress;
   std::filesystem::path plot; ///< --plot FILE.png
   std::optional<double> plateau_gib_s;  ///< --plateau: host copy rate the sweep verdict compares against
 };
@@ -106,13 +114,19 @@ class usage_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// Parses the arguments after `bench`. Throws usage_error naming the flag and the reason.
+/// Registers bench's flags (gdsio's and gdskit's) on `cmd`, the CLI's `bench` subcommand or a parser of its own.
+/// After `cmd` parsed, the returned function makes the request from what it found; it throws usage_error naming
+/// the flag and the reason.
+std::function<request()> add_flags(CLI::App& cmd);
+/// Parses the arguments after `bench` with the same flags. Throws usage_error naming the flag and the reason.
 request parse_args(const std::vector<std::string>& args);
 /// Reads a gdsio-style job file ([global] and [jobN] sections, key=value). Throws usage_error.
 std::vector<job_spec> parse_config(std::string_view text, const job_spec& defaults);
 /// The end of the furthest byte the job touches (offset + size x workers sharing the file). Throws usage_error when
 /// a sum or product passes 2^63 - 1 (the largest file offset).
 std::uint64_t check_extent(const job_spec& job);
+/// The CPUs of NUMA node `node` (/sys/devices/system/node/node<N>/cpulist); empty when there is no such node.
+std::vector<int> numa_node_cpus(int node);
 /// Checks a job against the machine before anything runs (files, folders, sizes, GPUs). Throws usage_error.
 void validate(const job_spec& job);
 /// The flag summary printed by `gdskit bench -h`.
@@ -247,5 +261,8 @@ std::string plot_precheck(const std::filesystem::path& png);
 /// `gdskit bench ARGS`: parses, runs and reports. Returns the exit code: 0 success, 1 verification failed,
 /// 2 usage or bad input (nothing run), 3 I/O error during the run.
 int run_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err, const hooks& h = {});
+/// The same for a request that `make_request` makes (add_flags' function): its usage_error is exit code 2.
+int run_command(const std::function<request()>& make_request, std::ostream& out, std::ostream& err,
+                const hooks& h = {});
 
 }  // namespace gdskit::bench

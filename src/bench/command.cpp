@@ -10,7 +10,8 @@
 #include "common/json_text.hpp"
 
 #include "bench/bench.hpp"
-#include "common/terminal.hpp"
+#include "common/progress.hpp"
+#include "common/shell_text.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
 
@@ -18,34 +19,30 @@ namespace gdskit::bench {
 
 namespace {
 
-// A progress line on stderr for runs longer than about two seconds, only when stderr is a terminal.
-hooks with_progress(const hooks& h, const run_options& opt, std::ostream& err, bool* printed) {
-  hooks out = h;
-  if (out.progress || opt.quiet || &err != &std::cerr || !::isatty(STDERR_FILENO)) return out;
-  out.progress = [&err, printed](std::uint64_t bytes, double seconds) {
-    if (seconds < 2.0) return;
-    *printed = true;
-    err << fmt::format("\r  {:.1f} s  {}  {:.2f} GiB/s   ", seconds, format_size(bytes),
-                       static_cast<double>(bytes) / seconds / double(1 << 30))
-        << std::flush;
-  };
-  return out;
-}
-
-void clear_progress(std::ostream& err, bool printed) {
-  if (printed) err << "\r" << std::string(60, ' ') << "\r" << std::flush;
-}
-
+// Progress on stderr (percentage, rate, ETA; rate only for timed runs): on a terminal unless --json/--csv, or
+// wherever --progress asks. A stream that is not std::cerr (tests) gets it only when asked.
 std::vector<job_result> run_with_progress(const std::vector<job_spec>& jobs, const run_options& opt, const hooks& h,
-                                          std::ostream& err) {
-  bool printed = false;
-  hooks hp = with_progress(h, opt, err, &printed);
+                                          std::ostream& err, std::string_view label) {
+  auto style = progress_reporter::choose(opt.progress, opt.json || opt.csv);
+  if (&err != &std::cerr) style = opt.progress.value_or(false) ? progress_reporter::style::lines : progress_reporter::style::off;
+  progress_reporter report(style, err);
+  hooks hp = h;
+  if (!hp.progress && style != progress_reporter::style::off) {
+    std::uint64_t total = 0;
+    bool timed = false;
+    for (const auto& j : jobs) {
+      timed = timed || j.seconds > 0;
+      total += j.size_bytes * j.threads;  // bounded by check_extent
+    }
+    report.start(timed ? 0 : total, label);
+    hp.progress = [&report](std::uint64_t bytes, double) { report.update(bytes); };
+  }
   try {
     auto r = run_jobs(jobs, opt, hp);
-    clear_progress(err, printed);
+    report.finish();
     return r;
   } catch (...) {
-    clear_progress(err, printed);
+    report.finish();
     throw;
   }
 }
@@ -57,7 +54,7 @@ bool all_ok(const std::vector<job_result>& rs) {
 }
 
 int run_single(const request& req, std::ostream& out, std::ostream& err, const hooks& h) {
-  auto results = run_with_progress(req.jobs, req.options, h, err);
+  auto results = run_with_progress(req.jobs, req.options, h, err, "bench");
   const bool many = results.size() > 1;
   job_result total = total_of(results);
   if (req.options.json) {
@@ -114,7 +111,8 @@ int run_sweep(const request& req, std::ostream& out, std::ostream& err, const ho
   }
   std::vector<sweep_row> rows;
   for (const auto& j : points) {
-    auto r = run_with_progress({j}, req.options, h, err);
+    const std::string label = fmt::format("bench {} ({}/{})", j.name, rows.size() + 1, points.size());
+    auto r = run_with_progress({j}, req.options, h, err, label);
     rows.push_back({std::string(to_string(j.xfer.kind)), j.io.max_bytes, std::move(r.front())});
   }
   std::string verdicts = sweep_verdicts(rows, req.options.plateau_gib_s);
@@ -154,8 +152,12 @@ int run_sweep(const request& req, std::ostream& out, std::ostream& err, const ho
 }  // namespace
 
 int run_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err, const hooks& h) {
+  return run_command([&args] { return parse_args(args); }, out, err, h);
+}
+
+int run_command(const std::function<request()>& make_request, std::ostream& out, std::ostream& err, const hooks& h) {
   try {
-    request req = parse_args(args);
+    request req = make_request();
     if (req.help) {
       out << usage();
       return 0;

@@ -12,6 +12,7 @@
 #include <map>
 #include <sstream>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "bench/bench.hpp"
@@ -68,6 +69,26 @@ std::optional<xfer_spec> parse_xfer(std::string_view text) {
 std::string io_size_spec::label() const {
   if (!variable()) return fmt::format("{}(KiB)", min_bytes / 1024);
   return fmt::format("{}-{}-{}(KiB)", min_bytes / 1024, max_bytes / 1024, step_bytes / 1024);
+}
+
+// NUMA node N's CPUs from /sys/devices/system/node/nodeN/cpulist ("0-3,8-11"); empty when the node does not exist.
+std::vector<int> numa_node_cpus(int node) {
+  std::ifstream in(fmt::format("/sys/devices/system/node/node{}/cpulist", node));
+  std::string list;
+  if (!in || !std::getline(in, list)) return {};
+  std::vector<int> cpus;
+  std::istringstream items(list);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    int lo = 0, hi = 0;
+    auto dash = item.find('-');
+    if (std::from_chars(item.data(), item.data() + (dash == std::string::npos ? item.size() : dash), lo).ec != std::errc())
+      continue;
+    hi = lo;
+    if (dash != std::string::npos) std::from_chars(item.data() + dash + 1, item.data() + item.size(), hi);
+    for (int c = lo; c <= hi && c < 65536; ++c) cpus.push_back(c);
+  }
+  return cpus;
 }
 
 namespace {
@@ -160,27 +181,95 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-// Applies one config key to a job; unknown keys are errors so a typo never silently changes a run.
-void apply_key(job_spec& j, std::string_view key, std::string_view value, const std::string& where) {
-  const std::string flag = where + " " + std::string(key) + "=";
+// One gdsio setting: its flag letter (0: no flag), its job-file key, whether the flag takes a value, and its help.
+struct setting_spec {
+  char flag;
+  std::string_view key;
+  bool takes_value;
+  std::string_view help;
+  std::string_view value_name = "";
+};
+
+// gdsio's flags and job-file keys: one table, so that a flag and its key always accept the same values.
+constexpr setting_spec kSettings[] = {
+    {'f', "filename", true, "one file; worker n works on [-o + n*SIZE, -o + (n+1)*SIZE)", "FILE"},
+    {'D', "directory", true, "one file DIR/gdsio.<n> per worker", "DIR"},
+    {'d', "gpu_dev_id", true, "GPU index (GPU transfer types)", "GPU"},
+    {'n', "numa_node", true, "run the workers on this NUMA node's CPUs", "NODE"},
+    {'m', "mem_type", true, "0: GPU memory from cuMemAlloc (gdsio's cudaMalloc); 1-4 are refused with the reason", "0-4"},
+    {'w', "num_threads", true, "workers, each with one IO_SIZE request in flight (queue depth) [1]", "THREADS"},
+    {'s', "size", true, "bytes per worker (K, M, G: binary units)", "SIZE"},
+    {'i', "bs", true, "request size, or min:max:step (random size in that range per request) [1M]", "IO_SIZE"},
+    {'o', "start_offset", true, "start offset in the file [0]", "OFFSET"},
+    {'I', "rw", true, "0|1|2|3: read, write, randread, randwrite (random offsets 4 KiB aligned) [0]", "0|1|2|3"},
+    {'x', "xfer_type", true,
+     "0 GPUD->gds, 1 CPUONLY->host, 2 CPU_GPU->naive, 3 CPU_ASYNC_GPU->staged, 4 CPU_CACHED_GPU->naive via page "
+     "cache, 5/6/7->gds; or a name: gds, staged, compat, host, naive [host]", "TYPE"},
+    {'V', "do_verify", false, "verify: writes a seeded pattern and checks every byte read back"},
+    {'T', "runtime", true, "run for this long (seconds), re-reading or re-writing the data set", "SECONDS"},
+    {'k', "random_seed", true, "seed for random offsets, sizes and the verify pattern [0]", "SEED"},
+    {'O', "fd_mode", true, "0 O_DIRECT where the file system allows it, 1 page cache [0]", "0|1"},
+    {'b', "skip_bufregister", false, "do not register buffers with cuFile (gdskit bench never does)"},
+    {'R', "fill_random", false, "fill buffers with random data (gdskit always writes a seeded pseudo-random pattern)"},
+    {'F', "refill_buffer", false, "refill the buffer with new pattern data before every write"},
+    {'p', "enable_nvlinks", false, "refused: gdskit has no NVLink path"},
+    {'U', "unaligned", false, "refused: random offsets are 4 KiB aligned"},
+    {'a', "alignment_size", true, "refused: random offsets are 4 KiB aligned", "SIZE"},
+    {'B', "batch_size", true, "refused: gdskit does not use the cuFile batch API", "N"},
+    {'M', "", true, "refused: mixed read/write needs the cuFile batch API", "PERCENT"},
+    {'P', "", true, "refused: gdskit bench has no RDMA transfer", "URL"},
+    {'J', "", false, "per-job statistics (gdskit always reports each job)"},
+    {0, "name", true, ""},
+};
+
+// Applies one setting to a job; `label` names it in messages ("-s", "line 3: size=").
+void apply_setting(job_spec& j, std::string_view key, const std::string& label, std::string_view value) {
   if (key == "name") j.name = value;
-  else if (key == "xfer_type") j.xfer = xfer_arg(flag, value);
-  else if (key == "rw") j.type = io_type_arg(flag, value);
-  else if (key == "bs") j.io = io_arg(flag, value);
-  else if (key == "size") j.size_bytes = size_arg(flag, value);
-  else if (key == "runtime") j.seconds = seconds_arg(flag, value);
-  else if (key == "do_verify") j.verify = bool_arg(flag, value);
-  else if (key == "random_seed") j.seed = static_cast<std::uint64_t>(int_arg(flag, value, 0, INT64_MAX));
-  else if (key == "start_offset") j.offset_bytes = size_arg(flag, value);
-  else if (key == "gpu_dev_id") { j.gpu = static_cast<int>(int_arg(flag, value, 0, 1023)); j.gpu_given = true; }
-  else if (key == "num_threads") j.threads = static_cast<unsigned>(int_arg(flag, value, 1, 1024));
+  else if (key == "xfer_type") j.xfer = xfer_arg(label, value);
+  else if (key == "rw") j.type = io_type_arg(label, value);
+  else if (key == "bs") j.io = io_arg(label, value);
+  else if (key == "size") j.size_bytes = size_arg(label, value);
+  else if (key == "runtime") j.seconds = seconds_arg(label, value);
+  else if (key == "do_verify") j.verify = bool_arg(label, value);
+  else if (key == "random_seed") j.seed = static_cast<std::uint64_t>(int_arg(label, value, 0, INT64_MAX));
+  else if (key == "start_offset") j.offset_bytes = size_arg(label, value);
+  else if (key == "gpu_dev_id") { j.gpu = static_cast<int>(int_arg(label, value, 0, 1023)); j.gpu_given = true; }
+  else if (key == "num_threads") j.threads = static_cast<unsigned>(int_arg(label, value, 1, 1024));
   else if (key == "directory") j.directory = std::string(value);
   else if (key == "filename") j.file = std::string(value);
-  else if (key == "fd_mode") j.no_direct = bool_arg(flag, value);
-  else if (key == "numa_node" || key == "skip_bufregister" || key == "enable_nvlinks" || key == "mem_type") {
-    // Accepted for compatibility with gdsio job files; gdskit has no equivalent setting.
+  else if (key == "fd_mode") j.no_direct = bool_arg(label, value);
+  else if (key == "numa_node") j.numa_node = static_cast<int>(int_arg(label, value, 0, 1023));
+  else if (key == "skip_bufregister") (void)bool_arg(label, value);  // gdskit bench never registers its buffers
+  else if (key == "fill_random") (void)bool_arg(label, value);       // the pattern is pseudo-random already
+  else if (key == "refill_buffer") j.refill = bool_arg(label, value);
+  else if (key == "mem_type") {
+    switch (int_arg(label, value, 0, 4)) {
+      case 0: break;
+      case 1: fail(fmt::format("{} 1 (cuMem): gdskit bench allocates GPU memory with cuMemAlloc only (0)", label));
+      default:
+        fail(fmt::format("{} {} (host memory through cuFile): not a gdskit bench transfer; -x host moves host "
+                         "memory with pread/pwrite", label, value));
+    }
+  } else if (key == "enable_nvlinks") {
+    if (bool_arg(label, value)) fail(fmt::format("{}: gdskit has no NVLink path (gdsio uses it for peer-GPU buffers)", label));
+  } else if (key == "unaligned") {
+    if (bool_arg(label, value)) fail(fmt::format("{}: gdskit bench's random offsets are 4 KiB aligned (O_DIRECT)", label));
+  } else if (key == "alignment_size") {
+    fail(fmt::format("{} {}: gdskit bench's random offsets are 4 KiB aligned (O_DIRECT)", label, value));
+  } else if (key == "batch_size") {
+    fail(fmt::format("{} {}: gdskit does not use the cuFile batch API; -x 6 and 7 run as gds, with -w workers as the "
+                     "queue depth", label, value));
   } else {
-    fail(fmt::format("{}{}: unknown key", where, std::string(key)));
+    fail(fmt::format("{}: unknown key", label));
+  }
+}
+
+// The flags with no job-file key.
+void apply_flag_only(char flag, std::string_view value) {
+  switch (flag) {
+    case 'M': fail(fmt::format("-M {}: mixed read/write runs need the cuFile batch API, which gdskit does not use", value));
+    case 'P': fail(fmt::format("-P {}: gdskit bench has no RDMA transfer", value));
+    default: break;  // -J: every job is reported on its own already
   }
 }
 
@@ -215,11 +304,12 @@ std::vector<job_spec> parse_config(std::string_view text, const job_spec& defaul
     auto key = trim(line.substr(0, eq));
     auto value = trim(line.substr(eq + 1));
     if (section.empty()) fail(where + " key outside a section");
+    const std::string label = fmt::format("{} {}=", where, key);
     if (section == "global") {
       if (!jobs.empty()) fail(where + " [global] must come before the jobs");
-      apply_key(global, key, value, where);
+      apply_setting(global, key, label, value);
     } else {
-      apply_key(jobs.back(), key, value, where);
+      apply_setting(jobs.back(), key, label, value);
     }
   }
   if (jobs.empty()) fail("config file has no job sections ([job1], ...)");
@@ -253,110 +343,55 @@ sweep_spec parse_sweep(std::string_view text) {
   return s;
 }
 
-std::string usage() {
-  return R"(gdskit bench: gdsio-compatible benchmark that reports the data path that actually ran.
+namespace {
 
-  gdskit bench -f FILE|-D DIR -s SIZE [-w THREADS] [-i IO_SIZE] [-I 0|1|2|3] [-x TYPE] [options]
-  gdskit bench JOBFILE [options]          run the jobs of a gdsio-style job file concurrently
+// What the flags left: one string per gdsio setting, and the gdskit flags.
+struct flag_values {
+  std::map<char, std::string> value;
+  std::map<char, bool> on;
+  std::map<char, CLI::Option*> opt;
+  std::vector<std::string> positional;
+  run_options options;
+  std::string plot, sweep, plateau;
+  bool progress = false, no_progress = false;
+  CLI::Option *plot_opt = nullptr, *sweep_opt = nullptr, *plateau_opt = nullptr;
+};
 
-gdsio flags (same meaning):
-  -f FILE       one file; worker n works on [-o + n*SIZE, -o + (n+1)*SIZE)
-  -D DIR        one file DIR/gdsio.<n> per worker
-  -d GPU        GPU index (GPU transfer types)
-  -w THREADS    workers, each with one IO_SIZE request in flight (queue depth)       [1]
-  -s SIZE       bytes per worker (K, M, G: binary units)
-  -i IO_SIZE    request size, or min:max:step (random size in that range per request) [1M]
-  -o OFFSET     start offset in the file                                             [0]
-  -I 0|1|2|3    read, write, randread, randwrite (random offsets 4 KiB aligned)      [0]
-  -x TYPE       0 GPUD->gds, 1 CPUONLY->host, 2 CPU_GPU->naive, 3 CPU_ASYNC_GPU->staged,
-                4 CPU_CACHED_GPU->naive via page cache, 5/6/7->gds; or a name:
-                gds, staged, compat, host, naive                                     [host]
-  -V            verify: writes a seeded pattern and checks every byte read back
-  -T SECONDS    run for this long, re-reading or re-writing the data set
-  -k SEED       seed for random offsets, sizes and the verify pattern                [0]
-  -O 0|1        0 O_DIRECT where the file system allows it, 1 page cache             [0]
-gdskit flags:
-  --cold        drop the files from the page cache first (posix_fadvise DONTNEED) and check with mincore
-  --warm        read the files through the page cache first (reads only), so the run measures cached data
-  --sweep threads=1,2,4,8,16[,io=1M,4M][,x=host,naive]   run the matrix, print a table and a scaling verdict
-  --plateau GIB_S   host copy rate the verdict compares against (default: the best staged/naive curve)
-  --json | --csv    machine-readable output
-  --plot FILE.png   throughput against threads per path (gnuplot)
-  --quiet       no progress line
-Exit codes: 0 ok; 1 the check or verification said no; 2 usage or bad input (bad flag or setting,
-missing input file; nothing ran); 3 I/O or device failure during the run. 130/143: interrupted.
-)";
-}
+constexpr const char* kDescription =
+    "gdsio-compatible benchmark that reports the data path that actually ran.\n\n"
+    "  gdskit bench -f FILE|-D DIR -s SIZE [-w THREADS] [-i IO_SIZE] [-I 0|1|2|3] [-x TYPE] [options]\n"
+    "  gdskit bench JOBFILE [options]   run the jobs of a gdsio-style job file concurrently";
 
-request parse_args(const std::vector<std::string>& args) {
+request finish(const flag_values& v) {
   request r;
-  job_spec job;
-  bool have_x = false, have_file = false, have_dir = false, have_size = false, have_jobfile = false;
-  std::vector<std::pair<std::string, std::string>> job_flags;  // for overriding job-file jobs
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    std::string a = args[i];
-    std::string value;
-    bool has_inline = false;
-    if (a.rfind("--", 0) == 0) {
-      auto eq = a.find('=');
-      if (eq != std::string::npos) {
-        value = a.substr(eq + 1);
-        a = a.substr(0, eq);
-        has_inline = true;
-      }
-    }
-    auto next = [&]() -> std::string {
-      if (has_inline) return value;
-      if (i + 1 >= args.size()) fail(fmt::format("{}: needs a value", a));
-      return args[++i];
-    };
-    if (a == "-h" || a == "--help") { r.help = true; continue; }
-    if (a == "-V") { job.verify = true; job_flags.emplace_back(a, ""); continue; }
-    if (a == "--cold") { r.options.cold = true; continue; }
-    if (a == "--warm") { r.options.warm = true; continue; }
-    if (a == "--json") { r.options.json = true; continue; }
-    if (a == "--csv") { r.options.csv = true; continue; }
-    if (a == "--quiet" || a == "-q") { r.options.quiet = true; continue; }
-    if (a == "--plot") {
-      r.options.plot = next();
-      if (r.options.plot.extension() != ".png") fail(fmt::format("--plot {}: the file must end in .png", r.options.plot.string()));
-      continue;
-    }
-    if (a == "--sweep") { r.sweep = parse_sweep(next()); continue; }
-    if (a == "--plateau") {
-      double v = seconds_arg("--plateau", next());
-      if (v <= 0) fail("--plateau: must be above 0 GiB/s");
-      r.options.plateau_gib_s = v;
-      continue;
-    }
-    if (a.size() == 2 && a[0] == '-') {
-      std::string v = next();
-      switch (a[1]) {
-        case 'f': job.file = v; have_file = true; break;
-        case 'D': job.directory = v; have_dir = true; break;
-        case 'd': job.gpu = static_cast<int>(int_arg(a, v, 0, 1023)); job.gpu_given = true; break;
-        case 'w': job.threads = static_cast<unsigned>(int_arg(a, v, 1, 1024)); break;
-        case 's': job.size_bytes = size_arg(a, v); have_size = true; break;
-        case 'i': job.io = io_arg(a, v); break;
-        case 'o': job.offset_bytes = size_arg(a, v); break;
-        case 'I': job.type = io_type_arg(a, v); break;
-        case 'x': job.xfer = xfer_arg(a, v); have_x = true; break;
-        case 'T': job.seconds = seconds_arg(a, v); break;
-        case 'k': job.seed = static_cast<std::uint64_t>(int_arg(a, v, 0, INT64_MAX)); break;
-        case 'O': job.no_direct = int_arg(a, v, 0, 1) == 1; break;
-        default: fail(fmt::format("{}: unknown flag (gdskit bench -h lists them)", a));
-      }
-      job_flags.emplace_back(a, v);
-      continue;
-    }
-    if (!a.empty() && a[0] == '-') fail(fmt::format("{}: unknown flag (gdskit bench -h lists them)", a));
-    if (have_jobfile) fail(fmt::format("{}: only one job file", a));
-    r.config_file = a;
-    have_jobfile = true;
+  r.options = v.options;
+  if (v.progress && v.no_progress) fail("--progress and --no-progress: pick one");
+  if (v.progress) r.options.progress = true;
+  if (v.no_progress || r.options.quiet) r.options.progress = false;
+  if (v.plot_opt->count()) {
+    r.options.plot = v.plot;
+    if (r.options.plot.extension() != ".png") fail(fmt::format("--plot {}: the file must end in .png", v.plot));
   }
-  if (r.help) return r;
-  if (!have_x) job.xfer = *parse_xfer("host");
-  if (have_jobfile) {
+  if (v.sweep_opt->count()) r.sweep = parse_sweep(v.sweep);
+  if (v.plateau_opt->count()) {
+    double g = seconds_arg("--plateau", v.plateau);
+    if (g <= 0) fail("--plateau: must be above 0 GiB/s");
+    r.options.plateau_gib_s = g;
+  }
+  job_spec job;
+  job.xfer = *parse_xfer("host");
+  bool job_flags = false;
+  for (const auto& s : kSettings) {
+    if (s.flag == 0 || v.opt.at(s.flag)->count() == 0) continue;
+    job_flags = true;
+    const std::string label = std::string("-") + s.flag;
+    const std::string_view value = s.takes_value ? std::string_view(v.value.at(s.flag)) : std::string_view("1");
+    if (s.key.empty()) apply_flag_only(s.flag, value);
+    else apply_setting(job, s.key, label, value);
+  }
+  if (v.positional.size() > 1) fail(fmt::format("{}: only one job file", v.positional[1]));
+  if (!v.positional.empty()) {
+    r.config_file = v.positional.front();
     std::ifstream in(r.config_file);
     if (!in) fail(fmt::format("job file {}: {}", r.config_file.string(), std::strerror(errno)));
     std::stringstream text;
@@ -364,11 +399,11 @@ request parse_args(const std::vector<std::string>& args) {
     job_spec defaults;
     defaults.xfer = *parse_xfer("host");
     r.jobs = parse_config(text.str(), defaults);
-    if (!job_flags.empty()) fail("job file: give the job settings in the file, not as flags");
+    if (job_flags) fail("job file: give the job settings in the file, not as flags");
   } else {
-    if (have_file && have_dir) fail("-f and -D: give one of them, not both");
-    if (!have_file && !have_dir) fail("needs -f FILE or -D DIR (or a job file)");
-    if (!have_size) fail("needs -s SIZE");
+    if (!job.file.empty() && !job.directory.empty()) fail("-f and -D: give one of them, not both");
+    if (job.file.empty() && job.directory.empty()) fail("needs -f FILE or -D DIR (or a job file)");
+    if (v.opt.at('s')->count() == 0) fail("needs -s SIZE");
     r.jobs.push_back(job);
   }
   for (const auto& j : r.jobs) {
@@ -388,6 +423,56 @@ request parse_args(const std::vector<std::string>& args) {
     }
   }
   return r;
+}
+
+}  // namespace
+
+std::function<request()> add_flags(CLI::App& cmd) {
+  auto v = std::make_shared<flag_values>();
+  for (const auto& s : kSettings) {
+    if (s.flag == 0) continue;
+    const std::string name = std::string("-") + s.flag;
+    CLI::Option* o = s.takes_value ? cmd.add_option(name, v->value[s.flag], std::string(s.help))
+                                         ->type_name(std::string(s.value_name))
+                                   : cmd.add_flag(name, v->on[s.flag], std::string(s.help));
+    o->group("gdsio flags");
+    v->opt[s.flag] = o;
+  }
+  const char* g = "gdskit flags";
+  cmd.add_flag("--cold", v->options.cold, "drop the files from the page cache first (posix_fadvise DONTNEED), checked with mincore")->group(g);
+  cmd.add_flag("--warm", v->options.warm, "read the files through the page cache first (reads only): measures cached data")->group(g);
+  v->sweep_opt = cmd.add_option("--sweep", v->sweep, "threads=1,2,4,8,16[,io=1M,4M][,x=host,naive]: run the matrix, print a table and a scaling verdict")->type_name("SPEC")->group(g);
+  v->plateau_opt = cmd.add_option("--plateau", v->plateau, "host copy rate the verdict compares against (default: the best staged/naive curve)")->type_name("GIB_S")->group(g);
+  cmd.add_flag("--json", v->options.json, "one JSON document on stdout")->group(g);
+  cmd.add_flag("--csv", v->options.csv, "CSV on stdout")->group(g);
+  v->plot_opt = cmd.add_option("--plot", v->plot, "throughput against threads per path (gnuplot)")->type_name("FILE.png")->group(g);
+  cmd.add_flag("--progress", v->progress, "progress on stderr even when it is not a terminal")->group(g);
+  cmd.add_flag("--no-progress", v->no_progress, "no progress (the default when stderr is not a terminal, or with --json/--csv)")->group(g);
+  cmd.add_flag("-q,--quiet", v->options.quiet, "no progress")->group(g);
+  cmd.add_option("jobfile", v->positional, "gdsio-style job file ([global] and [jobN] sections)")->type_name("JOBFILE");
+  return [v] { return finish(*v); };
+}
+
+std::string usage() {
+  CLI::App app{kDescription, "gdskit bench"};
+  (void)add_flags(app);
+  return app.help();
+}
+
+request parse_args(const std::vector<std::string>& args) {
+  CLI::App app{kDescription, "gdskit bench"};
+  auto finish_parse = add_flags(app);
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    request r;
+    r.help = true;
+    return r;
+  } catch (const CLI::ParseError& e) {
+    fail(e.what());
+  }
+  return finish_parse();
 }
 
 namespace {
@@ -430,6 +515,10 @@ void validate(const job_spec& j) {
   if (j.io.max_bytes > j.size_bytes) {
     fail(fmt::format("{}: io size {} is larger than the size per worker {}", who, format_size(j.io.max_bytes),
                      format_size(j.size_bytes)));
+  }
+  if (j.numa_node && numa_node_cpus(*j.numa_node).empty()) {
+    fail(fmt::format("-n {}: no NUMA node {} with CPUs on this machine (/sys/devices/system/node)", *j.numa_node,
+                     *j.numa_node));
   }
   if (needs_gpu(j.xfer.kind)) {
     std::string why;

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.hpp"
+#include "common/signal_cleanup.hpp"
 #include "gdskit/settings.hpp"
 
 namespace gdskit::bench {
@@ -242,14 +243,19 @@ std::string plot_precheck(const std::filesystem::path& png) {
 
 std::string plot_sweep(const std::vector<sweep_row>& rows, const std::filesystem::path& png) {
   auto curves = curves_of(rows);
-  std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("gdskit-plot-{}", ::getpid());
+  // A fresh private folder (mkdtemp), not a guessable name another user could have made first.
+  std::string tmpl = (std::filesystem::temp_directory_path() / "gdskit-plot-XXXXXX").string();
+  if (::mkdtemp(tmpl.data()) == nullptr) return fmt::format("cannot create {}: {}", tmpl, std::strerror(errno));
+  const std::filesystem::path dir = tmpl;
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return fmt::format("cannot create {}: {}", dir.string(), ec.message());
+  // Interrupted while gnuplot draws: the data, the script and then the folder are removed (signal_cleanup).
+  std::vector<remove_on_signal> remove_if_interrupted;
+  remove_if_interrupted.emplace_back(dir);
   std::string plot_cmd;
   int idx = 0;
   for (const auto& [key, pts] : curves) {
     auto data = dir / fmt::format("curve{}.dat", idx);
+    remove_if_interrupted.emplace_back(data);
     std::ofstream d(data);
     for (const auto& p : pts) d << p.threads << ' ' << p.gib_per_s << '\n';
     if (!plot_cmd.empty()) plot_cmd += ", ";
@@ -258,6 +264,7 @@ std::string plot_sweep(const std::vector<sweep_row>& rows, const std::filesystem
     ++idx;
   }
   auto script = dir / "plot.gp";
+  remove_if_interrupted.emplace_back(script);
   {
     std::ofstream g(script);
     std::string out = png.string();

@@ -1,4 +1,6 @@
 // Runs jobs: workers with one request in flight each, timing every request, then verification.
+#include <pthread.h>
+#include <sched.h>
 #include <sys/resource.h>
 
 #include <atomic>
@@ -13,6 +15,7 @@
 
 #include "bench/bench.hpp"
 #include "bench/transfer.hpp"
+#include "common/signal_cleanup.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
 #include "shim/cufile.hpp"
@@ -111,13 +114,25 @@ void check(worker& w, std::uint64_t offset, std::size_t n, std::vector<std::byte
   }
 }
 
+// -n: the calling worker thread runs on the node's CPUs only.
+void bind_to_node(const job_spec& j) {
+  if (!j.numa_node) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : numa_node_cpus(*j.numa_node))
+    if (c < CPU_SETSIZE) CPU_SET(c, &set);
+  if (int rc = ::pthread_setaffinity_np(::pthread_self(), sizeof(set), &set); rc != 0)
+    throw error(errno_code(rc), fmt::format("binding a worker to NUMA node {} (-n)", *j.numa_node));
+}
+
 void run_worker(worker& w, const std::atomic<bool>& stop, clock_type::time_point start) {
   const job_spec& j = *w.job;
+  bind_to_node(j);
   const bool writing = is_write(j.type);
   const bool random = is_random(j.type);
   const std::size_t cap = j.io.max_bytes;
-  std::vector<std::byte> scratch(j.verify ? cap : 0);
-  if (writing && !j.verify) {
+  std::vector<std::byte> scratch(j.verify || j.refill ? cap : 0);
+  if (writing && !j.verify && !j.refill) {
     // Without -V the content does not matter: fill once so the loop measures I/O, not pattern generation.
     std::vector<std::byte> fill(cap);
     fill_pattern(j.seed, 0, fill.data(), cap);
@@ -143,7 +158,7 @@ void run_worker(worker& w, const std::atomic<bool>& stop, clock_type::time_point
       off = pos;
       pos += n;
     }
-    if (writing && j.verify) {
+    if (writing && (j.verify || j.refill)) {
       fill_pattern(j.seed, off, scratch.data(), n);
       w.xfer->load(scratch.data(), n);
     }
@@ -182,6 +197,7 @@ void verify_writes(worker& w) {
 struct job_state {
   const job_spec* spec = nullptr;
   std::vector<std::filesystem::path> files;
+  std::vector<remove_on_signal> remove_if_interrupted;
   std::vector<file_handle> handles;
   std::vector<std::unique_ptr<worker>> workers;
   job_result result;
@@ -239,6 +255,8 @@ void prepare(job_state& s, const run_options& opt) {
     const bool existed = std::filesystem::exists(f, ec);
     open_options oo;
     oo.create = writing;
+    // A file this run creates holds nothing finished until the run ends: an interrupted run removes it.
+    if (!existed && writing) s.remove_if_interrupted.emplace_back(f);
     s.handles.emplace_back(f, writing ? open_mode::read_write : open_mode::read, oo, cfg);
     if (!existed) r.created.push_back(f);
   }
@@ -262,6 +280,7 @@ void prepare(job_state& s, const run_options& opt) {
   r.path_ran = p.path;
   r.reasons = p.reasons;
   if (j.xfer.page_cache || j.no_direct) r.reasons.push_back(j.xfer.page_cache ? "gdsio 4: through the page cache" : "-O 1: page cache");
+  if (j.numa_node) r.reasons.push_back(fmt::format("workers on NUMA node {} (-n)", *j.numa_node));
   if (!j.xfer.note.empty()) r.reasons.push_back(fmt::format("gdsio -x {}: {}", j.xfer.gdsio_number, j.xfer.note));
   r.requested_bytes = j.size_bytes * j.threads;
   r.residency_before = residency(s.files, &r.residency_note);

@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 
 #include <cerrno>
+#include <cstdio>
+
+#include "common/log.hpp"
 
 namespace gdskit {
 namespace {
@@ -140,5 +143,10 @@ short_read_error::short_read_error(std::string_view path, std::int64_t offset_by
     : error(errno_code(EIO), "read_exact", path, offset_bytes, nbytes,
             fmt::format("file ended after {} of {} bytes", transferred, nbytes)),
       transferred_(transferred) {}
+
+void log_warning(std::string_view message) noexcept {
+  // One fprintf per line, so concurrent warnings do not interleave within a line.
+  std::fprintf(stderr, "gdskit: warning: %.*s\n", static_cast<int>(message.size()), message.data());
+}
 
 }  // namespace gdskit

@@ -51,6 +51,12 @@ E env_enum(const char* name, E fallback, std::optional<E> (*parse)(std::string_v
   return *parsed;
 }
 
+std::optional<bool> parse_switch(std::string_view t) noexcept {
+  if (t == "on" || t == "1" || t == "true") return true;
+  if (t == "off" || t == "0" || t == "false") return false;
+  return std::nullopt;
+}
+
 }  // namespace
 
 settings settings::from_env() {
@@ -68,6 +74,10 @@ settings settings::from_env() {
   s.staging_slots = env_unsigned("GDSKIT_STAGING_SLOTS", s.staging_slots);
   s.staging_slot_bytes = env_size("GDSKIT_STAGING_SLOT_BYTES", s.staging_slot_bytes);
   s.cached_slot_bytes = env_size("GDSKIT_CACHED_SLOT_BYTES", s.cached_slot_bytes);
+  s.adaptive = env_enum("GDSKIT_ADAPTIVE", s.adaptive, &parse_switch, "on, off");
+  s.direct_depth_set = env("GDSKIT_DIRECT_DEPTH") != nullptr;
+  s.chunk_bytes_set = env("GDSKIT_CHUNK_BYTES") != nullptr;
+  s.staging_slot_bytes_set = env("GDSKIT_STAGING_SLOT_BYTES") != nullptr;
   s.validate();
   return s;
 }

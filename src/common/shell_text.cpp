@@ -2,6 +2,8 @@
 
 #include <filesystem>
 
+#include "gdskit/safetensors.hpp"
+
 namespace gdskit {
 
 std::string shell_quote(std::string_view s) {
@@ -21,14 +23,7 @@ bool has_control_chars(std::string_view s) noexcept {
   return false;
 }
 
-std::string printable(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7f) c = '?';
-  }
-  return out;
-}
+std::string printable(std::string_view s) { return safetensors::printable_name(s); }
 
 std::error_code check_folder_argument(const std::string& path) {
   if (path.empty() || has_control_chars(path)) return std::make_error_code(std::errc::invalid_argument);

@@ -5,6 +5,7 @@
 #include <string_view>
 #include <system_error>
 
+
 namespace gdskit {
 
 /// `s` as one POSIX shell word in single quotes ('it'\''s'). Safe for any bytes except control characters,
@@ -14,7 +15,9 @@ std::string shell_quote(std::string_view s);
 /// Whether `s` holds an ASCII control character (0x00-0x1f or 0x7f), newline and tab included.
 bool has_control_chars(std::string_view s) noexcept;
 
-/// `s` with every control character replaced by '?', for one-line comments and messages.
+/// `s` made safe for one-line comments, messages and reports: the escaping of safetensors::printable_name
+/// (control bytes as \n, \t, \x1b, a backslash as \\, bytes that are not UTF-8 as \xNN, C1 controls and
+/// bidirectional overrides as \uNNNN). One rule for every name or path that came from outside.
 std::string printable(std::string_view s);
 
 /// Checks a folder given on the command line: EINVAL when it holds control characters, ENOENT when it does

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "doctor/report.hpp"
+#include "engine/route_facts.hpp"
 #include "doctor/system_root.hpp"
 
 namespace gdskit::doctor {
@@ -40,13 +41,8 @@ std::optional<std::pair<std::string, int>> find_field(const std::string& text, c
 /// Parses a decimal or 0x-hex unsigned number; nullopt on garbage or overflow.
 std::optional<std::uint64_t> parse_u64(const std::string& s);
 
-/// A driver version found in a line ("NVRM version: ... 580.95.05 ..."): the first run of 3 or more digits
-/// followed by '.' and digits (and optionally one more '.' and digits). `major` fits an int or the whole
-/// token is rejected. Linear in the line's length, no recursion.
-struct version_token {
-  std::string text;  // "580.95.05"
-  int major = 0;
-};
+/// A driver version found in a line: engine::driver_version_in, the same parser the planner uses.
+using version_token = engine::driver_version_token;
 std::optional<version_token> find_version_token(std::string_view line);
 
 /// Whether `s` is a PCI address "dddd:bb:dd.f" (hex digits, function 0-7).

@@ -91,33 +91,9 @@ bool all_hex(std::string_view s) {
     if (!is_hex(c)) return false;
   return true;
 }
-std::size_t digits_from(std::string_view s, std::size_t i) {
-  std::size_t j = i;
-  while (j < s.size() && is_digit(s[j])) ++j;
-  return j - i;
-}
 }  // namespace
 
-std::optional<version_token> find_version_token(std::string_view line) {
-  for (std::size_t i = 0; i < line.size();) {
-    if (!is_digit(line[i]) || (i > 0 && is_digit(line[i - 1]))) {
-      ++i;
-      continue;
-    }
-    const std::size_t major_len = digits_from(line, i);
-    std::size_t end = i + major_len;
-    if (major_len >= 3 && end < line.size() && line[end] == '.' && digits_from(line, end + 1) > 0) {
-      end += 1 + digits_from(line, end + 1);
-      if (end < line.size() && line[end] == '.' && digits_from(line, end + 1) > 0) end += 1 + digits_from(line, end + 1);
-      int major = 0;
-      auto [p, ec] = std::from_chars(line.data() + i, line.data() + i + major_len, major);
-      if (ec != std::errc() || major <= 0) return std::nullopt;
-      return version_token{std::string(line.substr(i, end - i)), major};
-    }
-    i += major_len;
-  }
-  return std::nullopt;
-}
+std::optional<version_token> find_version_token(std::string_view line) { return engine::driver_version_in(line); }
 
 bool is_bdf(std::string_view s) noexcept {
   return s.size() == 12 && all_hex(s.substr(0, 4)) && s[4] == ':' && all_hex(s.substr(5, 2)) && s[7] == ':' &&

@@ -219,13 +219,15 @@ layer check_kernel(system_root& root, facts& f) {
   {
     check c{"kernel.p2pdma", "PCI P2PDMA route (no nvidia-fs)", status::warn, impact::none, "", {}, ""};
     auto k = has_sym("p2pdma_pgmap_ops");
-    std::vector<std::string> missing;
     if (k.first > 0) c.evidence.push_back({"proc/kallsyms", k.first, k.second});
-    else missing.push_back("kernel without PCI P2PDMA (no p2pdma_pgmap_ops)");
-    if (!f.open_module || f.driver_major < 565) missing.push_back("needs the open driver >= 565");
-    if (f.registry_dwords.find("RMForceStaticBar1=1") == std::string::npos)
-      missing.push_back("NVreg_RegistryDwords lacks RMForceStaticBar1=1");
-    if (!f.use_pci_p2pdma.value_or(false)) missing.push_back("cufile.json use_pci_p2pdma is false");
+    // The same rule and reasons as the planner's (engine/route_facts).
+    engine::p2pdma_facts pf;
+    pf.kernel_p2pdma = k.first > 0;
+    pf.open_module = f.open_module;
+    pf.driver_major = f.driver_major;
+    pf.static_bar1 = engine::registry_sets_static_bar1(f.registry_dwords);
+    pf.use_pci_p2pdma = f.use_pci_p2pdma.value_or(false);
+    const std::vector<std::string> missing = engine::p2pdma_missing(pf);
     if (missing.empty()) {
       c.state = status::ok;
       p2pdma_ready = true;

@@ -1,11 +1,15 @@
 // Storage layer for --path: mount, file system and options, block-device chain, NVMe, PCIe placement
 // against the GPUs, and the udev entry cuFile needs to register files on it.
+#include <sys/stat.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cctype>
 
 #include "doctor/checks.hpp"
+#include "engine/device_profile.hpp"
+#include "gdskit/settings.hpp"
 
 namespace gdskit::doctor {
 namespace {
@@ -302,6 +306,19 @@ layer check_storage(system_root& root, facts& f, const std::string& path) {
       c.state = status::fail;
       c.summary = "virtual file system (dev " + mnt->dev + "): cuFile cannot register its files";
     }
+    out.checks.push_back(std::move(c));
+  }
+  // The I/O profile transfers on this device start from (live systems only: it lives in this user's cache).
+  if (struct stat st {}; root.live() && ::stat(path.c_str(), &st) == 0) {
+    const auto& p = engine::profile_for_device(st.st_dev);
+    check c{"storage.profile", "I/O profile", status::ok, impact::none, "", {}, ""};
+    c.summary = p.profile ? fmt::format("device profile {}: read depth {}, {}; write depth {}, {}; adaptive from there",
+                                        p.profile->device.block.empty() ? p.profile->device.key : p.profile->device.block,
+                                        p.profile->read.depth, format_size(p.profile->read.request_bytes),
+                                        p.profile->write.depth, format_size(p.profile->write.request_bytes))
+                          : fmt::format("{}; adaptive from depth {}, {}", p.reason, engine::k_start_shape.depth,
+                                        format_size(engine::k_start_shape.request_bytes));
+    if (!p.profile) c.fix = "gdskit tune --path " + path + " measures this device and saves its profile.";
     out.checks.push_back(std::move(c));
   }
   return out;

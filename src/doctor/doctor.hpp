@@ -32,7 +32,29 @@ std::string render_text(const report& r, bool colour);
 std::string render_json(const report& r);
 
 /// Writes a capture of what `root` recorded (the files the checks read and the command outputs) as a
-/// gzip-compressed tar at `out`. Uses /bin/tar on a staging folder. Returns an error code on failure.
+/// gzip-compressed tar at `out`. Uses /bin/tar on a staging folder; the archive is written through the syscall
+/// seam. Returns an error code on failure (ENOSPC on a full disk), and then no file is left at `out`.
 std::error_code write_capture(const system_root& root, const std::string& path, const std::filesystem::path& out);
+
+/// A fresh folder only this process uses (mkdtemp under $TMPDIR), removed with its contents at destruction.
+class private_folder {
+ public:
+  private_folder();
+  ~private_folder();
+  private_folder(const private_folder&) = delete;
+  private_folder& operator=(const private_folder&) = delete;
+  const std::filesystem::path& path() const noexcept { return path_; }
+  std::error_code error() const noexcept { return error_; }
+
+ private:
+  std::filesystem::path path_;
+  std::error_code error_;
+};
+
+/// Unpacks a capture archive (.tar.gz from write_capture) into `dest`, an empty private folder. Refuses
+/// (EINVAL, `why` says what) archives with links or special files, absolute names, "..", more than 100000
+/// members or more than 512 MiB unpacked.
+std::error_code extract_capture(const std::filesystem::path& archive, const std::filesystem::path& dest,
+                                std::string& why);
 
 }  // namespace gdskit::doctor

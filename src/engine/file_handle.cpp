@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "common/log.hpp"
 #include "engine/file_impl.hpp"
 #include "engine/file_range.hpp"
 #include "engine/io_engine.hpp"
@@ -54,7 +55,7 @@ void add_chunks(std::vector<io_task>& out, const io_task& proto, std::byte* buf,
 }  // namespace
 
 std::vector<io_task> file_handle::impl::plan(bool write, std::byte* buf, std::size_t nbytes,
-                                             std::uint64_t offset) const {
+                                             std::uint64_t offset, std::size_t chunk_bytes) const {
   std::vector<io_task> tasks;
   engine::check_file_range(write ? "pwrite" : "pread", path.string(), write, offset, nbytes);
   const std::uint64_t end = offset + nbytes;
@@ -92,7 +93,7 @@ std::vector<io_task> file_handle::impl::plan(bool write, std::byte* buf, std::si
     body.direct = true;
     std::byte* body_buf = buf + (body_begin - offset);
     body.bounce = reinterpret_cast<std::uintptr_t>(body_buf) % a != 0;
-    add_chunks(tasks, body, body_buf, body_begin, body_end, config.chunk_bytes);
+    add_chunks(tasks, body, body_buf, body_begin, body_end, chunk_bytes);
   }
   if (end > body_end) {
     edge.buf = buf + (body_end - offset);
@@ -112,7 +113,8 @@ std::vector<io_task> file_handle::impl::plan(bool write, std::byte* buf, std::si
   return tasks;
 }
 
-void file_handle::impl::execute(std::vector<io_task>& tasks, std::size_t nbytes) const {
+void file_handle::impl::execute(std::vector<io_task>& tasks, std::size_t nbytes,
+                                engine::scheduled_transfer& sched) const {
   if (tasks.size() <= 1 || nbytes <= config.inline_bytes) {
     for (auto& t : tasks) {
       engine::run_task(t);
@@ -120,11 +122,34 @@ void file_handle::impl::execute(std::vector<io_task>& tasks, std::size_t nbytes)
     }
     return;
   }
-  // Storage wants a bounded queue depth; page-cache copies want every worker.
-  const bool any_direct = std::any_of(tasks.begin(), tasks.end(), [](const io_task& t) { return t.direct; });
-  const unsigned depth = any_direct ? std::min(config.threads, config.direct_depth) : config.threads;
-  if (choice.engine == engine_kind::io_uring && engine::run_uring(tasks, depth)) return;
-  engine::run_threads(tasks, depth);
+  std::size_t direct_bytes = 0;
+  for (const auto& t : tasks) direct_bytes += t.direct ? t.nbytes : 0;
+  if (direct_bytes == 0) {
+    // Page-cache copies want every worker.
+    if (choice.engine == engine_kind::io_uring && engine::run_uring(tasks, config.threads)) return;
+    engine::run_threads(tasks, config.threads);
+    return;
+  }
+  // Storage wants the depth the scheduler finds for this device.
+  sched.start(direct_bytes);
+  engine::io_observer obs{[&sched] { return sched.shape().depth; }, [&sched](std::size_t n) { sched.complete(n); }};
+  if (choice.engine == engine_kind::io_uring && engine::run_uring(tasks, sched.max_shape().depth, &obs)) return;
+  engine::run_threads(tasks, sched.shape().depth, &obs);
+}
+
+std::size_t file_handle::impl::transfer(bool write, std::byte* buf, std::size_t nbytes, std::uint64_t offset) const {
+  const bool scheduled = choice.direct && nbytes > config.inline_bytes;
+  engine::scheduled_transfer sched(config, st_dev, write ? engine::io_dir::write : engine::io_dir::read,
+                                   engine::io_client::host, scheduled ? nbytes : 0);
+  auto tasks = plan(write, buf, nbytes, offset, scheduled ? sched.shape().request_bytes : config.chunk_bytes);
+  execute(tasks, nbytes, sched);
+  throw_first_error(tasks, write ? "pwrite" : "pread");
+  std::size_t total = 0;
+  for (const auto& t : tasks) {
+    total += t.done;
+    if (t.done < t.nbytes) break;  // the file ended here; nothing after it counts
+  }
+  return total;
 }
 
 void file_handle::impl::throw_first_error(const std::vector<io_task>& tasks, const char* op) const {
@@ -136,6 +161,14 @@ void file_handle::impl::throw_first_error(const std::vector<io_task>& tasks, con
 std::uint64_t file_handle::impl::current_size() const {
   struct stat st {};
   if (posix::sys().fstat(fd.get(), &st) != 0) throw error(errno_code(errno), "fstat", path.string(), -1, 0);
+  if (S_ISBLK(st.st_mode)) {
+    // A block device's st_size is 0: its size comes from the device.
+    std::uint64_t nbytes = 0;
+    if (posix::sys().block_device_size(fd.get(), &nbytes) != 0) {
+      throw error(errno_code(errno), "ioctl BLKGETSIZE64", path.string(), -1, 0);
+    }
+    return nbytes;
+  }
   return static_cast<std::uint64_t>(st.st_size);
 }
 
@@ -151,15 +184,7 @@ std::size_t file_handle::impl::read(void* buf, std::size_t nbytes, std::uint64_t
   const std::uint64_t size = current_size();
   if (offset >= size) return 0;
   const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(nbytes, size - offset));
-  auto tasks = plan(false, static_cast<std::byte*>(buf), want, offset);
-  execute(tasks, want);
-  throw_first_error(tasks, "pread");
-  std::size_t total = 0;
-  for (const auto& t : tasks) {
-    total += t.done;
-    if (t.done < t.nbytes) break;  // the file ended here; nothing after it counts
-  }
-  return total;
+  return transfer(false, static_cast<std::byte*>(buf), want, offset);
 }
 
 std::size_t file_handle::impl::write(const void* buf, std::size_t nbytes, std::uint64_t offset) const {
@@ -170,12 +195,8 @@ std::size_t file_handle::impl::write(const void* buf, std::size_t nbytes, std::u
     throw error(errno_code(EBADF), "pwrite", path.string(), static_cast<std::int64_t>(offset), nbytes,
                 "file opened for reading only");
   }
-  auto tasks = plan(true, const_cast<std::byte*>(static_cast<const std::byte*>(buf)), nbytes, offset);
-  execute(tasks, nbytes);
-  throw_first_error(tasks, "pwrite");
+  const std::size_t total = transfer(true, const_cast<std::byte*>(static_cast<const std::byte*>(buf)), nbytes, offset);
   // A write never returns short: every task must account for all its bytes.
-  std::size_t total = 0;
-  for (const auto& t : tasks) total += t.done;
   if (total != nbytes) {
     throw error(errno_code(EIO), "pwrite", path.string(), static_cast<std::int64_t>(offset), nbytes,
                 fmt::format("only {} of {} bytes were written", total, nbytes));
@@ -183,7 +204,18 @@ std::size_t file_handle::impl::write(const void* buf, std::size_t nbytes, std::u
   return nbytes;
 }
 
-file_handle::impl::~impl() { engine::release_residency_map(*this); }
+std::error_code file_handle::impl::close_all() noexcept {
+  gpu.cufile.reset();  // cuFile lets go of the descriptor before it closes
+  engine::release_residency_map(*this);
+  std::error_code direct_ec = direct_fd.close();
+  std::error_code ec = fd.close();
+  return ec ? ec : direct_ec;
+}
+
+file_handle::impl::~impl() {
+  const std::error_code ec = close_all();
+  if (ec) log_warning(fmt::format("close \"{}\": {} (call file_handle::close() to see this as an error)", path.string(), ec.message()));
+}
 
 // The inside of an open handle; an empty (default-constructed or moved-from) one has none.
 const file_handle::impl& file_access::open_impl(const std::shared_ptr<file_handle::impl>& m, const char* op) {
@@ -205,10 +237,19 @@ const file_handle::impl& open_impl(const std::shared_ptr<file_handle::impl>& m, 
 // Runs `body` on the shared pool; the job holds the file open until it has run.
 template <class Body>
 std::future<std::size_t> run_async(std::shared_ptr<file_handle::impl> m, Body body) {
-  auto task = std::make_shared<std::packaged_task<std::size_t()>>(
-      [m = std::move(m), body = std::move(body)] { return body(m); });
+  if (m) {
+    std::lock_guard lock(m->async_mutex);
+    ++m->async_inflight;
+  }
+  auto task = std::make_shared<std::packaged_task<std::size_t()>>([m, body = std::move(body)] { return body(m); });
   auto fut = task->get_future();
-  engine::shared_pool(1).submit([task] { (*task)(); });
+  engine::shared_pool(1).submit([task, m = std::move(m)] {
+    (*task)();
+    if (m) {
+      std::lock_guard lock(m->async_mutex);
+      if (--m->async_inflight == 0) m->async_idle.notify_all();
+    }
+  });
   return fut;
 }
 
@@ -310,6 +351,22 @@ std::future<std::size_t> file_handle::pwrite_async(const void* buf, std::size_t 
   });
 }
 
+std::future<std::size_t> file_handle::read_async(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  return run_async(impl_, [dst, nbytes, offset_bytes](const std::shared_ptr<impl>& m) {
+    file_handle h;  // shares the inside: the same file, open until the operation ends
+    h.impl_ = m;
+    return h.read(dst, nbytes, offset_bytes);
+  });
+}
+
+std::future<std::size_t> file_handle::write_async(buffer_view src, std::size_t nbytes, std::uint64_t offset_bytes) const {
+  return run_async(impl_, [src, nbytes, offset_bytes](const std::shared_ptr<impl>& m) {
+    file_handle h;
+    h.impl_ = m;
+    return h.write(src, nbytes, offset_bytes);
+  });
+}
+
 std::uint64_t file_handle::size() const { return open_impl(impl_, "fstat").current_size(); }
 
 void file_handle::truncate(std::uint64_t nbytes) const {
@@ -330,7 +387,10 @@ void file_handle::sync() const {
 
 void file_handle::drop_cache() const {
   const impl& m = open_impl(impl_, "posix_fadvise DONTNEED");
-  if (m.mode != open_mode::read) posix::sys().fdatasync(m.fd.get());
+  // Dirty pages are not dropped: write them first, and say so when that fails (the drop would not be cold).
+  if (m.mode != open_mode::read && posix::sys().fdatasync(m.fd.get()) != 0) {
+    throw error(errno_code(errno), "fdatasync", m.path.string(), -1, 0, "before dropping the page cache");
+  }
   int r = posix::sys().fadvise(m.fd.get(), 0, 0, POSIX_FADV_DONTNEED);
   if (r != 0) throw error(errno_code(r), "posix_fadvise DONTNEED", m.path.string(), -1, 0);
 }
@@ -341,14 +401,22 @@ path_decision file_handle::plan(buffer_view buf) const {
   engine::runtime_facts rt;
   rt.direct_ok = f.choice.direct;
   rt.direct_reason = f.choice.direct_reason;
+  path_decision d;
   if (buf.kind == memory_kind::host || buf.kind == memory_kind::pinned) {
-    return engine::decide({}, rt, buf.kind, f.config.mode);
+    d = engine::decide({}, rt, buf.kind, f.config.mode);
+  } else {
+    rt.gpu_ok = gpu_available(&rt.gpu_reason);
+    rt.cufile_ok = shim::cufile(&rt.cufile_reason) != nullptr;
+    std::lock_guard lock(f.gpu.mutex);
+    if (!f.gpu.facts) f.gpu.facts = engine::gather_facts("/", f.st_dev, f.fs_type);
+    d = engine::decide(*f.gpu.facts, rt, buf.kind, f.config.mode);
   }
-  rt.gpu_ok = gpu_available(&rt.gpu_reason);
-  rt.cufile_ok = shim::cufile(&rt.cufile_reason) != nullptr;
-  std::lock_guard lock(f.gpu.mutex);
-  if (!f.gpu.facts) f.gpu.facts = engine::gather_facts("/", f.st_dev, f.fs_type);
-  return engine::decide(*f.gpu.facts, rt, buf.kind, f.config.mode);
+  // Where the O_DIRECT depth and request size come from (profile, adaptive state, or a setting that wins).
+  if (f.choice.direct) {
+    const auto client = d.path == data_path::staged ? engine::io_client::staged : engine::io_client::host;
+    d.reasons.push_back(engine::schedule_reason(f.config, f.st_dev, engine::io_dir::read, client));
+  }
+  return d;
 }
 
 namespace {
@@ -387,6 +455,17 @@ std::size_t file_handle::write(buffer_view src, std::size_t nbytes, std::uint64_
   check_view(m, true, src, nbytes, offset_bytes);
   if (host_memory(src)) return m.write(src.data, nbytes, offset_bytes);
   return gpu::device_transfer(*this, true, src, nbytes, offset_bytes);
+}
+
+void file_handle::close() {
+  if (!impl_) return;
+  std::shared_ptr<impl> m = std::move(impl_);  // the handle is empty from here on, whatever happens
+  {
+    std::unique_lock lock(m->async_mutex);
+    m->async_idle.wait(lock, [&] { return m->async_inflight == 0; });
+  }
+  const std::error_code ec = m->close_all();
+  if (ec) throw error(ec, "close", m->path.string(), -1, 0);
 }
 
 namespace {

@@ -1,6 +1,7 @@
 // The inside of gdskit::file_handle, shared with the GPU paths (they reuse its descriptors and planner).
 #pragma once
 
+#include <condition_variable>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "engine/io_engine.hpp"
+#include "engine/io_schedule.hpp"
 #include "gdskit/file.hpp"
 #include "engine/planner.hpp"
 #include "posix/syscalls.hpp"
@@ -44,19 +46,32 @@ struct file_handle::impl {
   };
   mutable residency_map rmap;
 
+  // Asynchronous operations of the handle not yet finished (close() waits for them).
+  mutable std::mutex async_mutex;
+  mutable std::condition_variable async_idle;
+  mutable unsigned async_inflight = 0;
+
   impl() = default;
+  /// Closes what is still open; errors are logged (a destructor cannot report them).
   ~impl();
   impl(const impl&) = delete;
   impl& operator=(const impl&) = delete;
 
   /// Splits a request into tasks: aligned O_DIRECT chunks, bounce or buffered pieces at the edges.
-  std::vector<engine::io_task> plan(bool write, std::byte* buf, std::size_t nbytes, std::uint64_t offset) const;
-  /// Runs tasks inline (small requests) or on the chosen engine.
-  void execute(std::vector<engine::io_task>& tasks, std::size_t nbytes) const;
+  /// O_DIRECT chunks are `chunk_bytes` long.
+  std::vector<engine::io_task> plan(bool write, std::byte* buf, std::size_t nbytes, std::uint64_t offset,
+                                    std::size_t chunk_bytes) const;
+  /// Runs tasks inline (small requests) or on the chosen engine, O_DIRECT ones at the depth the scheduler of
+  /// this transfer asks for (its measurement starts here).
+  void execute(std::vector<engine::io_task>& tasks, std::size_t nbytes, engine::scheduled_transfer& sched) const;
+  /// plan + execute, scheduled as one transfer; returns the bytes moved (short only at end of file).
+  std::size_t transfer(bool write, std::byte* buf, std::size_t nbytes, std::uint64_t offset) const;
   void throw_first_error(const std::vector<engine::io_task>& tasks, const char* op) const;
   std::uint64_t current_size() const;
   std::size_t read(void* buf, std::size_t nbytes, std::uint64_t offset) const;
   std::size_t write(const void* buf, std::size_t nbytes, std::uint64_t offset) const;
+  /// Deregisters from cuFile, unmaps, closes both descriptors; returns the first close error.
+  std::error_code close_all() noexcept;
 };
 
 /// The data paths' way into a handle (src/gpu): its inside, or EBADF when the handle is empty.

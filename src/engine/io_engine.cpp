@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -82,8 +83,11 @@ void run_task(io_task& t) noexcept {
   }
 }
 
-void run_threads(std::span<io_task> tasks, unsigned parallelism) {
-  parallel_for(tasks.size(), parallelism, [&](std::size_t i) { run_task(tasks[i]); });
+void run_threads(std::span<io_task> tasks, unsigned parallelism, const io_observer* obs) {
+  parallel_for(tasks.size(), parallelism, [&](std::size_t i) {
+    run_task(tasks[i]);
+    if (obs != nullptr && tasks[i].direct && tasks[i].done > 0) obs->completed(tasks[i].done);
+  });
 }
 
 #ifdef GDSKIT_HAVE_URING
@@ -155,7 +159,7 @@ const std::string& uring_unavailable_reason() {
   return reason;
 }
 
-bool run_uring(std::span<io_task> tasks, unsigned depth) {
+bool run_uring(std::span<io_task> tasks, unsigned depth, const io_observer* obs) {
   if (!uring_unavailable_reason().empty()) return false;
   depth = std::max(1u, std::min(depth, 256u));
   ring* rg = nullptr;
@@ -199,6 +203,7 @@ bool run_uring(std::span<io_task> tasks, unsigned depth) {
         // read: end of file, the task ends short
       } else {
         t.done += static_cast<std::size_t>(res);
+        if (obs != nullptr && t.direct) obs->completed(static_cast<std::size_t>(res));
         // A short O_DIRECT read that stops off a block boundary has reached end of file.
         bool eof = !t.write && t.direct && (t.offset + t.done) % t.alignment != 0;
         again = t.done < t.nbytes && !eof;
@@ -214,7 +219,9 @@ bool run_uring(std::span<io_task> tasks, unsigned depth) {
   };
   // io_uring takes at most 2 GiB - 4 KiB per operation; the planner's chunks are far smaller.
   while (true) {
-    while (!failed && inflight < depth && next < tasks.size()) {
+    // The scheduler may lower the depth while the transfer runs (never above the ring's size).
+    const unsigned limit = obs != nullptr ? std::clamp(obs->depth(), 1u, depth) : depth;
+    while (!failed && inflight < limit && next < tasks.size()) {
       io_task& t = tasks[next];
       if (t.bounce || t.nbytes == 0) {
         run_task(t);
@@ -263,7 +270,7 @@ const std::string& uring_unavailable_reason() {
   return reason;
 }
 
-bool run_uring(std::span<io_task>, unsigned) { return false; }
+bool run_uring(std::span<io_task>, unsigned, const io_observer*) { return false; }
 
 #endif
 

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <system_error>
@@ -24,15 +25,23 @@ struct io_task {
   std::error_code ec;
 };
 
+/// Feedback between an engine and the adaptive scheduler: the depth to keep in flight now, and O_DIRECT bytes
+/// as they complete. Both are called from the engine's threads.
+struct io_observer {
+  std::function<unsigned()> depth;
+  std::function<void(std::size_t)> completed;
+};
+
 /// Runs one task to completion on the calling thread (EINTR retried, short transfers looped).
 void run_task(io_task& task) noexcept;
 
 /// Runs tasks on up to `parallelism` threads (the caller is one of them).
-void run_threads(std::span<io_task> tasks, unsigned parallelism);
+void run_threads(std::span<io_task> tasks, unsigned parallelism, const io_observer* obs = nullptr);
 
-/// Runs tasks through a ring owned by the calling thread, keeping up to `depth` in flight. Bounce tasks run
-/// synchronously on the caller. Returns false (having run nothing) when io_uring cannot be used.
-bool run_uring(std::span<io_task> tasks, unsigned depth);
+/// Runs tasks through a ring owned by the calling thread, keeping up to `depth` in flight (fewer while `obs`
+/// asks for fewer). Bounce tasks run synchronously on the caller. Returns false (having run nothing) when
+/// io_uring cannot be used.
+bool run_uring(std::span<io_task> tasks, unsigned depth, const io_observer* obs = nullptr);
 
 /// Empty when io_uring works in this process, else why not (probed once).
 const std::string& uring_unavailable_reason();

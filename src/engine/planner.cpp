@@ -6,11 +6,11 @@
 #include <cstdlib>
 #include <mutex>
 #include <optional>
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "common/bounded_read.hpp"
 
 namespace gdskit::engine {
 namespace {
@@ -20,32 +20,43 @@ bool path_exists(const std::filesystem::path& p) {
   return std::filesystem::exists(p, ec);
 }
 
-bool file_contains_symbol(const std::filesystem::path& p, std::initializer_list<const char*> symbols) {
-  std::ifstream in(p);
-  std::string line;
-  while (std::getline(in, line)) {
+// Which of `symbols` /proc/kallsyms (or a captured copy) names, as a bit per symbol. Bounded like the doctor's
+// scan: a device or FIFO in a captured root is not read, an endless file stops at the limit.
+unsigned kallsyms_has(const std::filesystem::path& p, std::initializer_list<const char*> symbols) {
+  unsigned found = 0;
+  (void)scan_lines_bounded(p, 256u << 20, 4096, [&](std::string_view line) {
+    unsigned bit = 1;
     for (const char* s : symbols) {
       // kallsyms lines end with the symbol name, optionally followed by "\t[module]".
-      auto pos = line.find(s);
-      if (pos != std::string::npos && (pos == 0 || line[pos - 1] == ' ' || line[pos - 1] == '\t')) return true;
+      const std::string_view sym(s);
+      auto pos = line.find(sym);
+      const auto end = pos + sym.size();
+      if (pos != std::string_view::npos && (pos == 0 || line[pos - 1] == ' ' || line[pos - 1] == '\t') &&
+          (end == line.size() || line[end] == '\t' || line[end] == ' '))
+        found |= bit;
+      bit <<= 1;
     }
-  }
-  return false;
+  });
+  return found;
 }
 
 // The live system's kallsyms holds a few hundred thousand lines (tens of milliseconds to scan), and every file
 // opened for a GPU read asks; the answer only changes when the NVMe module is swapped, so it is kept a while.
-bool nvme_hook_present(const std::filesystem::path& root) {
-  static constexpr std::initializer_list<const char*> k_symbols = {"nvme_v1_register_nvfs_dma_ops",
-                                                                   "nvme_v2_register_nvfs_dma_ops"};
-  if (root != "/") return file_contains_symbol(root / "proc/kallsyms", k_symbols);
+// Bit 0: the NVMe nvfs hook (either version); bit 1: PCI P2PDMA in the kernel.
+unsigned kernel_symbols(const std::filesystem::path& root) {
+  auto scan = [](const std::filesystem::path& p) {
+    const unsigned bits =
+        kallsyms_has(p, {"nvme_v1_register_nvfs_dma_ops", "nvme_v2_register_nvfs_dma_ops", "p2pdma_pgmap_ops"});
+    return ((bits & 3u) != 0 ? 1u : 0u) | ((bits & 4u) != 0 ? 2u : 0u);
+  };
+  if (root != "/") return scan(root / "proc/kallsyms");
   static std::mutex mutex;
-  static std::optional<bool> cached;
+  static std::optional<unsigned> cached;
   static std::chrono::steady_clock::time_point when;
   std::lock_guard lock(mutex);
   const auto now = std::chrono::steady_clock::now();
   if (!cached || now - when > std::chrono::seconds(30)) {
-    cached = file_contains_symbol("/proc/kallsyms", k_symbols);
+    cached = scan("/proc/kallsyms");
     when = now;
   }
   return *cached;
@@ -57,25 +68,22 @@ bool cufile_json_requests_p2pdma(const std::filesystem::path& root) {
   }
   std::filesystem::path json = root / "etc/cufile.json";
   if (const char* env = std::getenv("CUFILE_ENV_PATH_JSON"); env != nullptr && root == "/") json = env;
-  std::ifstream in(json);
-  if (!in) return false;
-  try {
-    auto j = nlohmann::json::parse(in, nullptr, true, /*ignore_comments=*/true);
-    auto props = j.find("properties");
-    if (props != j.end() && props->is_object()) {
-      auto v = props->find("use_pci_p2pdma");
-      if (v != props->end() && v->is_boolean()) return v->get<bool>();
-    }
-  } catch (const nlohmann::json::exception&) {
+  auto text = read_bounded(json, 1 << 20);
+  if (!text.ok()) return false;
+  auto j = nlohmann::json::parse(*text.text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  if (!j.is_object()) return false;
+  auto props = j.find("properties");
+  if (props != j.end() && props->is_object()) {
+    auto v = props->find("use_pci_p2pdma");
+    if (v != props->end() && v->is_boolean()) return v->get<bool>();
   }
   return false;
 }
 
 std::string read_line(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::string line;
-  std::getline(in, line);
-  return line;
+  std::string text = read_bounded(p, 64 * 1024).text.value_or("");
+  if (auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
+  return text;
 }
 
 // The whole-disk name of the block device holding `dev`. A live sysfs resolves /sys/dev/block/M:m (partitions
@@ -104,13 +112,26 @@ std::string block_device_of(const std::filesystem::path& root, dev_t dev) {
 system_facts gather_facts(const std::filesystem::path& root, dev_t dev, const std::string& fs_type) {
   system_facts f;
   f.fs_type = fs_type;
-  std::ifstream ver(root / "proc/driver/nvidia-fs/version");
-  if (ver) {
+  if (auto ver = read_bounded(root / "proc/driver/nvidia-fs/version", 64 * 1024); ver.ok()) {
     f.nvidia_fs_loaded = true;
-    std::getline(ver, f.nvidia_fs_version);
+    f.nvidia_fs_version = ver.text->substr(0, ver.text->find('\n'));
   }
-  f.nvme_nvfs_hook = nvme_hook_present(root);
-  f.p2pdma_requested = cufile_json_requests_p2pdma(root);
+  const unsigned syms = kernel_symbols(root);
+  f.nvme_nvfs_hook = (syms & 1u) != 0;
+  f.p2pdma.kernel_p2pdma = (syms & 2u) != 0;
+  const std::string nv = read_line(root / "proc/driver/nvidia/version");
+  f.p2pdma.open_module = nv.find("Open Kernel Module") != std::string::npos;
+  if (auto v = driver_version_in(nv)) f.p2pdma.driver_major = v->major;
+  // "RegistryDwords: "..."" in the driver's parameter list.
+  const std::string params = read_bounded(root / "proc/driver/nvidia/params", 1 << 20).text.value_or("");
+  for (std::size_t pos = 0; pos < params.size();) {
+    auto nl = params.find('\n', pos);
+    if (nl == std::string::npos) nl = params.size();
+    const std::string_view line(params.data() + pos, nl - pos);
+    if (line.rfind("RegistryDwords:", 0) == 0) f.p2pdma.static_bar1 = registry_sets_static_bar1(line.substr(15));
+    pos = nl + 1;
+  }
+  f.p2pdma.use_pci_p2pdma = cufile_json_requests_p2pdma(root);
   std::error_code ec;
   f.run_udev = std::filesystem::is_directory(root / "run/udev", ec);
   if (major(dev) != 0) f.udev_entry = path_exists(root / fmt::format("run/udev/data/b{}:{}", major(dev), minor(dev)));
@@ -136,7 +157,8 @@ path_decision decide(const system_facts& sys, const runtime_facts& rt, memory_ki
     why_not.push_back(fmt::format("file system {}: no block device for a direct path", sys.fs_type));
   }
   const bool nvfs_route = sys.nvidia_fs_loaded && sys.nvme_nvfs_hook && sys.on_nvme;
-  const bool p2pdma_route = sys.p2pdma_requested && sys.on_nvme;
+  const std::vector<std::string> p2pdma_lacks = p2pdma_missing(sys.p2pdma);
+  const bool p2pdma_route = p2pdma_lacks.empty() && sys.on_nvme;
   if (!nvfs_route && !p2pdma_route) {
     if (!sys.nvidia_fs_loaded) why_not.push_back("nvidia-fs not loaded (no /proc/driver/nvidia-fs)");
     if (!sys.nvme_nvfs_hook) {
@@ -146,7 +168,7 @@ path_decision decide(const system_facts& sys, const runtime_facts& rt, memory_ki
       why_not.push_back(sys.block_device.empty() ? "file is not on a block device"
                                                  : fmt::format("file is on {}, not NVMe", sys.block_device));
     }
-    if (!sys.p2pdma_requested) why_not.push_back("PCI P2PDMA not enabled (cufile.json properties.use_pci_p2pdma)");
+    if (!p2pdma_lacks.empty()) why_not.push_back(fmt::format("P2PDMA route not ready: {}", fmt::join(p2pdma_lacks, "; ")));
   }
   if (!sys.run_udev) {
     why_not.push_back("/run/udev missing: cuFile cannot register files");
@@ -162,7 +184,7 @@ path_decision decide(const system_facts& sys, const runtime_facts& rt, memory_ki
       return d;
     case path_mode::compat:
       d.path = data_path::compat;
-      d.reasons.push_back("GDSKIT_MODE=compat: cuFile's own POSIX path");
+      d.reasons.push_back("GDSKIT_MODE=compat: cuFile's own POSIX path (cuFile opened with force_compat_mode for this process)");
       if (!rt.cufile_ok) d.reasons.push_back(rt.cufile_reason);
       return d;
     case path_mode::host:

@@ -9,6 +9,7 @@
 
 #include "gdskit/buffer.hpp"
 #include "gdskit/path.hpp"
+#include "engine/route_facts.hpp"
 #include "gdskit/settings.hpp"
 
 namespace gdskit::engine {
@@ -18,7 +19,9 @@ struct system_facts {
   bool nvidia_fs_loaded = false;   ///< /proc/driver/nvidia-fs/version exists
   std::string nvidia_fs_version;
   bool nvme_nvfs_hook = false;     ///< nvme_v1/v2_register_nvfs_dma_ops in /proc/kallsyms
-  bool p2pdma_requested = false;   ///< cufile.json properties.use_pci_p2pdma (or CUFILE_USE_PCIP2PDMA)
+  /// The PCI P2PDMA route's facts (use_pci_p2pdma from cufile.json or CUFILE_USE_PCIP2PDMA); judged by
+  /// p2pdma_missing, the rule the doctor uses too.
+  p2pdma_facts p2pdma;
   bool run_udev = false;           ///< /run/udev is a folder
   bool udev_entry = false;         ///< /run/udev/data/b<maj>:<min> exists for the file's device
   std::string block_device;        ///< "nvme0n1", "vda", "" when not on a block device

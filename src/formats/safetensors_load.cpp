@@ -5,6 +5,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <atomic>
+#include <mutex>
 #include <new>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -16,6 +18,7 @@
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
 #include "gdskit/safetensors.hpp"
+#include "engine/thread_pool.hpp"
 
 namespace gdskit::safetensors {
 
@@ -221,6 +224,69 @@ std::vector<shard> resolve_shards(const std::filesystem::path& path) {
   return {shard{path, {}}};
 }
 
+namespace {
+
+struct segment {
+  std::size_t file_index;
+  std::uint64_t file_offset;
+  std::uint64_t nbytes;
+  std::uint64_t alloc_offset;
+};
+
+// The runs of every shard as one stream of segments, `pipeline_depth` of them reading at once: while one
+// segment's last requests drain, the next one's (in the same file or the next) are already issued. Segments
+// end at absolute multiples of the segment size, so each keeps its run's congruence of memory and file offset
+// modulo 4 KiB and the O_DIRECT engine still reads straight into place. The first error (lowest segment)
+// wins and stops the rest.
+void read_pipelined(const std::vector<file_handle>& files, const std::vector<run>& runs, buffer_view view,
+                    const load_options& options, load_stats& stats) {
+  const std::size_t seg_bytes =
+      std::max<std::size_t>(options.pipeline_segment_bytes / k_host_alignment * k_host_alignment, k_host_alignment);
+  std::vector<segment> segs;
+  for (const auto& r : runs) {
+    if (r.file_end == r.file_begin) continue;
+    for (std::uint64_t pos = r.file_begin; pos < r.file_end;) {
+      const std::uint64_t stop = std::min<std::uint64_t>(r.file_end, pos / seg_bytes * seg_bytes + seg_bytes);
+      segs.push_back({r.file_index, pos, stop - pos, r.alloc_offset + (pos - r.file_begin)});
+      pos = stop;
+    }
+    stats.bytes_read += r.file_end - r.file_begin;
+    ++stats.read_requests;
+  }
+  stats.segments = segs.size();
+  const unsigned depth = static_cast<unsigned>(std::clamp<std::size_t>(options.pipeline_depth, 1, std::max<std::size_t>(segs.size(), 1)));
+  std::atomic<std::size_t> next{0};
+  std::atomic<unsigned> in_flight{0};
+  std::atomic<unsigned> peak{0};
+  std::atomic<bool> failed{false};
+  std::mutex mutex;
+  std::exception_ptr first;
+  std::size_t first_index = SIZE_MAX;
+  engine::parallel_for(depth, depth, [&](std::size_t) {
+    for (std::size_t i = next++; i < segs.size() && !failed.load(); i = next++) {
+      const segment& sg = segs[i];
+      const unsigned now = ++in_flight;
+      for (unsigned p = peak.load(); now > p && !peak.compare_exchange_weak(p, now);) {
+      }
+      try {
+        files[sg.file_index].read_exact(view.sub(sg.alloc_offset, sg.nbytes), sg.nbytes, sg.file_offset);
+      } catch (...) {
+        std::lock_guard lock(mutex);
+        if (i < first_index) {
+          first = std::current_exception();
+          first_index = i;
+        }
+        failed = true;
+      }
+      --in_flight;
+    }
+  });
+  stats.peak_segments_in_flight = peak.load();
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace
+
 model load(const std::filesystem::path& path, const load_options& options) {
   const auto t_headers = std::chrono::steady_clock::now();
   const auto shards = resolve_shards(path);
@@ -340,13 +406,7 @@ model load(const std::filesystem::path& path, const load_options& options) {
   host_copier copy = [&st](const void* src, std::size_t n, std::size_t off) { copy_into(st.view, off, src, n); };
 
   const auto t_read = std::chrono::steady_clock::now();
-  for (const auto& r : runs) {
-    const std::uint64_t n = r.file_end - r.file_begin;
-    if (n == 0) continue;
-    files[r.file_index].read_exact(st.view.sub(r.alloc_offset, n), n, r.file_begin);
-    stats.bytes_read += n;
-    ++stats.read_requests;
-  }
+  read_pipelined(files, runs, st.view, options, stats);
   for (auto* it : strided) {
     auto with_offset = [&, base = it->alloc_offset](const void* src, std::size_t n, std::size_t off) {
       copy(src, n, base + off);

@@ -459,10 +459,28 @@ std::string shard_file_name(std::size_t k, std::size_t n) {
   return fmt::format("model-{:05d}-of-{:05d}.safetensors", k, n);
 }
 
+std::string index_json(const std::vector<std::pair<std::string, std::string>>& weight_map, std::uint64_t total_size) {
+  nlohmann::json j;
+  j["metadata"]["total_size"] = total_size;
+  auto& wm = j["weight_map"];
+  wm = nlohmann::json::object();
+  for (const auto& [name, file] : weight_map) wm[name] = file;
+  return j.dump(2) + "\n";
+}
+
+void write_index(const std::filesystem::path& folder,
+                 const std::vector<std::pair<std::string, std::string>>& weight_map, std::uint64_t total_size,
+                 bool overwrite) {
+  posix::atomic_write_file(folder / "model.safetensors.index.json", index_json(weight_map, total_size), 0644,
+                           overwrite);
+}
+
 save_stats save_sharded(const std::filesystem::path& folder, const std::vector<save_tensor>& tensors,
                         const std::optional<metadata_entries>& metadata, const save_options& options) {
   check_options(options);
-  plan_save(tensors, std::nullopt);  // names, sizes: fail before anything is created
+  // Names, sizes, metadata: fail before anything is created.
+  plan_save(tensors, std::nullopt);
+  plan_save({}, metadata);
   const auto groups = plan_shards(tensors, options.max_shard_bytes);
   const std::size_t n = std::max<std::size_t>(1, groups.size());
   const std::filesystem::path index = folder / "model.safetensors.index.json";
@@ -475,7 +493,8 @@ save_stats save_sharded(const std::filesystem::path& folder, const std::vector<s
         throw error(errno_code(EEXIST), "create", t.string(), -1, 0, "exists; pass overwrite to replace it");
       }
     }
-    if (n > 1 && std::filesystem::symlink_status(index, ec).type() != std::filesystem::file_type::not_found) {
+    // One shard has no index, but an index left in the folder would still name the old checkpoint: it counts.
+    if (std::filesystem::symlink_status(index, ec).type() != std::filesystem::file_type::not_found) {
       throw error(errno_code(EEXIST), "create", index.string(), -1, 0, "exists; pass overwrite to replace it");
     }
   }
@@ -504,14 +523,11 @@ save_stats save_sharded(const std::filesystem::path& folder, const std::vector<s
   }
   posix::atomic_publish index_file;
   if (n > 1) {
-    nlohmann::json j;
-    j["metadata"]["total_size"] = total;
-    auto& wm = j["weight_map"];
-    wm = nlohmann::json::object();
+    std::vector<std::pair<std::string, std::string>> weight_map;
     for (std::size_t k = 0; k < n; ++k) {
-      for (std::size_t i : groups[k]) wm[tensors[i].name] = shard_file_name(k + 1, n);
+      for (std::size_t i : groups[k]) weight_map.emplace_back(tensors[i].name, shard_file_name(k + 1, n));
     }
-    index_file = posix::write_unpublished(index, j.dump(2) + "\n", 0644, options.overwrite);
+    index_file = posix::write_unpublished(index, index_json(weight_map, total), 0644, options.overwrite);
   }
   // Only renames remain: the shards, then the index, so the index never names a shard not whole on disk.
   const auto t_sync = std::chrono::steady_clock::now();
@@ -521,6 +537,11 @@ save_stats save_sharded(const std::filesystem::path& folder, const std::vector<s
   if (n > 1) {
     index_file.rename_and_sync_folder();
     stats.written.push_back(index);
+  }
+  if (n == 1 && std::filesystem::symlink_status(index, ec).type() != std::filesystem::file_type::not_found) {
+    // Readers prefer an index to model.safetensors: one naming the previous checkpoint must go.
+    if (posix::sys().unlink(index.c_str()) != 0) throw error(errno_code(errno), "remove", index.string(), -1, 0);
+    posix::sync_folder(folder);
   }
   for (const auto& b : backups) posix::sys().unlink(b.c_str());
   stats.sync_seconds += seconds_since(t_sync);

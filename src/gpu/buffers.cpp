@@ -1,11 +1,14 @@
 // device_buffer, pinned_buffer, cufile_registration and pointer classification over the driver shim.
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "gdskit/buffer.hpp"
+#include "gpu/buffers.hpp"
+#include "gpu/cuda_raii.hpp"
 #include "gdskit/error.hpp"
 #include "shim/cuda_driver.hpp"
 #include "shim/cufile.hpp"
@@ -39,18 +42,22 @@ int gpu_count() {
   return a->cuDeviceGetCount(&n) == CUDA_SUCCESS ? n : 0;
 }
 
-buffer_view describe_pointer(void* ptr, std::size_t nbytes) {
+namespace gpu {
+
+buffer_view describe_pointer_with(const cuda_api* a, void* ptr, std::size_t nbytes) {
   if (ptr == nullptr) throw error(errno_code(EFAULT), "describe_pointer: null pointer");
-  const cuda_api* a = cuda();
   if (a == nullptr) return buffer_view::host(ptr, nbytes);
   const auto addr = reinterpret_cast<CUdeviceptr>(ptr);
   unsigned type = 0;
   CUresult r = a->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr);
-  if (r != CUDA_SUCCESS) return buffer_view::host(ptr, nbytes);  // pageable memory the driver never saw
+  // Only "not a pointer the driver knows" means pageable host memory; anything else is a driver failure.
+  if (r == CUDA_ERROR_INVALID_VALUE) return buffer_view::host(ptr, nbytes);
+  check_cuda(r, "cuPointerGetAttribute (memory type)");
   int managed = 0;
-  a->cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, addr);
+  check_cuda(a->cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, addr), "cuPointerGetAttribute (managed)");
   int ordinal = -1;
-  a->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, addr);
+  check_cuda(a->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, addr),
+             "cuPointerGetAttribute (device ordinal)");
   // The allocation must hold the whole range: a too-small foreign buffer is an error, never an overrun.
   CUdeviceptr start = 0;
   std::size_t range = 0;
@@ -67,21 +74,22 @@ buffer_view describe_pointer(void* ptr, std::size_t nbytes) {
   return {ptr, nbytes, memory_kind::managed, ordinal};
 }
 
+}  // namespace gpu
+
+buffer_view describe_pointer(void* ptr, std::size_t nbytes) { return gpu::describe_pointer_with(cuda(), ptr, nbytes); }
+
 device_buffer::device_buffer(std::size_t nbytes, int device) : nbytes_(nbytes), device_(device) {
   const cuda_api& a = cuda_or_throw();
-  use_device(device);
+  gpu::context_guard ctx(device);
   CUdeviceptr p = 0;
   check_cuda(a.cuMemAlloc(&p, nbytes == 0 ? 1 : nbytes), "cuMemAlloc");
   ptr_ = reinterpret_cast<void*>(p);
 }
 
 device_buffer::~device_buffer() {
-  if (ptr_ != nullptr) {
-    if (const cuda_api* a = cuda()) {
-      use_device(device_);
-      a->cuMemFree(reinterpret_cast<CUdeviceptr>(ptr_));
-    }
-  }
+  if (ptr_ == nullptr) return;
+  const auto p = reinterpret_cast<CUdeviceptr>(ptr_);
+  gpu::release_in_context(device_, "cuMemFree", [p] { return cuda()->cuMemFree(p); });
 }
 
 device_buffer::device_buffer(device_buffer&& o) noexcept
@@ -104,7 +112,7 @@ void copy_into(const buffer_view& dst, std::size_t offset_bytes, const void* src
     std::memcpy(d.data, src, nbytes);
     return;
   }
-  use_device(d.device < 0 ? 0 : d.device);
+  gpu::context_guard ctx(d.device < 0 ? 0 : d.device);
   check_cuda(cuda_or_throw().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(d.data), src, nbytes), "cuMemcpyHtoD");
 }
 
@@ -115,7 +123,7 @@ void copy_out(const buffer_view& src, std::size_t offset_bytes, void* dst, std::
     std::memcpy(dst, s.data, nbytes);
     return;
   }
-  use_device(s.device < 0 ? 0 : s.device);
+  gpu::context_guard ctx(s.device < 0 ? 0 : s.device);
   check_cuda(cuda_or_throw().cuMemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(s.data), nbytes), "cuMemcpyDtoH");
 }
 
@@ -128,30 +136,33 @@ void device_buffer::copy_to_host(void* dst, std::size_t nbytes, std::size_t offs
 }
 
 void device_buffer::fill(unsigned char value) {
-  use_device(device_);
+  gpu::context_guard ctx(device_);
   check_cuda(cuda_or_throw().cuMemsetD8(reinterpret_cast<CUdeviceptr>(ptr_), value, nbytes_), "cuMemsetD8");
 }
 
-pinned_buffer::pinned_buffer(std::size_t nbytes) : nbytes_(nbytes) {
+pinned_buffer::pinned_buffer(std::size_t nbytes, int device) : nbytes_(nbytes), device_(device) {
   const cuda_api& a = cuda_or_throw();
-  use_device(0);
-  check_cuda(a.cuMemHostAlloc(&ptr_, nbytes == 0 ? 1 : nbytes, MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc");
+  gpu::context_guard ctx(device);
+  void* p = nullptr;
+  check_cuda(a.cuMemHostAlloc(&p, nbytes == 0 ? 1 : nbytes, MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc");
+  ptr_ = p;
 }
 
 pinned_buffer::~pinned_buffer() {
-  if (ptr_ != nullptr) {
-    if (const cuda_api* a = cuda()) a->cuMemFreeHost(ptr_);
-  }
+  if (ptr_ == nullptr) return;
+  void* p = ptr_;
+  gpu::release_in_context(device_, "cuMemFreeHost", [p] { return cuda()->cuMemFreeHost(p); });
 }
 
 pinned_buffer::pinned_buffer(pinned_buffer&& o) noexcept
-    : ptr_(std::exchange(o.ptr_, nullptr)), nbytes_(std::exchange(o.nbytes_, 0)) {}
+    : ptr_(std::exchange(o.ptr_, nullptr)), nbytes_(std::exchange(o.nbytes_, 0)), device_(std::exchange(o.device_, -1)) {}
 
 pinned_buffer& pinned_buffer::operator=(pinned_buffer&& o) noexcept {
   if (this != &o) {
     pinned_buffer tmp(std::move(*this));
     ptr_ = std::exchange(o.ptr_, nullptr);
     nbytes_ = std::exchange(o.nbytes_, 0);
+    device_ = std::exchange(o.device_, -1);
   }
   return *this;
 }
@@ -162,7 +173,8 @@ cufile_registration::cufile_registration(buffer_view device_memory) {
   if (f == nullptr) throw error(errno_code(ENOTSUP), "cuFileBufRegister: " + reason);
   int open_status = cufile_driver_open();
   if (open_status != CU_FILE_SUCCESS) throw error(cufile_code(open_status), "cuFileDriverOpen");
-  if (device_memory.device >= 0) use_device(device_memory.device);
+  std::optional<gpu::context_guard> ctx;
+  if (device_memory.device >= 0) ctx.emplace(device_memory.device);
   CUfileError_t st = f->cuFileBufRegister(device_memory.data, device_memory.nbytes, 0);
   if (st.err != CU_FILE_SUCCESS) throw error(cufile_status_code(st), "cuFileBufRegister");
   ptr_ = device_memory.data;

@@ -11,76 +11,48 @@ namespace gdskit::gpu {
 
 using namespace shim;
 
-staging_lane::staging_lane(int dev, unsigned nslots, std::size_t bytes) : device(dev), slots(nslots), slot_bytes(bytes) {
-  const cuda_api& a = cuda_or_throw();
-  use_device(device);
-  void* p = nullptr;
-  // cuMemHostAlloc returns pinned, resident pages: nothing to fault in later.
-  check_cuda(a.cuMemHostAlloc(&p, static_cast<std::size_t>(slots) * slot_bytes, MEMHOSTALLOC_PORTABLE),
-             "cuMemHostAlloc (staging slots)");
-  pinned = static_cast<std::byte*>(p);
-  try {
-    check_cuda(a.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-    for (unsigned k = 0; k < slots; ++k) {
-      CUevent e = nullptr;
-      // Blocking sync: a worker waiting for a slot sleeps instead of spinning a core.
-      check_cuda(a.cuEventCreate(&e, CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-      events.push_back(e);
-    }
-  } catch (...) {
-    release();  // a throwing constructor runs no destructor: free what was created
-    throw;
-  }
+staging_lane::staging_lane(int dev, unsigned nslots, std::size_t bytes)
+    // cuMemHostAlloc returns pinned, resident pages: nothing to fault in later.
+    : device(dev), slots(nslots), slot_bytes(bytes), pinned(static_cast<std::size_t>(nslots) * bytes, dev),
+      stream(dev, CU_STREAM_NON_BLOCKING) {
+  events.reserve(slots);
+  // Blocking sync: a worker waiting for a slot sleeps instead of spinning a core.
+  for (unsigned k = 0; k < slots; ++k) events.emplace_back(device, CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING);
 }
 
-staging_lane::~staging_lane() { release(); }
-
-void staging_lane::release() noexcept {
-  const cuda_api* a = cuda();
-  if (a == nullptr) return;
-  try {
-    use_device(device);
-  } catch (...) {
-    return;  // no context to free them in; the process's exit returns the memory
-  }
-  for (auto e : events) a->cuEventDestroy(e);
-  events.clear();
-  if (stream != nullptr) a->cuStreamDestroy(stream);
-  stream = nullptr;
-  if (pinned != nullptr) a->cuMemFreeHost(pinned);
-  pinned = nullptr;
-}
-
-cuda_copier::cuda_copier(std::vector<std::unique_ptr<staging_lane>> lanes) : lanes_(std::move(lanes)) {
+cuda_copier::cuda_copier(std::vector<std::unique_ptr<staging_lane>> lanes)
+    : lanes_(std::move(lanes)), lane_contexts_(lanes_.size()) {
   if (lanes_.empty()) throw error(errno_code(EINVAL), "cuda_copier: no lanes");
 }
 
-void cuda_copier::begin_lane(unsigned lane) { use_device(lanes_[lane]->device); }
+void cuda_copier::begin_lane(unsigned lane) { lane_contexts_[lane] = std::make_unique<context_guard>(lanes_[lane]->device); }
+
+void cuda_copier::end_lane(unsigned lane) noexcept { lane_contexts_[lane].reset(); }
 
 std::byte* cuda_copier::slot(unsigned lane, unsigned s) {
   const staging_lane& l = *lanes_[lane];
-  return l.pinned + static_cast<std::size_t>(s) * l.slot_bytes;
+  return static_cast<std::byte*>(l.pinned.data()) + static_cast<std::size_t>(s) * l.slot_bytes;
 }
 
 void cuda_copier::to_far(unsigned lane, unsigned s, std::size_t slot_offset, std::uintptr_t far, std::size_t nbytes) {
   const cuda_api& a = cuda_or_throw();
   const staging_lane& l = *lanes_[lane];
-  check_cuda(a.cuMemcpyHtoDAsync(static_cast<CUdeviceptr>(far), slot(lane, s) + slot_offset, nbytes, l.stream),
+  check_cuda(a.cuMemcpyHtoDAsync(static_cast<CUdeviceptr>(far), slot(lane, s) + slot_offset, nbytes, l.stream.get()),
              "cuMemcpyHtoDAsync");
-  check_cuda(a.cuEventRecord(l.events[s], l.stream), "cuEventRecord");
+  check_cuda(a.cuEventRecord(l.events[s].get(), l.stream.get()), "cuEventRecord");
 }
 
 void cuda_copier::from_far(unsigned lane, unsigned s, std::size_t slot_offset, std::uintptr_t far, std::size_t nbytes) {
   const cuda_api& a = cuda_or_throw();
   const staging_lane& l = *lanes_[lane];
-  check_cuda(a.cuMemcpyDtoHAsync(slot(lane, s) + slot_offset, static_cast<CUdeviceptr>(far), nbytes, l.stream),
+  check_cuda(a.cuMemcpyDtoHAsync(slot(lane, s) + slot_offset, static_cast<CUdeviceptr>(far), nbytes, l.stream.get()),
              "cuMemcpyDtoHAsync");
-  check_cuda(a.cuEventRecord(l.events[s], l.stream), "cuEventRecord");
+  check_cuda(a.cuEventRecord(l.events[s].get(), l.stream.get()), "cuEventRecord");
 }
 
 void cuda_copier::wait(unsigned lane, unsigned s) {
   const cuda_api& a = cuda_or_throw();
-  CUevent e = lanes_[lane]->events[s];
+  CUevent e = lanes_[lane]->events[s].get();
   // A copy about to finish is polled for a few tens of microseconds: a blocking wait costs a sleep and a wake-up
   // (tens of microseconds), which a small request pays in full. Longer waits sleep, so cold reads stay cheap.
   const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(40);

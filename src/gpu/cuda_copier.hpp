@@ -4,28 +4,25 @@
 #include <memory>
 #include <vector>
 
+#include "gdskit/buffer.hpp"
+#include "gpu/cuda_raii.hpp"
 #include "gpu/staged.hpp"
 #include "shim/cuda_driver.hpp"
 
 namespace gdskit::gpu {
 
 /// One worker's staging on `device`: `slots` pinned slots of `slot_bytes`, one stream, one event per slot.
-/// Expensive to create (pinning): staging_lease takes lanes from a process-wide pool instead.
+/// Expensive to create (pinning): staging_lease takes lanes from a process-wide pool instead. Its members
+/// own their resources, so a lane that fails half-way through construction frees what it had.
 struct staging_lane {
   staging_lane(int device, unsigned slots, std::size_t slot_bytes);
-  ~staging_lane();
-  staging_lane(const staging_lane&) = delete;
-  staging_lane& operator=(const staging_lane&) = delete;
 
   int device;
   unsigned slots;
   std::size_t slot_bytes;
-  std::byte* pinned = nullptr;
-  shim::CUstream stream = nullptr;
-  std::vector<shim::CUevent> events;
-
- private:
-  void release() noexcept;
+  pinned_buffer pinned;
+  cuda_stream stream;
+  std::vector<cuda_event> events;
 };
 
 /// A copier over a set of lanes of one shape.
@@ -39,6 +36,7 @@ class cuda_copier final : public copier {
   unsigned slots_per_lane() const override { return lanes_.front()->slots; }
   std::size_t slot_bytes() const override { return lanes_.front()->slot_bytes; }
   void begin_lane(unsigned lane) override;
+  void end_lane(unsigned lane) noexcept override;
   std::byte* slot(unsigned lane, unsigned slot) override;
   void to_far(unsigned lane, unsigned slot, std::size_t slot_offset, std::uintptr_t far, std::size_t nbytes) override;
   void from_far(unsigned lane, unsigned slot, std::size_t slot_offset, std::uintptr_t far, std::size_t nbytes) override;
@@ -48,6 +46,7 @@ class cuda_copier final : public copier {
 
  private:
   std::vector<std::unique_ptr<staging_lane>> lanes_;
+  std::vector<std::unique_ptr<context_guard>> lane_contexts_;  // held between begin_lane and end_lane
 };
 
 /// Lanes for one request, taken from a process-wide pool per (device, slots, slot size) and given back when the

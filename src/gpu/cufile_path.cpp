@@ -1,10 +1,14 @@
 #include "gpu/cufile_path.hpp"
 
 #include <cerrno>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "engine/io_schedule.hpp"
 #include "engine/thread_pool.hpp"
 #include "gdskit/error.hpp"
 #include "shim/cufile.hpp"
@@ -15,6 +19,40 @@ using namespace shim;
 
 namespace {
 
+// CUFileBoolConfigParameter_t CUFILE_PARAM_FORCE_COMPAT_MODE (cuFile 1.14+).
+constexpr int param_force_compat_mode = 2;
+
+// cuFile reads its mode once per process, when the driver opens. GDSKIT_MODE=compat configures compat before
+// that open (cuFileSetParameterBool, or CUFILE_FORCE_COMPAT_MODE where the parameter API is missing); once
+// the driver is open in one mode, a transfer asking for the other is refused rather than run under a label
+// that is not true.
+void open_driver_for(const file_handle::impl& f, const cufile_api& api, bool compat) {
+  static std::mutex mutex;
+  static std::optional<bool> opened_compat;
+  std::lock_guard lock(mutex);
+  if (!opened_compat) {
+    const bool opened_elsewhere = cufile_driver_opened();
+    if (compat && !opened_elsewhere) {
+      const bool set = api.cuFileSetParameterBool != nullptr &&
+                       api.cuFileSetParameterBool(param_force_compat_mode, true).err == CU_FILE_SUCCESS;
+      if (!set) ::setenv("CUFILE_FORCE_COMPAT_MODE", "true", 1);
+    }
+    const int open_status = cufile_driver_open();
+    if (open_status != CU_FILE_SUCCESS) throw error(cufile_code(open_status), "cuFileDriverOpen", f.path.string(), -1, 0);
+    opened_compat = compat && !opened_elsewhere;
+  }
+  if (compat && !*opened_compat) {
+    throw error(errno_code(ENOTSUP), "cuFileDriverOpen", f.path.string(), -1, 0,
+                "cuFile is already open in this process without compat mode; GDSKIT_MODE=compat must hold from the "
+                "first cuFile transfer of the process");
+  }
+  if (!compat && *opened_compat) {
+    throw error(errno_code(ENOTSUP), "cuFileDriverOpen", f.path.string(), -1, 0,
+                "cuFile was opened in compat mode (GDSKIT_MODE=compat) by this process; a gds transfer would run "
+                "compat");
+  }
+}
+
 // cuFile handles are registered once per file_handle, on first use.
 CUfileHandle_t registered_handle(const file_handle::impl& f) {
   std::lock_guard lock(f.gpu.mutex);
@@ -22,8 +60,7 @@ CUfileHandle_t registered_handle(const file_handle::impl& f) {
   std::string reason;
   const cufile_api* api = cufile(&reason);
   if (api == nullptr) throw error(errno_code(ENOTSUP), "cuFile", f.path.string(), -1, 0, reason);
-  int open_status = cufile_driver_open();
-  if (open_status != CU_FILE_SUCCESS) throw error(cufile_code(open_status), "cuFileDriverOpen", f.path.string(), -1, 0);
+  open_driver_for(f, *api, f.config.mode == path_mode::compat);
   CUfileError_t st{};
   cufile_handle h(f.direct_fd ? f.direct_fd.get() : f.fd.get(), st);
   if (st.err != CU_FILE_SUCCESS) {
@@ -48,8 +85,12 @@ std::size_t cufile_transfer(const file_handle::impl& f, bool write, buffer_view 
   CUfileHandle_t h = registered_handle(f);
   const cufile_api& api = *cufile();
   const int device = buf.device < 0 ? 0 : buf.device;
-  // Chunks at absolute multiples of the chunk size, like the host engine.
-  const std::size_t chunk = f.config.chunk_bytes;
+  // Depth and chunk size from the device's scheduler, like the host engine (cuFile's DMA into device memory
+  // costs the host what an O_DIRECT read does); chunks at absolute multiples of the chunk size.
+  engine::scheduled_transfer sched(f.config, f.st_dev, write ? engine::io_dir::write : engine::io_dir::read,
+                                   engine::io_client::host, nbytes);
+  const engine::io_shape shape = sched.shape();
+  const std::size_t chunk = shape.request_bytes;
   std::vector<std::pair<std::uint64_t, std::size_t>> pieces;
   for (std::uint64_t pos = offset, end = offset + nbytes; pos < end;) {
     std::uint64_t stop = std::min(end, pos / chunk * chunk + chunk);
@@ -58,7 +99,8 @@ std::size_t cufile_transfer(const file_handle::impl& f, bool write, buffer_view 
   }
   std::vector<std::size_t> done(pieces.size(), 0);
   const char* op = write ? "cuFileWrite" : "cuFileRead";
-  engine::parallel_for(pieces.size(), f.config.threads, [&](std::size_t i) {
+  sched.start(nbytes);
+  engine::parallel_for(pieces.size(), shape.depth, [&](std::size_t i) {
     use_device(device);
     auto [pos, len] = pieces[i];
     std::size_t got = 0;
@@ -79,6 +121,7 @@ std::size_t cufile_transfer(const file_handle::impl& f, bool write, buffer_view 
       got += static_cast<std::size_t>(r);
     }
     done[i] = got;
+    sched.complete(got);
   });
   std::size_t total = 0;
   for (std::size_t i = 0; i < pieces.size(); ++i) {

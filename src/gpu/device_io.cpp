@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "engine/file_impl.hpp"
+#include "engine/io_schedule.hpp"
 #include "engine/planner.hpp"
 #include "engine/residency.hpp"
 #include "gdskit/error.hpp"
@@ -59,13 +60,28 @@ std::size_t device_transfer(const file_handle& file, bool write, buffer_view buf
       // Lanes: every worker when the bytes come from the page cache (memory copies), the O_DIRECT depth when
       // they come from storage or go to it.
       const bool from_cache = !write && engine::prefer_page_cache(f, offset, nbytes);
-      const unsigned want = from_cache ? f.config.threads : std::min(f.config.threads, f.config.direct_depth);
+      const bool scheduled = f.choice.direct && !from_cache;
+      // Storage transfers take their depth (lanes) and piece size from the device's scheduler; lanes are
+      // leased for two doublings beyond the current depth, so the controller can grow it within the transfer.
+      engine::scheduled_transfer sched(f.config, f.st_dev, write ? engine::io_dir::write : engine::io_dir::read,
+                                       engine::io_client::staged, scheduled ? nbytes : 0);
+      const engine::io_shape shape = sched.shape();
+      gpu::staged_options options;
+      unsigned want = from_cache ? f.config.threads : std::min(f.config.threads, f.config.direct_depth);
       const std::size_t slot = from_cache ? f.config.cached_slot_bytes : f.config.staging_slot_bytes;
-      const auto lanes = static_cast<unsigned>(std::min<std::size_t>(want, gpu::piece_count(offset, nbytes, slot)));
+      if (scheduled) {
+        want = std::min(4 * shape.depth, sched.max_shape().depth);
+        options.piece_bytes = shape.request_bytes;
+        options.active_lanes = [&sched] { return sched.shape().depth; };
+        options.on_direct_bytes = [&sched](std::size_t n) { sched.complete(n); };
+        sched.start(nbytes);
+      }
+      const std::size_t piece = options.piece_bytes != 0 ? std::min(options.piece_bytes, slot) : slot;
+      const auto lanes = static_cast<unsigned>(std::min<std::size_t>(want, gpu::piece_count(offset, nbytes, piece)));
       gpu::staging_lease lease(device, lanes, f.config.staging_slots, slot);
       const auto far = reinterpret_cast<std::uintptr_t>(buf.data);
-      return write ? gpu::staged_write(file, lease.get(), far, nbytes, offset)
-                   : gpu::staged_read(file, lease.get(), far, nbytes, offset);
+      return write ? gpu::staged_write(file, lease.get(), far, nbytes, offset, options)
+                   : gpu::staged_read(file, lease.get(), far, nbytes, offset, options);
     }
   }
 }

@@ -1,7 +1,11 @@
 #include "gpu/staged.hpp"
 
 #include <cerrno>
+#include <chrono>
 #include <mutex>
+#include <optional>
+
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -148,14 +152,37 @@ void drain_lane(transfer& t, unsigned lane, const std::vector<bool>& pending) {
   }
 }
 
+// A worker's use of a lane, from begin_lane to end_lane (which runs after the lane's last wait).
+class lane_session {
+ public:
+  lane_session(copier& cp, unsigned lane) : cp_(cp), lane_(lane) { cp_.begin_lane(lane_); }
+  ~lane_session() { cp_.end_lane(lane_); }
+  lane_session(const lane_session&) = delete;
+  lane_session& operator=(const lane_session&) = delete;
+
+ private:
+  copier& cp_;
+  unsigned lane_;
+};
+
+// False (after a short pause) while the adaptive depth keeps this lane idle; it holds no piece then.
+bool lane_active(const transfer& t, unsigned lane) {
+  if (!t.options.active_lanes || lane == 0 || lane < t.options.active_lanes()) return true;
+  if (t.next.load(std::memory_order_relaxed) >= t.pieces.size()) return true;  // let it see the end and leave
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return false;
+}
+
 void read_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t base_offset) {
   copier& cp = t.cp;
   const unsigned nslots = cp.slots_per_lane();
   std::vector<bool> pending(nslots, false);
   unsigned k = 0;
+  std::optional<lane_session> session;  // ends after drain_lane
   try {
-    cp.begin_lane(lane);
+    session.emplace(cp, lane);
     while (!t.stopped()) {
+      if (!lane_active(t, lane)) continue;
       const std::size_t i = t.next.fetch_add(1);
       if (i >= t.pieces.size()) break;
       const piece& p = t.pieces[i];
@@ -178,6 +205,7 @@ void read_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t bas
           pending[s] = true;
         }
         t.count(direct ? got : 0, direct ? 0 : got, waits);
+        if (direct && t.options.on_direct_bytes) t.options.on_direct_bytes(got);
       } catch (...) {
         t.fail(p.offset);
       }
@@ -201,8 +229,10 @@ void write_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t ba
   std::vector<staged_piece> queue;
   std::vector<bool> pending(nslots, false);
   unsigned k = 0;
+  std::optional<lane_session> session;  // ends after drain_lane
   auto start_next = [&]() -> bool {
-    if (t.stopped()) return false;
+    // A lane the adaptive depth parks finishes the pieces it holds and leaves (writes only shrink in flight).
+    if (t.stopped() || !lane_active(t, lane)) return false;
     const std::size_t i = t.next.fetch_add(1);
     if (i >= t.pieces.size()) return false;
     const piece& p = t.pieces[i];
@@ -213,7 +243,7 @@ void write_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t ba
     return true;
   };
   try {
-    cp.begin_lane(lane);
+    session.emplace(cp, lane);
     for (unsigned s = 0; s + 1 < nslots && start_next(); ++s) {
     }
     while (!queue.empty()) {
@@ -229,6 +259,7 @@ void write_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t ba
         bool direct = false;
         write_piece(t.file, p, cp.slot(lane, cur.slot), direct);
         t.count(direct ? p.nbytes : 0, direct ? 0 : p.nbytes, 0);
+        if (direct && t.options.on_direct_bytes) t.options.on_direct_bytes(p.nbytes);
       } catch (...) {
         t.fail(p.offset);
         break;
@@ -238,6 +269,13 @@ void write_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t ba
     t.fail(0);
   }
   drain_lane(t, lane, pending);
+}
+
+// Pieces must fit a slot with their aligned cover: a piece size that divides into 4 KiB blocks and is at most
+// the slot size.
+std::size_t piece_size(const copier& cp, const staged_options& o) {
+  if (o.piece_bytes == 0 || o.piece_bytes >= cp.slot_bytes() || o.piece_bytes % 4096 != 0) return cp.slot_bytes();
+  return o.piece_bytes;
 }
 
 void finish(transfer& t, staged_stats* stats) {
@@ -256,7 +294,7 @@ std::size_t staged_read(const file_handle& file, copier& cp, std::uintptr_t far,
   const std::uint64_t size = f.current_size();
   if (offset >= size) return 0;
   nbytes = static_cast<std::size_t>(std::min<std::uint64_t>(nbytes, size - offset));
-  transfer t(f, cp, options, split(offset, nbytes, cp.slot_bytes()));
+  transfer t(f, cp, options, split(offset, nbytes, piece_size(cp, options)));
   const unsigned lanes = static_cast<unsigned>(std::min<std::size_t>(cp.lanes(), t.pieces.size()));
   engine::parallel_for(lanes, lanes, [&](std::size_t lane) { read_lane(t, static_cast<unsigned>(lane), far, offset); });
   finish(t, stats);
@@ -277,7 +315,7 @@ std::size_t staged_write(const file_handle& file, copier& cp, std::uintptr_t far
     throw error(errno_code(EBADF), "pwrite", f.path.string(), static_cast<std::int64_t>(offset), nbytes,
                 "file opened for reading only");
   }
-  transfer t(f, cp, options, split(offset, nbytes, cp.slot_bytes()));
+  transfer t(f, cp, options, split(offset, nbytes, piece_size(cp, options)));
   const unsigned lanes = static_cast<unsigned>(std::min<std::size_t>(cp.lanes(), t.pieces.size()));
   engine::parallel_for(lanes, lanes, [&](std::size_t lane) { write_lane(t, static_cast<unsigned>(lane), far, offset); });
   finish(t, stats);

@@ -22,6 +22,9 @@ class copier {
   virtual std::size_t slot_bytes() const = 0;
   /// Called on the worker thread before it uses `lane` (the CUDA copier makes its context current here).
   virtual void begin_lane(unsigned lane) = 0;
+  /// Called on the same thread when it is done with `lane`, after its last wait, when begin_lane succeeded
+  /// (the CUDA copier restores the thread's previous context here).
+  virtual void end_lane(unsigned lane) noexcept = 0;
   /// Start of the slot's memory (aligned to at least 4 KiB).
   virtual std::byte* slot(unsigned lane, unsigned slot) = 0;
   /// Starts copying `nbytes` from slot memory at `slot_offset` to `far` (asynchronous).
@@ -45,6 +48,12 @@ struct staged_options {
   const std::atomic<bool>* cancel = nullptr;
   /// Test hook, called before each piece's file I/O with the piece's file offset.
   std::function<void(std::uint64_t)> on_piece;
+  /// Bytes per piece (file I/O request); 0 or more than the slot size: the slot size.
+  std::size_t piece_bytes = 0;
+  /// Lanes allowed to work now (the adaptive depth); lanes above it wait between pieces. Empty: all lanes.
+  std::function<unsigned()> active_lanes;
+  /// Called with the bytes of each piece that went through O_DIRECT, when its file I/O finished.
+  std::function<void(std::size_t)> on_direct_bytes;
 };
 
 /// How many pieces (slot-sized, ending at absolute multiples of slot_bytes) a transfer is cut into: more lanes

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "common/signal_cleanup.hpp"
 #include "gdskit/buffer.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
@@ -83,6 +84,8 @@ std::vector<verify_result> run_verify(const verify_options& o, const std::functi
   {
     file_handle probe(o.file, open_mode::read_write, {.create = true, .exclusive = true}, o.config);
   }
+  // Registered only once the exclusive create made the file ours: an interrupt never removes a user's file.
+  remove_on_signal interrupted(o.file);
   struct remover {
     const verify_options& o;
     ~remover() {
@@ -107,11 +110,13 @@ std::vector<verify_result> run_verify(const verify_options& o, const std::functi
       f.write(mem.view, n, o.file_offset);
       f.sync();
       r.write_gib_s = static_cast<double>(n) / (1u << 30) / seconds_since(t0);
+      if (o.on_bytes) o.on_bytes(n);
       mem.clear();
       f.drop_cache();
       t0 = std::chrono::steady_clock::now();
       std::size_t read = f.read(mem.view, n, o.file_offset);
       r.read_gib_s = static_cast<double>(n) / (1u << 30) / seconds_since(t0);
+      if (o.on_bytes) o.on_bytes(n);
       if (read != n) {
         r.error = fmt::format("read back {} of {} bytes", read, n);
       } else {

@@ -21,6 +21,8 @@ struct verify_options {
   std::uint64_t file_offset = 0;  ///< where in the file the data goes (unaligned offsets are allowed)
   bool keep_file = false;
   settings config;
+  /// Called with the bytes of each finished write and each finished read-back (progress: 2 x the sum of sizes).
+  std::function<void(std::uint64_t nbytes)> on_bytes;
 };
 
 struct verify_result {

@@ -134,7 +134,11 @@ struct tree_report {
 
 /// Reads the tree and reports every edit. Throws when `src` is not a driver source tree.
 tree_report check_tree(const std::filesystem::path& src, const patch_options& opts);
-/// Applies the edits: all or nothing, idempotent; writes FILE.gdskit-orig (+ .sha256) before the first change.
+/// Every file read or written lies inside `src` once symbolic links are resolved; a link that leads out of the
+/// tree is refused (gdskit::error EPERM) before anything is written.
+/// Applies the edits: all or nothing, idempotent; writes FILE.gdskit-orig.sha256, then FILE.gdskit-orig, then
+/// FILE. Each step can be interrupted: a later apply or revert completes or undoes it, and removes temporary
+/// files (FILE*.gdskit-tmp.*) an interrupted write left behind.
 tree_report apply_tree(const std::filesystem::path& src, const patch_options& opts);
 /// Restores the originals byte for byte: from the backup when its checksum holds, else by reverse edit.
 tree_report revert_tree(const std::filesystem::path& src, const patch_options& opts);
@@ -149,6 +153,14 @@ void atomic_write(const std::filesystem::path& target, std::string_view data);
 /// a crash there. Pass {} to remove it.
 using before_rename_hook = std::function<void(const std::filesystem::path& tmp, const std::filesystem::path& target)>;
 void set_before_rename_hook(before_rename_hook hook);
+
+/// Test seam: thrown by a hook to simulate the process being killed at that point. Unlike any other exception,
+/// nothing is cleaned up or rolled back on its way out (a before-rename hook leaves its temporary file).
+struct simulated_kill {};
+/// Test seam: called by apply_tree and revert_tree after each completed step (one file written, renamed or
+/// removed), with the 1-based count of steps done. Throw simulated_kill to stop there. Pass {} to remove it.
+using step_hook = std::function<void(std::size_t steps_done)>;
+void set_step_hook(step_hook hook);
 
 // ---- NVreg_RegistryDwords and the setup plan -------------------------------------------------------------------
 

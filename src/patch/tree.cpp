@@ -2,6 +2,7 @@
 // memory, and only then writes: a refusal or a failed write leaves the tree as it was.
 #include <algorithm>
 #include <cerrno>
+#include <mutex>
 
 #include <unistd.h>
 
@@ -32,6 +33,41 @@ std::optional<std::string> read_optional(const fs::path& p) {
   return std::move(r.text);
 }
 
+std::mutex step_hook_mutex;
+step_hook& the_step_hook() {
+  static step_hook h;
+  return h;
+}
+
+void step_done(std::size_t n) {
+  step_hook h;
+  {
+    std::lock_guard lock(step_hook_mutex);
+    h = the_step_hook();
+  }
+  if (h) h(n);
+}
+
+// `src / rel` with every symbolic link resolved must stay inside `src`: a linked folder or file that leads out
+// of the tree would make apply write (or revert restore) somewhere the user never named.
+fs::path inside_tree(const fs::path& src, const fs::path& rel) {
+  std::error_code ec;
+  const fs::path root = fs::canonical(src, ec);
+  if (ec) throw error(ec, "patch: resolve source tree", src.string(), -1, 0);
+  const fs::path full = src / rel;
+  const fs::path real = fs::weakly_canonical(full, ec);
+  if (ec) throw error(ec, "patch: resolve", full.string(), -1, 0);
+  auto r = real.begin();
+  for (auto it = root.begin(); it != root.end(); ++it, ++r) {
+    if (r == real.end() || *r != *it) {
+      throw error(errno_code(EPERM), "patch: resolve", full.string(), -1, 0,
+                  fmt::format("a symbolic link leads out of the source tree (to {}); refusing to read or write there",
+                              real.string()));
+    }
+  }
+  return full;
+}
+
 tree_texts read_tree(const fs::path& src) {
   std::error_code ec;
   if (!fs::exists(src, ec)) {
@@ -43,10 +79,10 @@ tree_texts read_tree(const fs::path& src) {
                 "not a folder; --src takes a checkout of NVIDIA/open-gpu-kernel-modules");
   }
   tree_texts t;
-  t.version_mk = read_optional(src / version_mk_path);
-  t.registry_header = read_optional(src / registry_header_path);
-  t.kernel_bif = read_optional(src / kernel_bif_path);
-  t.kern_bus = read_optional(src / kern_bus_path);
+  t.version_mk = read_optional(inside_tree(src, version_mk_path));
+  t.registry_header = read_optional(inside_tree(src, registry_header_path));
+  t.kernel_bif = read_optional(inside_tree(src, kernel_bif_path));
+  t.kern_bus = read_optional(inside_tree(src, kern_bus_path));
   if (!t.kernel_bif && !t.kern_bus) {
     throw error(errno_code(ENOENT), "patch: open source tree", src.string(), -1, 0,
                 fmt::format("neither {} nor {} exists: this is not a checkout of NVIDIA/open-gpu-kernel-modules "
@@ -136,7 +172,10 @@ void commit(const std::vector<pending_write>& writes) {
       } else {
         remove_file(w.path);
       }
+      step_done(done + 1);
     }
+  } catch (const simulated_kill&) {
+    throw;
   } catch (...) {
     for (std::size_t i = done; i-- > 0;) {
       const auto& w = writes[i];
@@ -154,7 +193,33 @@ void commit(const std::vector<pending_write>& writes) {
   }
 }
 
+// An interrupted atomic_write leaves NAME.gdskit-tmp.XXXXXXXX beside NAME; only such names of the files the
+// patch writes are removed.
+void remove_stale_temporaries(const fs::path& src, const std::vector<std::string>& files) {
+  for (const auto& file : files) {
+    const fs::path path = inside_tree(src, file);
+    std::vector<std::string> prefixes;
+    for (const fs::path& p : {path, backup_of(path), checksum_of(path)})
+      prefixes.push_back(p.filename().string() + ".gdskit-tmp.");
+    std::error_code ec;
+    for (fs::directory_iterator it(path.parent_path(), ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      for (const auto& prefix : prefixes) {
+        if (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0) {
+          remove_file(it->path());
+          break;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
+
+void set_step_hook(step_hook hook) {
+  std::lock_guard lock(step_hook_mutex);
+  the_step_hook() = std::move(hook);
+}
 
 tree_report check_tree(const fs::path& src, const patch_options& opts) {
   tree_texts texts;
@@ -178,11 +243,14 @@ tree_report apply_tree(const fs::path& src, const patch_options& opts) {
   tree_texts texts;
   tree_report r = analyse(src, opts, texts);
   if (r.refused) return r;
+  remove_stale_temporaries(src, selected_files(opts.only));
   std::vector<pending_write> writes;
   for (const auto& file : selected_files(opts.only)) {
     const auto& text = text_of(texts, file);
-    const fs::path path = src / file;
+    const fs::path path = inside_tree(src, file);
     if (!text) continue;
+    inside_tree(src, backup_of(file).string());
+    inside_tree(src, checksum_of(file).string());
     const auto fwd = rewrite(*text, file, r.edits, true);
     if (fwd.text == *text) {
       r.files.emplace_back(file, "unchanged (already applied)");
@@ -209,8 +277,10 @@ tree_report apply_tree(const fs::path& src, const patch_options& opts) {
         r.refusal = fmt::format("{} is partly patched, has no backup and its original cannot be rebuilt", file);
         return r;
       }
+      // The checksum goes first: a checksum without its backup is harmless (rewritten here, removed by revert),
+      // while a backup without its checksum would be distrusted by both apply and revert.
+      writes.push_back({checksum_of(path), read_optional(checksum_of(path)), checksum_line(original, backup)});
       writes.push_back({backup, std::nullopt, original});
-      writes.push_back({checksum_of(path), std::nullopt, checksum_line(original, backup)});
     }
     writes.push_back({path, *text, fwd.text});
     r.files.emplace_back(file, fmt::format("written ({} line(s) changed; backup {})", fwd.changed_lines,
@@ -222,6 +292,7 @@ tree_report apply_tree(const fs::path& src, const patch_options& opts) {
 
 tree_report revert_tree(const fs::path& src, const patch_options& opts) {
   tree_texts texts = read_tree(src);
+  remove_stale_temporaries(src, selected_files(opts.only));
   tree_report r;
   r.src = src;
   r.facts = derive_facts(texts);
@@ -230,9 +301,10 @@ tree_report revert_tree(const fs::path& src, const patch_options& opts) {
   std::vector<std::string> problems;
   for (const auto& file : selected_files(opts.only)) {
     const auto& text = text_of(texts, file);
-    const fs::path path = src / file;
+    const fs::path path = inside_tree(src, file);
     if (!text) continue;
-    const fs::path backup = backup_of(path);
+    const fs::path backup = inside_tree(src, backup_of(file).string());
+    inside_tree(src, checksum_of(file).string());
     const auto bak = read_optional(backup);
     const auto sum = read_optional(checksum_of(path));
     const bool located = std::all_of(r.edits.begin(), r.edits.end(), [&](const edit_report& e) {
@@ -269,6 +341,8 @@ tree_report revert_tree(const fs::path& src, const patch_options& opts) {
         writes.push_back({path, *text, *reversed});
         r.files.emplace_back(file, "restored by reverse edit (no backup)");
       }
+      // A checksum without its backup is what an apply or revert stopped half-way leaves.
+      if (sum) writes.push_back({checksum_of(path), sum, std::nullopt});
     } else {
       std::vector<std::string> bad;
       for (const auto& e : r.edits) {

@@ -42,6 +42,9 @@ class atomic_publish {
   void rename_and_sync_folder();
   /// Removes the temporary file now (idempotent; ENOENT ignored).
   void discard() noexcept;
+  /// Forgets the temporary file without removing it, as a process killed at this point would leave it (for
+  /// tests of recovery from interrupted writes).
+  void abandon() noexcept { temp_.clear(); }
 
  private:
   std::filesystem::path target_;

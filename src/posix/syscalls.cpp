@@ -1,5 +1,7 @@
 #include "posix/syscalls.hpp"
 
+#include <sys/mount.h>
+#include <sys/ioctl.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -23,6 +25,7 @@ syscall_table make_real() {
   t.ftruncate = [](int fd, off_t n) { return ::ftruncate(fd, n); };
   t.fdatasync = [](int fd) { return ::fdatasync(fd); };
   t.fadvise = [](int fd, off_t o, off_t n, int advice) { return ::posix_fadvise(fd, o, n, advice); };
+  t.block_device_size = [](int fd, std::uint64_t* nbytes) { return ::ioctl(fd, BLKGETSIZE64, nbytes); };
   t.fsync = [](int fd) { return ::fsync(fd); };
   t.rename = [](const char* from, const char* to, unsigned flags) {
     return ::renameat2(AT_FDCWD, from, AT_FDCWD, to, flags);
@@ -105,6 +108,12 @@ std::size_t pwrite_full(int fd, const void* buf, std::size_t nbytes, std::uint64
     done += static_cast<std::size_t>(r);
   }
   return done;
+}
+
+std::error_code unique_fd::close() noexcept {
+  if (fd_ < 0) return {};
+  const int r = sys().close(std::exchange(fd_, -1));
+  return r == 0 ? std::error_code() : std::error_code(errno, std::generic_category());
 }
 
 void unique_fd::reset(int fd) noexcept {

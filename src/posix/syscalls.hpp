@@ -25,6 +25,8 @@ struct syscall_table {
   std::function<int(int, off_t)> ftruncate;
   std::function<int(int)> fdatasync;
   std::function<int(int, off_t, off_t, int)> fadvise;
+  /// Size in bytes of the block device open as `fd` (ioctl BLKGETSIZE64; st_size is 0 for block devices).
+  std::function<int(int fd, std::uint64_t* nbytes)> block_device_size;
   /// fsync (atomic publish syncs the folder that holds a renamed file).
   std::function<int(int)> fsync;
   /// renameat2(AT_FDCWD, from, AT_FDCWD, to, flags): flags 0 or RENAME_NOREPLACE.
@@ -90,7 +92,11 @@ class unique_fd {
   int get() const noexcept { return fd_; }
   explicit operator bool() const noexcept { return fd_ >= 0; }
   int release() noexcept { return std::exchange(fd_, -1); }
+  /// Closes the descriptor (ignoring errors) and takes `fd`.
   void reset(int fd = -1) noexcept;
+  /// Closes the descriptor now and returns what close(2) reported (EINTR included: the descriptor is gone
+  /// either way, and close is never retried). No-op returning no error when it holds none.
+  std::error_code close() noexcept;
 
  private:
   int fd_ = -1;

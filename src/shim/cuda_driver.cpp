@@ -66,7 +66,9 @@ loaded load() {
             bind(lib, a.cuEventQuery, {"cuEventQuery"}, missing) && bind(lib, a.cuEventElapsedTime, {"cuEventElapsedTime_v2", "cuEventElapsedTime"}, missing) &&
             bind(lib, a.cuPointerGetAttribute, {"cuPointerGetAttribute"}, missing) &&
             bind(lib, a.cuGetErrorName, {"cuGetErrorName"}, missing) &&
-            bind(lib, a.cuDeviceGetPCIBusId, {"cuDeviceGetPCIBusId"}, missing);
+            bind(lib, a.cuDeviceGetPCIBusId, {"cuDeviceGetPCIBusId"}, missing) &&
+            bind(lib, a.cuCtxPushCurrent, {"cuCtxPushCurrent_v2", "cuCtxPushCurrent"}, missing) &&
+            bind(lib, a.cuCtxPopCurrent, {"cuCtxPopCurrent_v2", "cuCtxPopCurrent"}, missing);
   if (!ok) {
     out.reason = fmt::format("libcuda.so.1 lacks {} (driver too old or a stub library)", missing);
     return out;
@@ -122,7 +124,7 @@ void check_cuda(CUresult r, const char* what) {
   if (r != CUDA_SUCCESS) throw error(cuda_code(r), fmt::format("{}: {}", what, cuda_error_name(r)));
 }
 
-void use_device(int device) {
+CUcontext primary_context(int device) {
   const cuda_api* a = &cuda_or_throw();
   static std::mutex mutex;
   static std::vector<CUcontext> contexts;
@@ -142,6 +144,12 @@ void use_device(int device) {
     }
     ctx = contexts[static_cast<std::size_t>(device)];
   }
+  return ctx;
+}
+
+void use_device(int device) {
+  const cuda_api* a = &cuda_or_throw();
+  const CUcontext ctx = primary_context(device);
   CUcontext cur = nullptr;
   a->cuCtxGetCurrent(&cur);
   if (cur != ctx) check_cuda(a->cuCtxSetCurrent(ctx), "cuCtxSetCurrent");

@@ -18,6 +18,7 @@ using CUstream = CUstream_st*;
 using CUevent = CUevent_st*;
 
 inline constexpr CUresult CUDA_SUCCESS = 0;
+inline constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
 inline constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 inline constexpr unsigned MEMHOSTALLOC_PORTABLE = 0x01;
 inline constexpr unsigned CU_EVENT_BLOCKING_SYNC = 0x1;
@@ -77,6 +78,8 @@ struct cuda_api {
   CUresult (*cuPointerGetAttribute)(void*, int, CUdeviceptr);
   CUresult (*cuGetErrorName)(CUresult, const char**);
   CUresult (*cuDeviceGetPCIBusId)(char*, int, CUdevice);
+  CUresult (*cuCtxPushCurrent)(CUcontext);
+  CUresult (*cuCtxPopCurrent)(CUcontext*);
 };
 
 /// The loaded driver API, or nullptr with `reason` set ("libcuda.so.1 not found: ...", "cuInit: ...").
@@ -92,8 +95,13 @@ std::string cuda_error_name(CUresult r);
 /// Throws gdskit::error (cuda category) naming `what` when r != CUDA_SUCCESS.
 void check_cuda(CUresult r, const char* what);
 
-/// Makes the primary context of `device` current on the calling thread (retained for the process lifetime).
-/// Throws gdskit::error when the device does not exist or no driver is usable.
+/// The primary context of `device`, retained for the process lifetime. Throws gdskit::error when the device
+/// does not exist or no driver is usable.
+CUcontext primary_context(int device);
+
+/// Makes the primary context of `device` current on the calling thread and leaves it so. Throws
+/// gdskit::error when the device does not exist or no driver is usable. src/gpu uses gpu::context_guard,
+/// which restores the caller's context.
 void use_device(int device);
 
 }  // namespace gdskit::shim

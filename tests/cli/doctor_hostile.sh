@@ -4,12 +4,8 @@
 # in bounded memory, never a crash, a hang or exit 2.
 # Usage: doctor_hostile.sh <gdskit binary> <source dir> <build dir>
 set -u
-gdskit=$1
+source "$(dirname "$0")/lib.bash" "$@"
 src=$2
-[ -x "$gdskit" ] || { echo "no gdskit binary at $gdskit"; exit 77; }
-work=$(mktemp -d "${TMPDIR:-/tmp}/gdskit-doctor-cli.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 base=$src/tests/fixtures/systems/gds-ok-nvme-ext4
 
 fresh() {  # fresh <name>: a copy of the good fixture
@@ -95,5 +91,20 @@ for args in "--path $work/nonexistent" "--path $base/README.md" "--root $work/no
 done
 out=$(timeout 20 "$gdskit" doctor --no-probe --root $'/tmp\nx' 2>&1)
 [ $? -eq 2 ] || fail "control characters in --root"
+
+# --root accepts the archive --capture writes, and leaves no unpacked folder behind.
+mkdir -p "$work/tmp"
+cap=$work/cap.tar.gz
+TMPDIR=$work/tmp timeout 20 "$gdskit" doctor --root "$base" --no-color --capture "$cap" >"$work/a.txt" 2>/dev/null
+[ $? -eq 0 ] && [ -s "$cap" ] || fail "capture of the good fixture"
+TMPDIR=$work/tmp timeout 20 "$gdskit" doctor --root "$cap" --no-color >"$work/b.txt" 2>"$work/err"
+[ $? -eq 0 ] || fail "doctor --root archive: $(cat "$work/err")"
+[ "$(head -1 "$work/a.txt")" = "$(head -1 "$work/b.txt")" ] || fail "archive verdict differs: $(head -1 "$work/b.txt")"
+grep -q "^root $cap " "$work/b.txt" || fail "report names the archive: $(sed -n 2p "$work/b.txt")"
+[ -z "$(ls -A "$work/tmp")" ] || fail "unpacked folder left behind: $(ls "$work/tmp")"
+echo junk >"$work/junk.tar.gz"
+TMPDIR=$work/tmp timeout 20 "$gdskit" doctor --root "$work/junk.tar.gz" >/dev/null 2>&1
+[ $? -eq 2 ] || fail "junk archive must exit 2"
+[ -z "$(ls -A "$work/tmp")" ] || fail "unpacked folder left behind after an error"
 
 echo "ok"

@@ -3,13 +3,9 @@
 # byte for byte, sharded saves, --force, --json and a bad --max-shard-size.
 # Usage: load_save.sh <gdskit binary> <source dir> <build dir>
 set -u
-gdskit=$1
-[ -x "$gdskit" ] || { echo "no gdskit binary at $gdskit"; exit 77; }
+source "$(dirname "$0")/lib.bash" "$@"
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
-work=$(mktemp -d "${TMPDIR:-/tmp}/gdskit-load-save.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 
 # A file in the layout safetensors writes: descending dtype alignment then name, compact JSON, space padding.
 "$py" - "$work/in.safetensors" <<'PY' || fail "writing the input"
@@ -61,8 +57,7 @@ PY
 "$gdskit" load "$work/ckpt" --save "$work/again.safetensors" >/dev/null || fail "loading the sharded checkpoint back"
 cmp "$work/in.safetensors" "$work/again.safetensors" || fail "sharded round trip changed bytes"
 
-"$gdskit" load "$work/in.safetensors" --save "$work/x" --max-shard-size 5XB >/dev/null 2>&1
-[ $? -eq 1 ] || fail "bad --max-shard-size must fail with 1"
+expect 2 load "$work/in.safetensors" --save "$work/x" --max-shard-size 5XB  # bad input (docs/cli.md)
 [ ! -e "$work/x" ] || fail "bad --max-shard-size created $work/x"
 ls "$work" | grep -q 'gdskit-tmp' && fail "temporary files left: $(ls "$work")"
 exit 0

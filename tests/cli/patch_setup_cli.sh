@@ -4,12 +4,8 @@
 # bytes that are not UTF-8.
 # Usage: patch_setup_cli.sh <gdskit binary> <source dir> <build dir>
 set -u
-gdskit=$1
+source "$(dirname "$0")/lib.bash" "$@"
 src=$2
-[ -x "$gdskit" ] || { echo "no gdskit binary at $gdskit"; exit 77; }
-work=$(mktemp -d "${TMPDIR:-/tmp}/gdskit-patch-cli.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 fixtures=$src/tests/fixtures/patch
 
 # run <args...>: 20 s and 1 GiB of address space at most; sets rc, out, err.

@@ -1,8 +1,8 @@
 // Writes the large-header corpus of the safetensors fuzz target into a folder: inputs far above libFuzzer's
-// 64 KiB cap (hundreds of thousands of tensors, huge metadata, long names), valid and broken, so the replay
+// 64 KiB cap (up to a million tensors, huge metadata, long names), valid and broken, so the replay
 // test keeps header parsing linear and correct at the sizes real checkpoints and hostile files reach.
 // Generated at test time rather than committed: together they are tens of MiB.
-//   make_large_safetensors <folder>
+//   make_large_safetensors <folder> [tensors]     (default 200000; the largest file has 5x as many)
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -50,23 +50,23 @@ std::string tensors(std::size_t n, bool reversed, const std::string& tail = {}) 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: make_large_safetensors <folder>\n");
+  if (argc < 2 || argc > 3) {
+    std::fprintf(stderr, "usage: make_large_safetensors <folder> [tensors]\n");
     return 2;
   }
   const std::filesystem::path dir = argv[1];
   std::filesystem::create_directories(dir);
-  constexpr std::size_t n = 200000;
-  write_file(dir / "tensors-200k.safetensors", tensors(n, false), 4 * n);
-  write_file(dir / "tensors-200k-reversed-names.safetensors", tensors(n, true), 4 * n);
-  write_file(dir / "tensors-1m.safetensors", tensors(1000000, false), 4000000);
+  const std::size_t n = argc == 3 ? std::stoul(argv[2]) : 200000;
+  write_file(dir / "tensors.safetensors", tensors(n, false), 4 * n);
+  write_file(dir / "tensors-reversed-names.safetensors", tensors(n, true), 4 * n);
+  write_file(dir / "tensors-5x.safetensors", tensors(5 * n, false), 20 * n);
   write_file(dir / "duplicate-at-end.safetensors", tensors(n, false, entry("model.layers.0.weight", 4 * n, 4 * n + 4)),
              4 * n + 4);
   write_file(dir / "overlap-at-end.safetensors", tensors(n, false, entry("last", 4 * n - 2, 4 * n + 2)), 4 * n + 4);
   write_file(dir / "past-end-at-end.safetensors", tensors(n, false, entry("last", 4 * n, 4 * n + 4)), 4 * n);
   std::string meta = "{\"__metadata__\":{";
   for (std::size_t i = 0; i < n; ++i) meta += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":\"v\"";
-  write_file(dir / "metadata-200k-keys.safetensors", meta + "}}", 0);
+  write_file(dir / "metadata-keys.safetensors", meta + "}}", 0);
   write_file(dir / "name-4mib.safetensors", "{" + entry(std::string(4 << 20, 'n'), 0, 4) + "}", 4);
   std::printf("wrote the large safetensors corpus to %s\n", dir.c_str());
   return 0;

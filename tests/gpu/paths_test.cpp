@@ -10,11 +10,15 @@
 #include <cstring>
 #include <iostream>
 #include <fstream>
+#include <future>
 #include <random>
+#include <thread>
 
 #include "gdskit/buffer.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
+#include "gpu/cuda_raii.hpp"
+#include "shim/cuda_driver.hpp"
 #include "shim/cufile.hpp"
 #include "test_support.hpp"
 
@@ -134,8 +138,16 @@ TEST(gpu_paths, cufile_with_and_without_udev_data) {
   }
   round_trips(path_mode::compat, false, false);
   round_trips(path_mode::compat, false, true);
-  round_trips(path_mode::gds, false, true);  // forced: cuFile, whatever it does underneath
   for (const auto& p : created) std::filesystem::remove(p);
+  // cuFile's mode is per process and this one forced compat: a gds transfer is refused, not run as compat.
+  file_handle g(dir / "u", open_mode::read, {}, with_mode(path_mode::gds));
+  device_buffer d(4096);
+  try {
+    g.read(d.view(), 4096, 0);
+    ADD_FAILURE() << "gds after forced compat must be refused";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::errc::not_supported) << e.what();
+  }
 }
 
 TEST(gpu_buffers, foreign_and_bad_pointers) {
@@ -155,6 +167,139 @@ TEST(gpu_buffers, foreign_and_bad_pointers) {
   EXPECT_THROW(f.read(d.view().sub(0, 10), 100, 0), error);  // buffer too small for the request
   EXPECT_EQ(f.read(d.view(), 1000, 0), 100u);               // short file: the bytes that exist
   EXPECT_THROW(f.read_exact(d.view(), 1000, 0), short_read_error);
+}
+
+shim::CUcontext current_context() {
+  shim::CUcontext c = nullptr;
+  shim::cuda()->cuCtxGetCurrent(&c);
+  return c;
+}
+
+// gdskit's buffers and paths use the context they need and give the thread back as they found it.
+TEST(gpu_resources, context_is_restored_after_every_call) {
+  REQUIRE_GPU();
+  std::thread([] {
+    ASSERT_EQ(current_context(), nullptr) << "a fresh thread starts without a context";
+    {
+      device_buffer d(1u << 20);
+      EXPECT_EQ(current_context(), nullptr) << "device_buffer left a context current";
+      d.fill(7);
+      std::vector<std::uint8_t> back(16);
+      d.copy_to_host(back.data(), back.size());
+      EXPECT_EQ(back[0], 7);
+      pinned_buffer pin(1u << 20);
+      temp_dir dir(test::direct_capable_parent());
+      test::write_file(dir / "c", random_bytes(1u << 20, 8));
+      file_handle f(dir / "c", open_mode::read_write, {}, with_mode(path_mode::staged));
+      EXPECT_EQ(f.read(d.view(), 1u << 20, 0), 1u << 20);
+      EXPECT_EQ(f.write(d.view(), 1u << 20, 0), 1u << 20);
+      EXPECT_EQ(current_context(), nullptr);
+    }
+    EXPECT_EQ(current_context(), nullptr) << "a destructor left a context current";
+    {
+      gpu::context_guard g(0);
+      EXPECT_NE(current_context(), nullptr);
+      EXPECT_EQ(current_context(), shim::primary_context(0));
+      { gpu::context_guard nested(0); }
+      EXPECT_EQ(current_context(), shim::primary_context(0)) << "a nested guard popped more than it pushed";
+    }
+    EXPECT_EQ(current_context(), nullptr);
+  }).join();
+}
+
+TEST(gpu_resources, streams_and_events_move_and_destroy) {
+  REQUIRE_GPU();
+  gpu::cuda_stream s(0, shim::CU_STREAM_NON_BLOCKING);
+  ASSERT_TRUE(s);
+  const shim::CUstream raw = s.get();
+  gpu::cuda_stream moved(std::move(s));
+  EXPECT_FALSE(s);
+  EXPECT_EQ(s.device(), -1);
+  EXPECT_EQ(moved.get(), raw);
+  gpu::cuda_stream other(0, 0);
+  other = std::move(moved);  // frees other's own stream, takes moved's
+  EXPECT_EQ(other.get(), raw);
+  EXPECT_FALSE(moved);
+  gpu::cuda_event e(0, shim::CU_EVENT_DISABLE_TIMING);
+  {
+    gpu::context_guard g(0);
+    EXPECT_EQ(shim::cuda()->cuEventRecord(e.get(), other.get()), shim::CUDA_SUCCESS);
+    EXPECT_EQ(shim::cuda()->cuEventSynchronize(e.get()), shim::CUDA_SUCCESS);
+  }
+  gpu::cuda_event e2(std::move(e));
+  EXPECT_FALSE(e);
+  EXPECT_TRUE(e2);
+  e2.reset();
+  EXPECT_FALSE(e2);
+  device_buffer d(4096);
+  device_buffer d2(std::move(d));
+  EXPECT_EQ(d.data(), nullptr);
+  EXPECT_NE(d2.data(), nullptr);
+  pinned_buffer p(4096);
+  pinned_buffer p2;
+  p2 = std::move(p);
+  EXPECT_EQ(p.data(), nullptr);
+  EXPECT_NE(p2.data(), nullptr);
+}
+
+TEST(gpu_paths, buffer_view_async_forms_with_device_memory) {
+  REQUIRE_GPU();
+  temp_dir dir(test::direct_capable_parent());
+  auto data = random_bytes((3u << 20) + 17, 51);
+  test::write_file(dir / "as", data);
+  device_buffer d(data.size() + 4096);
+  std::future<std::size_t> r;
+  {
+    file_handle f(dir / "as", open_mode::read_write, {}, with_mode(path_mode::staged));
+    r = f.read_async(d.view(), d.size(), 0);
+  }
+  EXPECT_EQ(r.get(), data.size());
+  EXPECT_EQ(device_to_host(d, data.size()), data);
+  file_handle f(dir / "as", open_mode::read_write, {}, with_mode(path_mode::staged));
+  EXPECT_EQ(f.write_async(d.view().sub(1, 100000), 100000, 4097).get(), 100000u);
+  auto disk = test::read_file(dir / "as");
+  EXPECT_EQ(0, std::memcmp(disk.data() + 4097, data.data() + 1, 100000));
+}
+
+}  // namespace
+}  // namespace gdskit
+
+namespace gdskit {
+namespace {
+
+// GDSKIT_MODE=compat must run cuFile's compat mode, not the default configuration: the counters after the
+// transfer say posix for every request. Run first in its own process (cuFile's mode is per process):
+//   build/ci/tests/gpu_paths_test --gtest_filter=gpu_paths.forced_compat_is_compat_by_the_counters
+TEST(gpu_paths, forced_compat_is_compat_by_the_counters) {
+  REQUIRE_GPU();
+  std::string reason;
+  if (shim::cufile(&reason) == nullptr) GTEST_SKIP() << "no libcufile: " << reason;
+  if (shim::cufile_driver_opened()) GTEST_SKIP() << "cuFile already open in this process: run this test alone";
+  if (!shim::cufile_enable_stats()) GTEST_SKIP() << "this libcufile has no level-3 statistics";
+  temp_dir dir(test::direct_capable_parent());
+  const std::size_t size = 8u << 20;
+  auto data = random_bytes(size, 5);
+  test::write_file(dir / "f", data);
+  file_handle f(dir / "f", open_mode::read, {}, with_mode(path_mode::compat));
+  device_buffer d(size);
+  EXPECT_EQ(f.plan(d.view()).path, data_path::compat);
+  const auto before = shim::cufile_read_counters();
+  ASSERT_EQ(f.read(d.view(), size, 0), size);
+  const auto after = shim::cufile_read_counters();
+  EXPECT_EQ(device_to_host(d, size), data);
+  ASSERT_TRUE(after.available);
+  EXPECT_GT(after.reads - before.reads, 0u);
+  EXPECT_EQ(after.posix_reads - before.posix_reads, after.reads - before.reads);
+  EXPECT_EQ(after.p2p_reads - before.p2p_reads, 0u);
+  EXPECT_EQ(after.nvfs_reads - before.nvfs_reads, 0u);
+  // The process is now in compat mode: a gds transfer is refused, not run under a false label.
+  file_handle g(dir / "f", open_mode::read, {}, with_mode(path_mode::gds));
+  try {
+    g.read(d.view(), 4096, 0);
+    ADD_FAILURE() << "gds after forced compat must be refused";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::errc::not_supported);
+  }
 }
 
 }  // namespace

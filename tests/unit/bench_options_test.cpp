@@ -247,3 +247,57 @@ TEST(BenchOptions, RangesPastTheLargestFileOffsetAreRefused) {
   j.offset_bytes = (std::uint64_t{1} << 62) - 1;
   EXPECT_EQ(gb::check_extent(j), (std::uint64_t{1} << 63) - 1);
 }
+
+TEST(BenchOptions, GdsioFlagsAndJobKeysAcceptTheSameSet) {
+  // Each gdsio flag next to its job-file key: both accepted with the same effect, or both refused.
+  struct pair {
+    args flag;
+    std::string key;
+    bool accepted;
+  };
+  const std::vector<pair> pairs = {
+      {{"-n", "0"}, "numa_node=0", true},       {{"-m", "0"}, "mem_type=0", true},
+      {{"-m", "1"}, "mem_type=1", false},       {{"-m", "3"}, "mem_type=3", false},
+      {{"-b"}, "skip_bufregister=1", true},     {{"-R"}, "fill_random=1", true},
+      {{"-F"}, "refill_buffer=1", true},        {{"-p"}, "enable_nvlinks=1", false},
+      {{"-U"}, "unaligned=1", false},           {{"-a", "4K"}, "alignment_size=4K", false},
+      {{"-B", "8"}, "batch_size=8", false},     {{"-O", "1"}, "fd_mode=1", true},
+  };
+  gb::job_spec defaults;
+  for (const auto& p : pairs) {
+    args a = {"-f", "x", "-s", "1M"};
+    a.insert(a.end(), p.flag.begin(), p.flag.end());
+    const std::string text = "[job1]\nfilename=x\nsize=1M\n" + p.key + "\n";
+    if (p.accepted) {
+      gb::job_spec from_flag, from_key;
+      EXPECT_NO_THROW(from_flag = gb::parse_args(a).jobs.at(0)) << p.key;
+      EXPECT_NO_THROW(from_key = gb::parse_config(text, defaults).at(0)) << p.key;
+      EXPECT_EQ(from_flag.numa_node, from_key.numa_node) << p.key;
+      EXPECT_EQ(from_flag.refill, from_key.refill) << p.key;
+      EXPECT_EQ(from_flag.no_direct, from_key.no_direct) << p.key;
+    } else {
+      EXPECT_THROW(gb::parse_args(a), gb::usage_error) << p.key;
+      EXPECT_THROW(gb::parse_config(text, defaults), gb::usage_error) << p.key;
+    }
+  }
+  EXPECT_EQ(gb::parse_args({"-f", "x", "-s", "1M", "-n", "0"}).jobs[0].numa_node, 0);
+  EXPECT_TRUE(gb::parse_args({"-f", "x", "-s", "1M", "-F"}).jobs[0].refill);
+  expect_usage_error({"-f", "x", "-s", "1M", "-M", "50"});  // mixed read/write: batch API
+  expect_usage_error({"-f", "x", "-s", "1M", "-P", "rdma://h"});
+  EXPECT_NO_THROW(parse({"-f", "x", "-s", "1M", "-J"}));
+  // A NUMA node that does not exist is refused before anything runs; one that does binds the workers.
+  if (!gb::numa_node_cpus(0).empty()) {
+    gdskit::test::temp_dir dir;
+    gdskit::test::write_file(dir / "f", gdskit::test::random_bytes(8192, 1));
+    EXPECT_NO_THROW(gb::validate(gb::parse_args({"-f", (dir / "f").string(), "-s", "4K", "-i", "4K", "-n", "0"}).jobs[0]));
+  }
+  EXPECT_THROW(gb::validate(gb::parse_args({"-f", "x", "-s", "1M", "-n", "1023"}).jobs[0]), gb::usage_error);
+}
+
+TEST(BenchOptions, ProgressFlags) {
+  EXPECT_FALSE(parse({"-f", "x", "-s", "1M"}).options.progress.has_value());
+  EXPECT_TRUE(*parse({"-f", "x", "-s", "1M", "--progress"}).options.progress);
+  EXPECT_FALSE(*parse({"-f", "x", "-s", "1M", "--no-progress"}).options.progress);
+  EXPECT_FALSE(*parse({"-f", "x", "-s", "1M", "--quiet"}).options.progress);
+  expect_usage_error({"-f", "x", "-s", "1M", "--progress", "--no-progress"});
+}

@@ -87,7 +87,7 @@ TEST(shell_text, quoting_and_control_characters) {
   EXPECT_TRUE(gdskit::has_control_chars(std::string("a\0b", 3)));
   EXPECT_TRUE(gdskit::has_control_chars("a\x7f"));
   EXPECT_FALSE(gdskit::has_control_chars("/caf\xc3\xa9 $(x) `y` 'z'"));
-  EXPECT_EQ(gdskit::printable("a\nb\tc"), "a?b?c");
+  EXPECT_EQ(gdskit::printable("a\nb\tc"), "a\\nb\\tc");
   EXPECT_EQ(gdskit::check_folder_argument("/nonexistent-gdskit"), std::errc::no_such_file_or_directory);
   EXPECT_EQ(gdskit::check_folder_argument("/etc/passwd"), std::errc::not_a_directory);
   EXPECT_EQ(gdskit::check_folder_argument("/tmp\n"), std::errc::invalid_argument);

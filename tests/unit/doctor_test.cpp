@@ -9,6 +9,7 @@
 
 #include "doctor/checks.hpp"
 #include "doctor/doctor.hpp"
+#include "posix/syscalls.hpp"
 #include "test_support.hpp"
 
 namespace gd = gdskit::doctor;
@@ -261,4 +262,59 @@ TEST(doctor, capture_holds_exactly_what_was_read_and_round_trips) {
   auto after = gd::diagnose(again, gd::default_path(again));
   EXPECT_EQ(after.result.line, before.result.line);
   EXPECT_EQ(after.result.reasons, before.result.reasons);
+}
+
+TEST(doctor, capture_on_a_full_disk_says_enospc_and_leaves_no_file) {
+  auto src = gd::system_root::captured(fixture("p2p-einval"));
+  (void)gd::diagnose(src, "/data");
+  gdskit::test::temp_dir dir;
+  const auto tarball = dir.path() / "cap.tar.gz";
+  auto table = gdskit::posix::sys();
+  auto real_pwrite = table.pwrite;
+  // Only the archive's device is full: writes to the staging folder succeed.
+  table.pwrite = [&](int fd, const void* b, std::size_t n, off_t o) -> ssize_t {
+    std::error_code ec;
+    auto target = fs::read_symlink("/proc/self/fd/" + std::to_string(fd), ec);
+    if (!ec && target == tarball) {
+      errno = ENOSPC;
+      return -1;
+    }
+    return real_pwrite(fd, b, n, o);
+  };
+  {
+    gdskit::posix::scoped_syscalls faults(table);
+    EXPECT_EQ(gd::write_capture(src, "/data", tarball), std::errc::no_space_on_device);
+  }
+  EXPECT_FALSE(fs::exists(tarball));
+}
+
+TEST(doctor, capture_archive_unpacks_and_hostile_archives_are_refused) {
+  auto src = gd::system_root::captured(fixture("p2p-einval"));
+  auto before = gd::diagnose(src, "/data");
+  gdskit::test::temp_dir dir;
+  const auto tarball = dir.path() / "cap.tar.gz";
+  ASSERT_FALSE(gd::write_capture(src, "/data", tarball));
+  {
+    gd::private_folder out;
+    std::string why;
+    ASSERT_FALSE(gd::extract_capture(tarball, out.path(), why)) << why;
+    auto again = gd::system_root::captured(out.path());
+    EXPECT_EQ(gd::diagnose(again, gd::default_path(again)).result.line, before.result.line);
+  }
+  // A link out of the folder, an absolute name, a "..": refused before anything is unpacked there.
+  fs::create_directories(dir.path() / "evil");
+  fs::create_symlink("/etc", dir.path() / "evil/etc");
+  std::ofstream(dir.path() / "evil/f") << "x";
+  const std::string d = dir.path().string();
+  ASSERT_EQ(std::system(("tar -czf " + d + "/link.tar.gz -C " + d + "/evil .").c_str()), 0);
+  ASSERT_EQ(std::system(("tar -czPf " + d + "/abs.tar.gz " + d + "/evil/f").c_str()), 0);
+  ASSERT_EQ(std::system(("cd " + d + "/evil && tar -czPf " + d + "/dotdot.tar.gz ../evil/f").c_str()), 0);
+  std::ofstream(dir.path() / "junk.tar.gz") << "not an archive";
+  for (const char* name : {"link.tar.gz", "abs.tar.gz", "dotdot.tar.gz", "junk.tar.gz"}) {
+    gd::private_folder out;
+    std::string why;
+    EXPECT_TRUE(gd::extract_capture(dir.path() / name, out.path(), why)) << name;
+    EXPECT_FALSE(why.empty()) << name;
+    EXPECT_TRUE(fs::is_empty(out.path())) << name;
+  }
 }

@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <future>
 #include <random>
@@ -146,6 +148,38 @@ TEST_P(engine_variants, async_forms_match_blocking) {
   EXPECT_EQ(f.pwrite_async(patch.data(), patch.size(), 12345).get(), patch.size());
   std::memcpy(data.data() + 12345, patch.data(), patch.size());
   EXPECT_EQ(test::read_file(path), data);
+}
+
+// read_async / write_async take buffer views (host here; GPU views in tests/gpu/paths_test.cpp) with the
+// blocking forms' contracts, and their futures outlive the handle.
+TEST_P(engine_variants, buffer_view_async_forms_match_blocking) {
+  auto data = random_bytes((1u << 20) + 4099, 15);
+  auto path = *dir_ / "v";
+  test::write_file(path, data);
+  std::vector<std::uint8_t> a(data.size() + 100, 0), b(5000, 0);
+  auto patch = random_bytes(300001, 16);
+  std::future<std::size_t> fa, fb, fw, fshort;
+  {
+    file_handle f(path, open_mode::read_write, {}, small_chunks(GetParam()));
+    fa = f.read_async(buffer_view::host(a.data(), a.size()), a.size(), 0);
+    fb = f.read_async(buffer_view::host(b.data(), b.size()), b.size(), 4093);
+    fw = f.write_async(buffer_view::host(patch.data(), patch.size()), patch.size(), data.size() + 7);
+    fshort = f.read_async(buffer_view::host(b.data(), 10), 20, 0);  // view smaller than the request
+  }
+  EXPECT_EQ(fa.get(), data.size()) << "a read returns fewer bytes only at end of file";
+  EXPECT_EQ(0, std::memcmp(a.data(), data.data(), data.size()));
+  EXPECT_EQ(fb.get(), b.size());
+  EXPECT_EQ(0, std::memcmp(b.data(), data.data() + 4093, b.size()));
+  EXPECT_EQ(fw.get(), patch.size());
+  try {
+    fshort.get();
+    FAIL() << "a view smaller than the request must be refused";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::errc::invalid_argument);
+  }
+  auto disk = test::read_file(path);
+  ASSERT_EQ(disk.size(), data.size() + 7 + patch.size());
+  EXPECT_EQ(0, std::memcmp(disk.data() + data.size() + 7, patch.data(), patch.size()));
 }
 
 // Offsets are off_t: a range past 2^63 - 1 must be refused before any I/O. Unchecked, offset + nbytes wraps
@@ -363,6 +397,8 @@ TEST(file_handle, empty_handles_have_defined_behaviour) {
     EXPECT_TRUE(ebadf([&] { f.write(buffer_view::host(b, 8), 8, 0); }));
     EXPECT_TRUE(ebadf([&] { f.pread_async(b, 8, 0).get(); }));
     EXPECT_TRUE(ebadf([&] { f.pwrite_async(b, 8, 0).get(); }));
+    EXPECT_TRUE(ebadf([&] { f.read_async(buffer_view::host(b, 8), 8, 0).get(); }));
+    EXPECT_TRUE(ebadf([&] { f.write_async(buffer_view::host(b, 8), 8, 0).get(); }));
     EXPECT_TRUE(ebadf([&] { f.size(); }));
     EXPECT_TRUE(ebadf([&] { f.truncate(0); }));
     EXPECT_TRUE(ebadf([&] { f.sync(); }));
@@ -415,6 +451,77 @@ TEST(file_handle, futures_keep_the_file_open) {
   auto on_disk = test::read_file(dir / "a");
   ASSERT_EQ(on_disk.size(), 205000u);
   EXPECT_EQ(0, std::memcmp(on_disk.data() + 200000, patch.data(), patch.size()));
+}
+
+// A block device's st_size is 0; its size is what the device says. Simulated through the seam: the file
+// looks like a block device of fewer bytes than the file holds, and reads stop at the device's end.
+TEST(file_handle, block_device_size_comes_from_the_device) {
+  temp_dir dir;
+  auto data = random_bytes(100000, 41);
+  test::write_file(dir / "b", data);
+  constexpr std::uint64_t device_bytes = 69632;
+  std::atomic<int> asked{0};
+  posix::syscall_table t = posix::real_syscalls();
+  t.fstat = [](int fd, struct stat* st) {
+    int r = posix::real_syscalls().fstat(fd, st);
+    st->st_mode = (st->st_mode & ~S_IFMT) | S_IFBLK;
+    st->st_size = 0;
+    return r;
+  };
+  t.block_device_size = [&](int, std::uint64_t* n) {
+    ++asked;
+    *n = device_bytes;
+    return 0;
+  };
+  posix::scoped_syscalls guard(t);
+  file_handle f(dir / "b", open_mode::read);
+  EXPECT_EQ(f.size(), device_bytes);
+  std::vector<std::uint8_t> back(data.size());
+  ASSERT_EQ(f.pread(back.data(), back.size(), 0), device_bytes);
+  EXPECT_EQ(0, std::memcmp(back.data(), data.data(), device_bytes));
+  EXPECT_EQ(f.pread(back.data(), 10, device_bytes), 0u);
+  EXPECT_GE(asked.load(), 2);
+}
+
+// Runs a command and returns its first line of output ("" when it fails).
+std::string first_line_of(const std::string& command) {
+  std::FILE* p = ::popen(command.c_str(), "r");
+  if (p == nullptr) return {};
+  char line[512] = {};
+  const bool got = std::fgets(line, sizeof line, p) != nullptr;
+  const int status = ::pclose(p);
+  if (!got || status != 0) return {};
+  std::string out(line);
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
+}
+
+// The same on a real loop device (needs root and loop devices; skipped with the reason otherwise).
+TEST(file_handle, loop_device_reads_whole) {
+  temp_dir dir;
+  auto data = random_bytes((1u << 20) + 3 * 4096, 42);
+  test::write_file(dir / "img", data);
+  const std::string dev = first_line_of("losetup -f --show '" + (dir / "img").string() + "' 2>/dev/null");
+  if (dev.rfind("/dev/loop", 0) != 0) GTEST_SKIP() << "no loop device could be attached (losetup -f --show needs root)";
+  struct detach {
+    std::string dev;
+    ~detach() { first_line_of("losetup -d '" + dev + "' 2>/dev/null; echo"); }
+  } guard{dev};
+  for (direct_mode d : {direct_mode::automatic, direct_mode::off}) {
+    settings s;
+    s.direct = d;
+    s.chunk_bytes = 65536;
+    s.inline_bytes = 4096;
+    file_handle f(dev, open_mode::read, {}, s);
+    EXPECT_EQ(f.size(), data.size());
+    std::vector<std::uint8_t> back(data.size() + 4096);
+    ASSERT_EQ(f.pread(back.data(), back.size(), 0), data.size()) << dev;
+    back.resize(data.size());
+    EXPECT_EQ(back, data);
+    std::vector<std::uint8_t> tail(5000);
+    ASSERT_EQ(f.pread(tail.data(), tail.size(), data.size() - 1000), 1000u);
+    EXPECT_EQ(0, std::memcmp(tail.data(), data.data() + data.size() - 1000, 1000));
+  }
 }
 
 }  // namespace

@@ -257,6 +257,91 @@ TEST_F(uring_submission, a_persistent_failure_returns_an_error_instead_of_loopin
   EXPECT_EQ(test::read_file(dir_ / "f"), data_) << "a write that never ran changed the file";
 }
 
+// A cache drop writes dirty pages first; when that fails the drop is not cold and the error must be seen.
+TEST(file_faults, drop_cache_reports_a_failed_fdatasync) {
+  temp_dir dir;
+  test::write_file(dir / "d", random_bytes(100000, 5));
+  std::atomic<int> fadvises{0};
+  syscall_table t = real_syscalls();
+  t.fdatasync = [](int) {
+    errno = EIO;
+    return -1;
+  };
+  t.fadvise = [&](int fd, off_t o, off_t n, int advice) {
+    ++fadvises;
+    return real_syscalls().fadvise(fd, o, n, advice);
+  };
+  scoped_syscalls guard(t);
+  file_handle w(dir / "d", open_mode::read_write);
+  EXPECT_EQ(code_of([&] { w.drop_cache(); }), std::errc::io_error);
+  EXPECT_EQ(fadvises.load(), 0) << "the cache was dropped although its dirty pages were not written";
+  // A read-only handle has nothing to write: the drop goes ahead.
+  file_handle r(dir / "d", open_mode::read);
+  EXPECT_NO_THROW(r.drop_cache());
+  EXPECT_EQ(fadvises.load(), 1);
+}
+
+// close(2) errors (deferred write errors on NFS, EIO) reach the caller of close(); the destructor logs them.
+TEST(file_faults, close_reports_what_the_kernel_said) {
+  temp_dir dir;
+  test::write_file(dir / "c", random_bytes(5000, 6));
+  std::atomic<int> closes{0};
+  syscall_table t = real_syscalls();
+  t.close = [&](int fd) {
+    ++closes;
+    real_syscalls().close(fd);
+    errno = EIO;
+    return -1;
+  };
+  scoped_syscalls guard(t);
+  settings s;
+  s.direct = direct_mode::off;
+  file_handle f(dir / "c", open_mode::read_write, {}, s);
+  try {
+    f.close();
+    FAIL() << "a failed close must throw";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::errc::io_error);
+    EXPECT_EQ(e.operation(), "close");
+    EXPECT_EQ(e.path(), (dir / "c").string());
+  }
+  EXPECT_EQ(closes.load(), 1);
+  EXPECT_FALSE(f.is_open());
+  EXPECT_NO_THROW(f.close());  // empty now: nothing to close
+  EXPECT_EQ(closes.load(), 1);
+  ::testing::internal::CaptureStderr();
+  { file_handle g(dir / "c", open_mode::read, {}, s); }  // must not throw
+  const std::string logged = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(closes.load(), 2);
+  EXPECT_FALSE(logged.empty()) << "a close error in the destructor vanished without a trace";
+}
+
+TEST(file_faults, close_waits_for_asynchronous_operations) {
+  temp_dir dir;
+  auto data = random_bytes(50000, 7);
+  test::write_file(dir / "w", data);
+  std::promise<void> go;
+  std::shared_future<void> released = go.get_future().share();
+  syscall_table t = real_syscalls();
+  t.pread = [released](int fd, void* b, std::size_t n, off_t o) {
+    released.wait();
+    return real_syscalls().pread(fd, b, n, o);
+  };
+  scoped_syscalls guard(t);
+  settings s;
+  s.direct = direct_mode::off;
+  file_handle f(dir / "w", open_mode::read, {}, s);
+  std::vector<std::uint8_t> back(data.size());
+  auto fut = f.pread_async(back.data(), back.size(), 0);
+  auto closing = std::async(std::launch::async, [&] { f.close(); });
+  EXPECT_EQ(closing.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout)
+      << "close() returned while a read was in flight";
+  go.set_value();
+  closing.get();
+  EXPECT_EQ(fut.get(), data.size());
+  EXPECT_EQ(back, data);
+}
+
 TEST(error, message_names_operation_path_offset_and_size) {
   error e(errno_code(EIO), "pread", "model.safetensors", 4096, 1048576);
   EXPECT_STREQ(e.what(), "pread \"model.safetensors\" at 4096+1048576: Input/output error");

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <fstream>
 #include <sstream>
 
@@ -253,4 +255,124 @@ TEST(patch_tree, VersionParsing) {
   EXPECT_FALSE(version_from_version_mk("NVIDIA_NVID_VERSION = 1.2\n").has_value());
   EXPECT_FALSE(parse_version("580").has_value());
   EXPECT_TRUE(parse_version("580.142").has_value());
+}
+
+namespace {
+
+// Every regular file of a tree, by relative path.
+std::map<std::string, std::string> snapshot(const fs::path& root) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(root)) {
+    if (e.is_regular_file()) files[fs::relative(e.path(), root).string()] = slurp(e.path());
+  }
+  return files;
+}
+
+// Runs `op` with a kill after `k` completed steps (or, when `in_write`, inside the k-th write, after its
+// temporary file is written and before its rename). Returns whether the kill happened.
+bool killed_at(std::size_t k, bool in_write, const std::function<void()>& op) {
+  std::size_t writes = 0;
+  if (in_write) {
+    set_before_rename_hook([&](const fs::path&, const fs::path&) {
+      if (++writes == k) throw simulated_kill{};
+    });
+  } else {
+    set_step_hook([&](std::size_t done) {
+      if (done == k) throw simulated_kill{};
+    });
+  }
+  bool killed = false;
+  try {
+    op();
+  } catch (const simulated_kill&) {
+    killed = true;
+  }
+  set_before_rename_hook({});
+  set_step_hook({});
+  return killed;
+}
+
+// After a kill: optionally apply (must end fully applied), then revert (must end byte-identical to the start).
+void recover(const fs::path& root, bool apply_first, const std::map<std::string, std::string>& applied,
+             const std::map<std::string, std::string>& before) {
+  if (apply_first) {
+    auto r = apply_tree(root, {});
+    ASSERT_FALSE(r.refused) << r.refusal;
+    EXPECT_EQ(snapshot(root), applied);
+  }
+  auto r = revert_tree(root, {});
+  ASSERT_FALSE(r.refused) << r.refusal;
+  EXPECT_EQ(snapshot(root), before);
+}
+
+}  // namespace
+
+TEST(patch_tree, ApplyKilledAtAnyStepRecoversWithApplyOrRevert) {
+  for (bool in_write : {false, true}) {
+    for (std::size_t k = 1;; ++k) {
+      for (bool then_apply : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "kill " << (in_write ? "inside write " : "after step ") << k
+                                          << (then_apply ? ", then apply" : ", then revert"));
+        tree_copy t("v580");
+        const auto before = snapshot(t.root);
+        tree_copy ref("v580");
+        ASSERT_FALSE(apply_tree(ref.root, {}).refused);
+        const auto applied = snapshot(ref.root);
+        if (!killed_at(k, in_write, [&] { apply_tree(t.root, {}); })) {
+          EXPECT_EQ(snapshot(t.root), applied);  // k is past the last step: apply simply finished
+          if (then_apply) goto next_mode;
+          continue;
+        }
+        recover(t.root, then_apply, applied, before);
+      }
+    }
+  next_mode:;
+  }
+}
+
+TEST(patch_tree, RevertKilledAtAnyStepRecoversWithRevertOrApply) {
+  for (bool in_write : {false, true}) {
+    for (std::size_t k = 1;; ++k) {
+      bool done = false;
+      for (bool then_revert : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "kill " << (in_write ? "inside write " : "after step ") << k
+                                          << (then_revert ? ", then revert" : ", then apply"));
+        tree_copy t("v580");
+        const auto before = snapshot(t.root);
+        ASSERT_FALSE(apply_tree(t.root, {}).refused);
+        const auto applied = snapshot(t.root);
+        if (!killed_at(k, in_write, [&] { revert_tree(t.root, {}); })) {
+          EXPECT_EQ(snapshot(t.root), before);
+          done = true;
+          break;
+        }
+        recover(t.root, !then_revert, applied, before);
+      }
+      if (done) break;
+    }
+  }
+}
+
+TEST(patch_tree, SymlinkedFolderLeavingTheTreeIsRefused) {
+  tree_copy t("v580");
+  gdskit::test::temp_dir outside;
+  const fs::path bif_dir = (t.root / kernel_bif_path).parent_path();
+  fs::rename(bif_dir, outside / "bif");
+  fs::create_directory_symlink(outside / "bif", bif_dir);
+  const auto outside_before = snapshot(outside.path());
+  for (auto op : {&apply_tree, &revert_tree, &check_tree}) {
+    try {
+      (void)op(t.root, {});
+      ADD_FAILURE() << "a link out of the tree must be refused";
+    } catch (const gdskit::error& e) {
+      EXPECT_EQ(e.code(), std::errc::operation_not_permitted);
+    }
+  }
+  EXPECT_EQ(snapshot(outside.path()), outside_before);
+  // A link that stays inside the tree is fine.
+  fs::remove(bif_dir);
+  fs::rename(outside / "bif", t.root / "bif-real");
+  fs::create_directory_symlink(fs::path("../../../../../bif-real"), bif_dir);
+  EXPECT_FALSE(apply_tree(t.root, {}).refused);
+  EXPECT_FALSE(revert_tree(t.root, {}).refused);
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <fstream>
 
+#include "doctor/checks.hpp"
 #include "engine/planner.hpp"
 #include "posix/fs_info.hpp"
 #include "test_support.hpp"
@@ -100,6 +101,66 @@ TEST(planner, modes_and_buffers) {
   runtime_facts nogpu;
   nogpu.gpu_reason = "libcuda.so.1 not found";
   EXPECT_TRUE(has_reason(decide(none, nogpu, memory_kind::device, path_mode::automatic), "no usable GPU"));
+}
+
+// The doctor's kernel.p2pdma check on the same root.
+const doctor::check* doctor_p2pdma(const std::filesystem::path& root, std::vector<doctor::layer>& layers) {
+  auto r = doctor::system_root::captured(root);
+  layers = doctor::run_checks(r, "/data");
+  for (const auto& l : layers)
+    for (const auto& c : l.checks)
+      if (c.id == "kernel.p2pdma") return &c;
+  return nullptr;
+}
+
+TEST(planner, p2pdma_route_is_judged_by_the_doctors_rule) {
+  test::temp_dir root;
+  auto mk = [&](const std::string& rel, const std::string& text) {
+    std::filesystem::create_directories((root.path() / rel).parent_path());
+    std::ofstream(root.path() / rel) << text;
+  };
+  // use_pci_p2pdma alone, on NVMe with udev data: not a route (stock kernel, no static BAR1, driver unknown).
+  mk("etc/cufile.json", "{ \"properties\": { \"use_pci_p2pdma\": true } }\n");
+  mk("proc/kallsyms", "0000000000000000 T nvme_setup_cmd\t[nvme]\n");
+  mk("run/udev/data/b259:0", "E:ID_FS_USAGE=filesystem\n");
+  mk("sys/block/nvme0n1/dev", "259:0\n");
+  mk("proc/self/mountinfo", "22 1 259:0 / / rw - ext4 /dev/nvme0n1 rw,data=ordered\n");
+  system_facts f = gather_facts(root.path(), makedev(259, 0), "ext4");
+  EXPECT_TRUE(f.p2pdma.use_pci_p2pdma);
+  path_decision d = decide(f, gpu_and_cufile(), memory_kind::device, path_mode::automatic);
+  EXPECT_EQ(d.path, data_path::staged) << d.summary();
+  EXPECT_FALSE(d.direct_possible);
+  std::vector<doctor::layer> layers;
+  const doctor::check* c = doctor_p2pdma(root.path(), layers);
+  ASSERT_NE(c, nullptr);
+  EXPECT_NE(c->state, doctor::status::ok);
+  for (const auto& why : p2pdma_missing(f.p2pdma)) {
+    EXPECT_TRUE(has_reason(d, why)) << why;
+    EXPECT_NE(c->summary.find(why), std::string::npos) << why << " / " << c->summary;
+  }
+  EXPECT_EQ(p2pdma_missing(f.p2pdma).size(), 3u);  // all but use_pci_p2pdma
+
+  // Every P2PDMA fact in place: both call it a direct route.
+  mk("proc/kallsyms", "ffffffff81000000 T p2pdma_pgmap_ops\n");
+  mk("proc/driver/nvidia/version",
+     "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (builder@host)\n");
+  mk("proc/driver/nvidia/params", "EnableGpuFirmware: 18\nRegistryDwords: \"RMForceStaticBar1=1;RmForceDisableIomapWC=1;\"\n");
+  f = gather_facts(root.path(), makedev(259, 0), "ext4");
+  EXPECT_TRUE(p2pdma_missing(f.p2pdma).empty());
+  d = decide(f, gpu_and_cufile(), memory_kind::device, path_mode::automatic);
+  EXPECT_EQ(d.path, data_path::gds) << d.summary();
+  EXPECT_TRUE(has_reason(d, "direct path: PCI P2PDMA"));
+  c = doctor_p2pdma(root.path(), layers);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->state, doctor::status::ok) << c->summary;
+  // One fact away (the open driver is too old): both refuse it, with the same reason.
+  mk("proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  560.35.03  Release\n");
+  f = gather_facts(root.path(), makedev(259, 0), "ext4");
+  d = decide(f, gpu_and_cufile(), memory_kind::device, path_mode::automatic);
+  c = doctor_p2pdma(root.path(), layers);
+  EXPECT_EQ(d.path, data_path::staged);
+  EXPECT_TRUE(has_reason(d, "needs the open driver >= 565"));
+  EXPECT_NE(c->summary.find("needs the open driver >= 565"), std::string::npos);
 }
 
 TEST(planner, file_system_magics_name_the_right_file_system) {

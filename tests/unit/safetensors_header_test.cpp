@@ -255,10 +255,16 @@ double parse_seconds(const std::vector<std::uint8_t>& f) {
 }
 
 TEST(SafetensorsHeader, ParseTimeGrowsLinearlyWithTensorCount) {
-  // 8x the tensors: a linear parser takes about 8x (n log n a little more); a quadratic one 64x. 16x leaves room
-  // for a loaded machine without letting quadratic work pass.
+  // 8x the tensors: a linear parser takes about 8x (n log n and cache misses a little more); a quadratic one 64x.
+  // A burst of load from other processes can stretch one measurement (17x was seen once on a busy 2-core
+  // machine), so up to three rounds are measured: quadratic work fails every one of them.
   const auto small = many_tensors(5000), large = many_tensors(40000);
-  const double t_small = std::max(parse_seconds(small), 1e-4), t_large = parse_seconds(large);
+  double t_small = 0, t_large = 0;
+  for (int round = 0; round < 3; ++round) {
+    t_small = std::max(parse_seconds(small), 1e-4);
+    t_large = parse_seconds(large);
+    if (t_large <= 16 * t_small) break;
+  }
   EXPECT_LE(t_large, 16 * t_small) << "5k tensors: " << t_small << " s, 40k tensors: " << t_large << " s";
   EXPECT_EQ(parse(large).tensors.size(), 40000u);
   // Duplicate detection stays on for large headers.

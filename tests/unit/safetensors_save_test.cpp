@@ -320,6 +320,40 @@ TEST(safetensors_save, cancel_publishes_nothing) {
   EXPECT_TRUE(leftovers(dir.path()).empty());
 }
 
+// ---- byte identity with files the real library wrote ---------------------------------------------------
+
+// Each golden (tests/fixtures/safetensors/golden, written by safetensors.torch.save_file) loaded with gdskit's
+// loader into host memory and saved again must come out byte for byte. The library writes "__metadata__" from
+// a hash map, so its key order is taken from the golden's own header; everything else follows from the rules.
+TEST(safetensors_save_golden, loaded_and_saved_again_is_byte_identical) {
+  const fs::path golden = fs::path(GDSKIT_SOURCE_DIR) / "tests/fixtures/safetensors/golden";
+  if (!fs::exists(golden / "manifest.json")) GTEST_SKIP() << "no golden files in " << golden;
+  const auto manifest = nlohmann::json::parse(read_text(golden / "manifest.json"));
+  ASSERT_GE(manifest["files"].size(), 5u);
+  temp_dir dir;
+  for (const auto& entry : manifest["files"]) {
+    const std::string name = entry["file"];
+    SCOPED_TRACE(name);
+    const std::string original = read_text(golden / name);
+    ASSERT_EQ(original.size(), entry["nbytes"].get<std::size_t>());
+    auto m = st::load(golden / name);
+    std::vector<st::save_tensor> t;
+    for (const auto& lt : m.tensors()) t.push_back({lt.name, lt.dtype, lt.shape, lt.data, {}});
+    std::optional<st::metadata_entries> md;
+    const auto header = nlohmann::ordered_json::parse(header_json(original));
+    if (header.contains("__metadata__")) {
+      md.emplace();
+      for (const auto& [k, v] : header["__metadata__"].items()) md->emplace_back(k, v.get<std::string>());
+    }
+    EXPECT_EQ(entry["save_metadata"].is_null(), !md.has_value());
+    st::save(dir / name, t, md, quiet());
+    const std::string ours = read_text(dir / name);
+    EXPECT_EQ(ours.size(), original.size());
+    EXPECT_EQ(header_json(ours), header_json(original));
+    EXPECT_TRUE(ours == original) << "the data section differs";
+  }
+}
+
 // ---- sharded save --------------------------------------------------------------------------------------
 
 std::vector<st::save_tensor> sized(const std::vector<std::uint64_t>& sizes, std::vector<std::uint8_t>& backing) {
@@ -408,6 +442,23 @@ TEST(safetensors_save_shards, one_shard_is_model_safetensors_without_index) {
   EXPECT_EQ(s.written, (std::vector<fs::path>{dir / "model.safetensors"}));
   EXPECT_FALSE(fs::exists(dir / "model.safetensors.index.json"));
   EXPECT_EQ(st::load(dir.path()).tensors().size(), 2u);
+}
+
+TEST(safetensors_save_shards, one_shard_over_a_sharded_checkpoint_removes_the_stale_index) {
+  temp_dir dir;
+  std::vector<std::uint8_t> b;
+  auto o = quiet();
+  o.max_shard_bytes = 150;
+  st::save_sharded(dir.path(), sized({100, 100}, b), std::nullopt, o);
+  ASSERT_TRUE(fs::exists(dir / "model.safetensors.index.json"));
+  o.max_shard_bytes = 1000;
+  auto t = sized({100, 100, 100}, b);
+  EXPECT_EQ(code_of([&] { st::save_sharded(dir.path(), t, std::nullopt, o); }), std::errc::file_exists);
+  o.overwrite = true;
+  st::save_sharded(dir.path(), t, std::nullopt, o);
+  EXPECT_FALSE(fs::exists(dir / "model.safetensors.index.json"));
+  EXPECT_EQ(st::load(dir / "model.safetensors").tensors().size(), 3u);
+  EXPECT_TRUE(fs::exists(dir / "model-00001-of-00002.safetensors"));  // old shards are left alone
 }
 
 // ---- faults at every stage -----------------------------------------------------------------------------

@@ -33,6 +33,12 @@ class deferred_copier final : public gpu::copier {
   unsigned slots_per_lane() const override { return slots_; }
   std::size_t slot_bytes() const override { return slot_bytes_; }
   void begin_lane(unsigned) override { ++lanes_started; }
+  void end_lane(unsigned lane) noexcept override {
+    for (unsigned s = 0; s < slots_; ++s) {
+      EXPECT_TRUE(pending_[lane * slots_ + s].empty()) << "a lane ended with copies in flight";
+    }
+    ++lanes_ended;
+  }
   std::byte* slot(unsigned lane, unsigned s) override { return base_ + (lane * slots_ + s) * slot_bytes_; }
   void to_far(unsigned lane, unsigned s, std::size_t off, std::uintptr_t far, std::size_t n) override {
     if (fail_after >= 0 && copies++ >= fail_after) throw error(cuda_code(700), "cuMemcpyHtoDAsync (injected)");
@@ -67,6 +73,7 @@ class deferred_copier final : public gpu::copier {
   }
 
   std::atomic<int> lanes_started{0};
+  std::atomic<int> lanes_ended{0};
   std::atomic<int> waits{0};
   std::atomic<int> copies{0};
   int fail_after = -1;
@@ -141,6 +148,46 @@ TEST_P(staged, writes_read_back_equal) {
   EXPECT_EQ(test::read_file(dir / "w"), mirror);
 }
 
+// The adaptive scheduler's knobs: pieces smaller than a slot, and lanes parked and woken while the transfer
+// runs. Bytes must stay exact, every piece must be the asked size, and parked lanes must not take pieces.
+TEST_P(staged, smaller_pieces_and_parked_lanes_keep_bytes_exact) {
+  temp_dir dir(GetParam() == direct_mode::on ? test::direct_capable_parent() : std::filesystem::path{});
+  const std::size_t size = (5u << 20) + 4095;
+  auto data = random_bytes(size, 11);
+  test::write_file(dir / "f", data);
+  file_handle f(dir / "f", open_mode::read_write, {}, test_settings(GetParam()));
+  std::mt19937_64 rng(12);
+  for (int r = 0; r < 8; ++r) {
+    deferred_copier cp(4, 2, 256 * 1024);
+    gpu::staged_options o;
+    o.piece_bytes = std::size_t{64 * 1024} << (r % 3);  // 64, 128, 256 KiB (256 KiB = the slot)
+    std::atomic<unsigned> active{1};
+    std::atomic<std::size_t> pieces{0};
+    std::atomic<std::size_t> direct{0};
+    o.active_lanes = [&] { return active.load(); };
+    o.on_piece = [&](std::uint64_t) {
+      if (++pieces == 10) active = 3;  // the depth grows mid-transfer
+    };
+    o.on_direct_bytes = [&](std::size_t n) { direct += n; };
+    const std::uint64_t off = rng() % 100000;
+    const std::size_t len = size - off - static_cast<std::size_t>(rng() % 5000);
+    std::vector<std::uint8_t> out(len);
+    gpu::staged_stats st;
+    ASSERT_EQ(gpu::staged_read(f, cp, reinterpret_cast<std::uintptr_t>(out.data()), len, off, o, &st), len);
+    ASSERT_EQ(0, std::memcmp(out.data(), data.data() + off, len));
+    EXPECT_EQ(st.pieces, gpu::piece_count(off, len, o.piece_bytes));
+    EXPECT_EQ(direct.load(), st.direct_bytes);
+    // Writes with the same knobs, read back.
+    auto src = random_bytes(len, static_cast<std::uint64_t>(r) + 100);
+    active = 1;
+    pieces = 0;
+    ASSERT_EQ(gpu::staged_write(f, cp, reinterpret_cast<std::uintptr_t>(src.data()), len, off, o, &st), len);
+    std::memcpy(data.data() + off, src.data(), len);
+    ASSERT_EQ(test::read_file(dir / "f"), data);
+    EXPECT_EQ(cp.still_pending(), 0u);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(direct, staged, ::testing::Values(direct_mode::automatic, direct_mode::on, direct_mode::off),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
@@ -184,6 +231,7 @@ TEST(staged_pipeline, slots_are_reused_and_reads_run_ahead) {
   EXPECT_GE(st.slot_waits, 32u - 4u);
   EXPECT_LE(st.slot_waits, 32u);
   EXPECT_EQ(cp.lanes_started.load(), 2);
+  EXPECT_EQ(cp.lanes_ended.load(), 2) << "every lane begun is ended (the CUDA copier restores the context there)";
 }
 
 TEST(staged_pipeline, read_error_mid_stream_propagates_and_drains) {
@@ -211,6 +259,7 @@ TEST(staged_pipeline, read_error_mid_stream_propagates_and_drains) {
     EXPECT_LE(static_cast<std::uint64_t>(e.offset_bytes()), bad);
   }
   EXPECT_EQ(cp.still_pending(), 0u) << "copies still in flight after the error";
+  EXPECT_EQ(cp.lanes_ended.load(), cp.lanes_started.load());
 }
 
 TEST(staged_pipeline, copy_error_propagates) {

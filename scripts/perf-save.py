@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""Saving speed from GPU memory: gdskit.save_file and gdskit.save_sharded against safetensors.torch.save_file
+and torch.save, and a raw O_DIRECT write ceiling measured in the same run.
+
+Run on the GPU machine (torch with CUDA, safetensors, gdskit built with -DGDSKIT_BUILD_PYTHON=ON):
+
+    PYTHONPATH=build/release/python python3 scripts/perf-save.py --dir /data [--size-gib 8] [--runs 2] \
+        [--device cuda:0] [--cli build/release/apps/gdskit/gdskit]
+
+It builds a Llama-shaped bf16 state dict of about --size-gib on the device (hidden 4096, MLP 11008, vocabulary
+32000, as many layers as fit), then times each writer end to end with the data on disk: gdskit syncs by design,
+and safetensors and torch.save are followed by fsync of the file they wrote, so every number includes the
+flush. The ceiling is a plain O_DIRECT writer (16 threads, 8 MiB aligned requests from host memory, then
+fdatasync) of the same byte count in the same folder, or `gdskit bench -I 1` when --cli is given. Prints, per
+writer, the best of --runs: seconds, GiB/s, ratio to the ceiling, CPU-s per GiB (getrusage of this process,
+all threads) and GPU memory the writer allocated beyond the state dict (torch.cuda.max_memory_allocated delta).
+Copy the table into docs/performance.md with the command, the machine and the date.
+"""
+
+import argparse
+import json
+import mmap
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+
+import gdskit
+
+
+def llama_state(size_gib, device):
+    hidden, inter, vocab = 4096, 11008, 32000
+    per_layer = (4 * hidden * hidden + 3 * hidden * inter + 2 * hidden) * 2
+    fixed = (2 * vocab * hidden + hidden) * 2
+    layers = max(1, round((size_gib * 2**30 - fixed) / per_layer))
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def w(*shape):
+        return torch.randn(*shape, generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
+
+    sd = {"model.embed_tokens.weight": w(vocab, hidden)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            sd[p + f"self_attn.{n}.weight"] = w(hidden, hidden)
+        sd[p + "mlp.gate_proj.weight"] = w(inter, hidden)
+        sd[p + "mlp.up_proj.weight"] = w(inter, hidden)
+        sd[p + "mlp.down_proj.weight"] = w(hidden, inter)
+        sd[p + "input_layernorm.weight"] = w(hidden)
+        sd[p + "post_attention_layernorm.weight"] = w(hidden)
+    sd["model.norm.weight"] = w(hidden)
+    sd["lm_head.weight"] = w(vocab, hidden)
+    torch.cuda.synchronize(device)
+    return sd, layers
+
+
+def fsync_path(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def odirect_ceiling(folder, nbytes, threads=16, request=8 << 20):
+    """Seconds for a plain O_DIRECT write of nbytes (aligned requests, `threads` writers), fdatasync included."""
+    path = os.path.join(folder, "ceiling.bin")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+    bufs = [mmap.mmap(-1, request) for _ in range(threads)]
+    for b in bufs:
+        b.write(os.urandom(4096) * (request // 4096))
+    nreq = (nbytes + request - 1) // request
+    next_req = [0]
+    lock = threading.Lock()
+
+    def worker(buf):
+        while True:
+            with lock:
+                k = next_req[0]
+                next_req[0] += 1
+            if k >= nreq:
+                return
+            os.pwrite(fd, buf, k * request)
+
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=worker, args=(b,)) for b in bufs]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    os.fdatasync(fd)
+    dt = time.perf_counter() - t0
+    os.close(fd)
+    os.unlink(path)
+    return dt, nreq * request
+
+
+def measure(fn, device):
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    fn()
+    dt = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return dt, cpu, torch.cuda.max_memory_allocated(device) - base
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True, help="folder on the disk to measure")
+    ap.add_argument("--size-gib", type=float, default=8)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--cli", help="gdskit binary: use `gdskit bench -I 1` for the ceiling")
+    ap.add_argument("--skip", default="", help="comma-separated writers to skip (torch.save, ...)")
+    args = ap.parse_args()
+    from safetensors.torch import save_file as st_save
+
+    sd, layers = llama_state(args.size_gib, args.device)
+    nbytes = sum(t.numel() * t.element_size() for t in sd.values())
+    gib = nbytes / 2**30
+    print(f"state dict: {len(sd)} bf16 tensors, {layers} layers, {gib:.2f} GiB on {args.device}")
+    work = tempfile.mkdtemp(prefix="gdskit-perf-save.", dir=args.dir)
+    try:
+        def out(name):
+            p = os.path.join(work, name)
+            if os.path.isdir(p):
+                shutil.rmtree(p)
+            elif os.path.exists(p):
+                os.unlink(p)
+            return p
+
+        def run_gdskit_file():
+            gdskit.save_file(sd, out("g.safetensors"))
+
+        def run_gdskit_sharded():
+            gdskit.save_sharded(sd, out("g-sharded"), max_shard_size="5GB")
+
+        def run_safetensors():
+            p = out("s.safetensors")
+            st_save(sd, p)
+            fsync_path(p)
+
+        def run_torch_save():
+            p = out("t.pt")
+            torch.save(sd, p)
+            fsync_path(p)
+
+        writers = [("gdskit.save_file", run_gdskit_file), ("gdskit.save_sharded", run_gdskit_sharded),
+                   ("safetensors.save_file", run_safetensors), ("torch.save", run_torch_save)]
+        skip = set(filter(None, args.skip.split(",")))
+        best = {}
+        for _ in range(args.runs):
+            for name, fn in writers:
+                if name in skip:
+                    continue
+                r = measure(fn, args.device)
+                if name not in best or r[0] < best[name][0]:
+                    best[name] = r
+                if name == "gdskit.save_file":
+                    st = gdskit.last_save_stats()
+                    print(f"  {name}: {r[0]:.2f} s, path {st['path']} ({'; '.join(st['reasons'])}), "
+                          f"syncs {st['sync_seconds']:.2f} s")
+        # The files gdskit wrote equal safetensors' (checked once, from the last run).
+        if "safetensors.save_file" not in skip:
+            same = subprocess.run(["cmp", "-s", os.path.join(work, "g.safetensors"),
+                                   os.path.join(work, "s.safetensors")]).returncode == 0
+            print(f"gdskit.save_file bytes == safetensors.save_file bytes: {same}")
+        if args.cli:
+            res = subprocess.run([args.cli, "bench", "-f", os.path.join(work, "ceiling.bin"), "-s", str(nbytes),
+                                  "-i", "8M", "-w", "16", "-I", "1", "--json", "--quiet"], capture_output=True,
+                                 text=True, check=True)
+            ceiling = json.loads(res.stdout)["results"][0]["throughput_gib_s"]
+            how = "gdskit bench -I 1 -i 8M -w 16"
+        else:
+            dt, written = min(odirect_ceiling(work, nbytes) for _ in range(args.runs))
+            ceiling = written / 2**30 / dt
+            how = "O_DIRECT, 16 threads x 8 MiB, fdatasync"
+        print(f"\nraw write ceiling ({how}): {ceiling:.2f} GiB/s")
+        print(f"{'writer':24} {'s':>7} {'GiB/s':>7} {'x ceil':>7} {'CPU-s/GiB':>10} {'GPU MiB extra':>14}")
+        for name, (dt, cpu, extra) in best.items():
+            rate = gib / dt
+            print(f"{name:24} {dt:7.2f} {rate:7.2f} {rate / ceiling:7.2f} {cpu / gib:10.2f} {extra / 2**20:14.1f}")
+        if "gdskit.save_file" in best:
+            g = gib / best["gdskit.save_file"][0]
+            for other in ("safetensors.save_file", "torch.save"):
+                if other in best:
+                    print(f"gdskit.save_file vs {other}: {g / (gib / best[other][0]):.2f}x")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+// Adaptive I/O scheduling: one controller per block device and direction finds, while transfers run, the
+// in-flight depth and request size that give the best throughput. The host engine and the staged path ask it
+// for a shape and report completed bytes; a device profile (device_profile.hpp) is its starting point.
+//
+// The search is a hill climb over powers of two, one coordinate at a time (depth, then request size, then depth
+// again if the size moved): a candidate replaces the incumbent only when a measurement window shows it faster by
+// a margin, so noise cannot walk the shape far from the best. Once converged the controller holds the shape and
+// re-probes when the measured rate drifts away from the converged one.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace gdskit::engine {
+
+/// How a stream of O_DIRECT requests is issued: requests in flight and bytes per request.
+struct io_shape {
+  unsigned depth = 1;
+  std::size_t request_bytes = std::size_t{4} << 20;
+  bool operator==(const io_shape&) const = default;
+};
+
+enum class io_dir { read, write };
+
+/// Where a device without a profile starts: shallow, so deep queues are found by growing and a
+/// cache-footprint cliff is never started behind.
+inline constexpr io_shape k_start_shape{2, std::size_t{4} << 20};
+
+struct adaptive_limits {
+  unsigned min_depth = 1;
+  unsigned max_depth = 64;
+  std::size_t min_request_bytes = std::size_t{1} << 20;
+  std::size_t max_request_bytes = std::size_t{16} << 20;
+  /// A measurement window holds at least this many bytes and 2 x depth x request bytes, and lasts min_window_s.
+  std::size_t min_window_bytes = std::size_t{32} << 20;
+  double min_window_s = 0.01;
+  /// A candidate replaces the incumbent only when it measures this much faster.
+  double gain = 1.05;
+  /// Converged: re-probe after two windows in a row that differ from the converged rate by more than this.
+  double drift = 0.3;
+  /// Transfers smaller than this never run a probe candidate (they use the incumbent and are not measured).
+  std::size_t min_probe_transfer_bytes = std::size_t{64} << 20;
+  /// Which coordinates may move (a GDSKIT_* setting pins one).
+  bool depth_fixed = false;
+  bool request_fixed = false;
+};
+
+class adaptive_controller {
+ public:
+  explicit adaptive_controller(io_shape start, adaptive_limits limits = {});
+
+  /// The incumbent: the best shape measured so far (the start until something beat it).
+  io_shape best() const;
+  /// The shape a probing transfer should use now (a candidate while probing, else the incumbent).
+  io_shape shape() const;
+  /// A transfer of `nbytes` starts / ends at time `now_s` (seconds on any steady clock). Time between
+  /// transfers is not counted in any window. Returns whether this transfer probes (see min_probe_transfer_bytes).
+  bool begin(std::size_t nbytes, double now_s);
+  void end(bool probing, double now_s);
+  /// `nbytes` completed at `now_s` by a probing transfer.
+  void complete(std::size_t nbytes, double now_s);
+
+  bool converged() const;
+  /// Candidates measured so far (re-probes included).
+  unsigned probes() const;
+  /// Last converged rate in bytes per second (0 before convergence).
+  double converged_rate() const;
+  /// "depth 2, 4.00 MiB; adaptive (converged after 5 probes)".
+  std::string describe() const;
+
+ private:
+  enum class phase { measure_start, depth_up, depth_down, size_up, size_down, hold };
+  // All called with the mutex held.
+  void judge(double rate);
+  bool candidate(phase p, io_shape& out) const;
+  phase after(phase p, bool moved);
+  void enter(phase p);
+  std::size_t window_bytes() const;
+
+  mutable std::mutex mutex_;
+  adaptive_limits limits_;
+  io_shape best_;
+  io_shape current_;
+  io_shape from_;              // candidates step from here: the incumbent, or the last tie when walking a plateau
+  unsigned ties_ = 0;
+  double best_rate_ = 0;
+  phase phase_ = phase::measure_start;
+  bool moved_ = false;         // the current direction beat the incumbent at least once
+  bool size_moved_ = false;    // request size changed in this round: depth gets a second look
+  unsigned rounds_ = 0;
+  unsigned probes_ = 0;
+  unsigned drift_windows_ = 0;
+  double converged_rate_ = 0;
+  // The window being measured.
+  unsigned active_ = 0;         // probing transfers running
+  double active_since_ = 0;     // when active_ went from 0 to 1
+  double window_s_ = 0;         // active seconds accumulated
+  std::size_t window_bytes_ = 0;
+};
+
+/// The process-wide controller for (device, direction), created from `start` and `limits` on first use. Later
+/// calls return the same controller (its converged state survives between transfers and file handles).
+/// `client` separates users whose costs per request differ (see io_schedule.hpp).
+std::shared_ptr<adaptive_controller> controller_for(dev_t device, io_dir dir, int client, io_shape start,
+                                                    const adaptive_limits& limits);
+
+/// Rounds `v` down to a power of two within [lo, hi].
+std::size_t clamp_pow2(std::size_t v, std::size_t lo, std::size_t hi);
+
+/// Seconds on the steady clock.
+double steady_now_s();
+
+}  // namespace gdskit::engine

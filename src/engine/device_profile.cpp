@@ -1,0 +1,246 @@
+#include "engine/device_profile.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/json_text.hpp"
+#include "gdskit/error.hpp"
+#include "gdskit/settings.hpp"
+#include "posix/atomic_publish.hpp"
+#include "posix/syscalls.hpp"
+
+namespace gdskit::engine {
+namespace {
+
+// A sysfs attribute as one printable line: trimmed, control characters dropped, at most 128 characters (these
+// strings end up in file names' hashes, JSON and terminals).
+std::string sysfs_attr(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::string line;
+  if (!in || !std::getline(in, line)) return {};
+  std::string out;
+  for (char c : line) {
+    if (static_cast<unsigned char>(c) >= 0x20 && static_cast<unsigned char>(c) < 0x7f) out += c;
+    if (out.size() >= 128) break;
+  }
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  while (!out.empty() && out.front() == ' ') out.erase(out.begin());
+  return out;
+}
+
+std::string whole_disk(const std::filesystem::path& root, dev_t dev) {
+  std::error_code ec;
+  std::filesystem::path target =
+      std::filesystem::canonical(root / "sys/dev/block" / fmt::format("{}:{}", major(dev), minor(dev)), ec);
+  if (ec) return {};
+  if (std::filesystem::exists(target / "partition", ec)) target = target.parent_path();
+  return target.filename().string();
+}
+
+std::uint64_t fnv1a(std::string_view s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+const char* dir_name(io_dir d) { return d == io_dir::read ? "read" : "write"; }
+
+nlohmann::json shape_json(const io_shape& s, double gib) {
+  return {{"depth", s.depth}, {"request_bytes", s.request_bytes}, {"gib_per_s", gib}};
+}
+
+// Checks one {"depth", "request_bytes"} object; returns why it is unusable, or "".
+std::string read_shape(const nlohmann::json& j, const char* what, io_shape& out, double& gib) {
+  if (!j.is_object()) return fmt::format("\"{}\" missing", what);
+  auto d = j.find("depth");
+  auto r = j.find("request_bytes");
+  if (d == j.end() || !d->is_number_unsigned() || r == j.end() || !r->is_number_unsigned()) {
+    return fmt::format("\"{}\" needs whole-number depth and request_bytes", what);
+  }
+  const auto depth = d->get<std::uint64_t>();
+  const auto req = r->get<std::uint64_t>();
+  if (depth < 1 || depth > 1024) return fmt::format("{} depth {} outside 1..1024", what, depth);
+  if (req < 4096 || req > (std::uint64_t{1} << 30) || req % 4096 != 0) {
+    return fmt::format("{} request_bytes {} is not a multiple of 4096 in 4 KiB..1 GiB", what, req);
+  }
+  out.depth = static_cast<unsigned>(depth);
+  out.request_bytes = static_cast<std::size_t>(req);
+  auto g = j.find("gib_per_s");
+  gib = (g != j.end() && g->is_number() && g->get<double>() >= 0) ? g->get<double>() : 0;
+  return {};
+}
+
+}  // namespace
+
+device_identity identify_device(const std::filesystem::path& root, dev_t dev) {
+  device_identity id;
+  if (major(dev) == 0) {
+    id.key = fmt::format("dev={}:{}", major(dev), minor(dev));
+    return id;
+  }
+  id.block = whole_disk(root, dev);
+  if (!id.block.empty()) {
+    const std::filesystem::path b = root / "sys/block" / id.block;
+    std::string wwid = sysfs_attr(b / "wwid");
+    if (wwid.empty()) wwid = sysfs_attr(b / "device/wwid");
+    if (!wwid.empty()) {
+      id.key = "wwid=" + wwid;
+      return id;
+    }
+    const std::string model = sysfs_attr(b / "device/model");
+    const std::string serial = sysfs_attr(b / "device/serial");
+    if (!model.empty() && !serial.empty()) {
+      id.key = fmt::format("model={} serial={}", model, serial);
+      return id;
+    }
+  }
+  // No stable name (virtio without a serial, loop devices): the number is the best there is.
+  id.key = fmt::format("dev={}:{}", major(dev), minor(dev));
+  if (!id.block.empty()) id.key += " " + id.block;
+  return id;
+}
+
+std::filesystem::path profile_dir() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  if (xdg != nullptr && xdg[0] == '/') return std::filesystem::path(xdg) / "gdskit";
+  const char* home = std::getenv("HOME");
+  if (home != nullptr && home[0] == '/') return std::filesystem::path(home) / ".cache" / "gdskit";
+  return {};
+}
+
+std::filesystem::path profile_path(const std::filesystem::path& dir, const device_identity& id) {
+  std::string name = id.block.empty() ? std::string("dev") : id.block;
+  for (char& c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return dir / fmt::format("profile-{}-{:016x}.json", name, fnv1a(id.key));
+}
+
+profile_result load_profile(const std::filesystem::path& file, const device_identity& id) {
+  profile_result out;
+  struct stat st {};
+  if (::lstat(file.c_str(), &st) != 0) {
+    out.reason = errno == ENOENT ? "no profile (run gdskit tune)" : fmt::format("profile unreadable: {}", std::strerror(errno));
+    return out;
+  }
+  if (S_ISLNK(st.st_mode)) {
+    out.reason = "profile ignored: a symbolic link";
+    return out;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    out.reason = "profile ignored: not a regular file";
+    return out;
+  }
+  if (static_cast<std::size_t>(st.st_size) > k_profile_max_bytes) {
+    out.reason = fmt::format("profile ignored: {} bytes, more than {}", st.st_size, k_profile_max_bytes);
+    return out;
+  }
+  std::error_code ec;
+  // O_NOFOLLOW and O_NONBLOCK: the file may be swapped for a link or a FIFO after the lstat.
+  posix::unique_fd fd(posix::open_retry(file.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0, ec));
+  if (!fd) {
+    out.reason = "profile ignored: " + ec.message();
+    return out;
+  }
+  struct stat fst {};
+  if (posix::sys().fstat(fd.get(), &fst) != 0 || !S_ISREG(fst.st_mode) ||
+      static_cast<std::size_t>(fst.st_size) > k_profile_max_bytes) {
+    out.reason = "profile ignored: not a small regular file";
+    return out;
+  }
+  std::string text(static_cast<std::size_t>(fst.st_size), '\0');
+  const std::size_t got = posix::pread_full(fd.get(), text.data(), text.size(), 0, ec);
+  if (ec) {
+    out.reason = "profile ignored: " + ec.message();
+    return out;
+  }
+  text.resize(got);
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    out.reason = "profile ignored: not valid JSON";
+    return out;
+  }
+  auto v = j.find("version");
+  if (v == j.end() || !v->is_number_integer() || v->get<std::int64_t>() != device_profile::k_version) {
+    out.reason = fmt::format("profile ignored: version is not {}", device_profile::k_version);
+    return out;
+  }
+  auto dev = j.find("device");
+  if (dev == j.end() || !dev->is_object() || !dev->contains("key") || !(*dev)["key"].is_string() ||
+      (*dev)["key"].get<std::string>() != id.key) {
+    out.reason = "profile ignored: made for another device";
+    return out;
+  }
+  device_profile p;
+  p.device = id;
+  if (auto c = j.find("created"); c != j.end() && c->is_string()) p.created = c->get<std::string>().substr(0, 40);
+  std::string why = read_shape(j.value("read", nlohmann::json()), "read", p.read, p.read_gib_per_s);
+  if (why.empty()) why = read_shape(j.value("write", nlohmann::json()), "write", p.write, p.write_gib_per_s);
+  if (!why.empty()) {
+    out.reason = "profile ignored: " + why;
+    return out;
+  }
+  out.profile = std::move(p);
+  return out;
+}
+
+std::string profile_json(const device_profile& p) {
+  nlohmann::json j;
+  j["version"] = device_profile::k_version;
+  j["device"] = {{"key", p.device.key}, {"block", p.device.block}};
+  j["created"] = p.created;
+  j["read"] = shape_json(p.read, p.read_gib_per_s);
+  j["write"] = shape_json(p.write, p.write_gib_per_s);
+  nlohmann::json sweep = nlohmann::json::array();
+  for (const auto& pt : p.sweep) {
+    auto e = shape_json(pt.shape, pt.gib_per_s);
+    e["dir"] = dir_name(pt.dir);
+    sweep.push_back(std::move(e));
+  }
+  j["sweep"] = std::move(sweep);
+  return json_text(j, 2) + "\n";
+}
+
+std::filesystem::path save_profile(const std::filesystem::path& dir, const device_profile& p) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw error(ec, "create folder", dir.string(), -1, 0);
+  const auto file = profile_path(dir, p.device);
+  posix::atomic_write_file(file, profile_json(p), 0644, /*overwrite=*/true);
+  return file;
+}
+
+const profile_result& profile_for_device(dev_t dev) {
+  static std::mutex mutex;
+  static std::map<dev_t, profile_result> cache;
+  std::lock_guard lock(mutex);
+  auto it = cache.find(dev);
+  if (it != cache.end()) return it->second;
+  profile_result r;
+  const auto dir = profile_dir();
+  const device_identity id = identify_device("/", dev);
+  if (dir.empty()) {
+    r.reason = "no profile folder (neither XDG_CACHE_HOME nor HOME is set)";
+  } else {
+    r = load_profile(profile_path(dir, id), id);
+  }
+  return cache.emplace(dev, std::move(r)).first->second;
+}
+
+}  // namespace gdskit::engine

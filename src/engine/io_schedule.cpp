@@ -1,0 +1,105 @@
+#include "engine/io_schedule.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "engine/device_profile.hpp"
+
+namespace gdskit::engine {
+namespace {
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+struct setup {
+  bool adaptive = false;
+  adaptive_limits limits;
+  io_shape start;
+  io_shape fixed;        // used when not adaptive
+  std::string source;    // where the start came from
+};
+
+setup make_setup(const settings& c, dev_t dev, io_dir dir, io_client client) {
+  setup s;
+  const bool staged = client == io_client::staged;
+  const bool request_set = staged ? c.staging_slot_bytes_set : c.chunk_bytes_set;
+  const std::size_t request = staged ? c.staging_slot_bytes : c.chunk_bytes;
+  s.fixed = {std::min(c.threads, c.direct_depth), request};
+  s.adaptive = c.adaptive && !(c.direct_depth_set && request_set);
+  if (!s.adaptive) return s;
+  s.limits.depth_fixed = c.direct_depth_set;
+  s.limits.request_fixed = request_set;
+  // Pinned memory grows with lanes x slots x slot size: the staged path stays at 16 lanes at most and its slot size.
+  s.limits.max_depth = staged ? 16 : 64;
+  s.limits.max_request_bytes = staged ? c.staging_slot_bytes : 16 * kMiB;
+  s.limits.min_request_bytes = std::min<std::size_t>(kMiB, s.limits.max_request_bytes);
+  s.start = {k_start_shape.depth, std::min(k_start_shape.request_bytes, s.limits.max_request_bytes)};
+  const profile_result& p = profile_for_device(dev);
+  if (p.profile) {
+    s.start = dir == io_dir::read ? p.profile->read : p.profile->write;
+    s.source = fmt::format("device profile {}", p.profile->device.block.empty() ? p.profile->device.key
+                                                                                 : p.profile->device.block);
+  } else {
+    s.source = p.reason;
+  }
+  if (s.limits.depth_fixed) s.start.depth = s.fixed.depth;
+  if (s.limits.request_fixed) s.start.request_bytes = request;
+  s.limits.max_depth = std::max(s.limits.max_depth, s.start.depth);
+  s.limits.max_request_bytes = std::max(s.limits.max_request_bytes, s.start.request_bytes);
+  return s;
+}
+
+std::shared_ptr<adaptive_controller> controller(const setup& s, dev_t dev, io_dir dir, io_client client) {
+  return controller_for(dev, dir, static_cast<int>(client), s.start, s.limits);
+}
+
+}  // namespace
+
+scheduled_transfer::scheduled_transfer(const settings& config, dev_t device, io_dir dir, io_client client,
+                                       std::size_t nbytes)
+    : nbytes_(nbytes) {
+  setup s = make_setup(config, device, dir, client);
+  fixed_ = max_ = s.fixed;
+  if (!s.adaptive) return;
+  ctl_ = controller(s, device, dir, client);
+  max_ = {s.limits.max_depth, s.limits.max_request_bytes};
+  eligible_ = nbytes >= s.limits.min_probe_transfer_bytes;
+}
+
+void scheduled_transfer::start(std::size_t direct_bytes) {
+  if (ctl_ && direct_bytes > 0 && !probing_) probing_ = ctl_->begin(direct_bytes, steady_now_s());
+}
+
+scheduled_transfer::~scheduled_transfer() {
+  if (ctl_) ctl_->end(probing_, steady_now_s());
+}
+
+io_shape scheduled_transfer::shape() const {
+  if (!ctl_) return fixed_;
+  return probing_ || eligible_ ? ctl_->shape() : ctl_->best();
+}
+
+void scheduled_transfer::complete(std::size_t nbytes) {
+  if (probing_) ctl_->complete(nbytes, steady_now_s());
+}
+
+std::string schedule_reason(const settings& config, dev_t device, io_dir dir, io_client client) {
+  setup s = make_setup(config, device, dir, client);
+  const char* what = client == io_client::staged ? "staged" : "host";
+  const char* d = dir == io_dir::read ? "reads" : "writes";
+  if (!s.adaptive) {
+    return fmt::format("O_DIRECT {} {}: depth {}, {} (fixed: {})", what, d, s.fixed.depth,
+                       format_size(s.fixed.request_bytes),
+                       config.adaptive ? "GDSKIT_DIRECT_DEPTH and the request size set" : "GDSKIT_ADAPTIVE=off");
+  }
+  std::string pins;
+  if (s.limits.depth_fixed) pins += fmt::format("; GDSKIT_DIRECT_DEPTH={} wins", s.fixed.depth);
+  if (s.limits.request_fixed) {
+    pins += fmt::format("; {}={} wins", client == io_client::staged ? "GDSKIT_STAGING_SLOT_BYTES" : "GDSKIT_CHUNK_BYTES",
+                        s.fixed.request_bytes);
+  }
+  return fmt::format("O_DIRECT {} {}: {}; now {}{}", what, d, s.source, controller(s, device, dir, client)->describe(),
+                     pins);
+}
+
+}  // namespace gdskit::engine

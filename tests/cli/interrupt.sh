@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# SIGINT and SIGTERM mid-run: bench and verify remove the files they created, leave the user's files alone, and
+# exit 130 / 143.
+# Usage: interrupt.sh <gdskit binary> <source dir> <build dir>
+set -u
+source "$(dirname "$0")/lib.bash" "$@"
+command -v python3 >/dev/null || { echo "skipped: python3 is needed to signal a child process"; exit 77; }
+
+# interrupt SIGNAL WANT_RC WATCH_GLOB ARGS...: starts gdskit ARGS, waits until a file matching WATCH_GLOB exists
+# and the run is under way, sends SIGNAL, and checks the exit status.
+interrupt() {
+  python3 - "$gdskit" "$@" <<'PY' || fail "interrupt $*"
+import glob, os, signal, subprocess, sys, time
+gdskit, sig, want, watch, *args = sys.argv[1:]
+p = subprocess.Popen([gdskit, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+deadline = time.time() + 60
+while not glob.glob(watch):
+    if p.poll() is not None or time.time() > deadline:
+        sys.exit(f"the run ended ({p.returncode}) or never created {watch}: {p.stderr.read().decode()}")
+    time.sleep(0.02)
+time.sleep(0.5)  # well inside the run
+if p.poll() is not None:
+    sys.exit(f"the run ended before the signal: {p.returncode}")
+p.send_signal(getattr(signal, sig))
+rc = p.wait(timeout=60)
+if rc != int(want):
+    sys.exit(f"exit status {rc} after {sig}, want {want}: {p.stderr.read().decode()}")
+PY
+}
+
+# bench: a timed write run into a file it created.
+interrupt SIGINT 130 "$work/created" bench -f "$work/created" -s 16M -i 1M -I 1 -T 60 --quiet
+[ ! -e "$work/created" ] || fail "bench left the file it created behind after SIGINT"
+interrupt SIGTERM 143 "$work/created" bench -f "$work/created" -s 16M -i 1M -I 1 -T 60 --quiet
+[ ! -e "$work/created" ] || fail "bench left the file it created behind after SIGTERM"
+# A file that was there before the run is the user's: it stays.
+head -c 1048576 /dev/zero >"$work/mine"
+interrupt SIGINT 130 "$work/mine" bench -f "$work/mine" -s 1M -i 64K -I 1 -T 60 --quiet
+[ -e "$work/mine" ] || fail "bench removed a file it did not create"
+
+# verify: its test file, with the default name and with -f.
+interrupt SIGINT 130 "$work/gdskit-verify.*" verify --host -D "$work" --sizes "$(printf '16M,%.0s' {1..200})16M"
+[ -z "$(ls "$work" | grep gdskit-verify)" ] || fail "verify left its file behind after SIGINT: $(ls "$work")"
+interrupt SIGTERM 143 "$work/v.dat" verify --host -f "$work/v.dat" --sizes "$(printf '16M,%.0s' {1..200})16M"
+[ ! -e "$work/v.dat" ] || fail "verify left its file behind after SIGTERM"
+# bench --plot: the chart's data and script, in a private temporary folder, go while gnuplot still draws.
+mkdir -p "$work/bin" "$work/tmp"
+printf '#!/bin/sh\nexec sleep 3\n' >"$work/bin/gnuplot"
+chmod +x "$work/bin/gnuplot"
+head -c 65536 /dev/zero >"$work/plotdata"
+PATH="$work/bin:$PATH" TMPDIR="$work/tmp" interrupt SIGINT 130 "$work/tmp/gdskit-plot-*/plot.gp" \
+  bench -f "$work/plotdata" -s 64K -i 4K --sweep threads=1 --plot "$work/chart.png" --quiet
+[ -z "$(ls -A "$work/tmp")" ] || fail "bench --plot left its temporary files behind: $(ls -R "$work/tmp")"
+echo "ok"

@@ -1,0 +1,189 @@
+// The adaptive controller against simulated devices: throughput curves over depth and request size chosen to
+// look like real ones (flat, a knee at 2 or 64, one that falls with depth, a cache-footprint cliff, one that
+// drifts), with noise. Time is simulated, so the tests are exact and fast.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "engine/adaptive.hpp"
+
+namespace gdskit::engine {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+using curve = std::function<double(unsigned depth, std::size_t request_bytes)>;  // GiB/s
+
+struct device_sim {
+  curve rate;
+  double noise = 0.05;  // relative standard deviation per request
+  std::mt19937_64 rng{7};
+  double now = 0;
+  std::normal_distribution<double> n{0.0, 1.0};
+
+  // Runs one transfer of `nbytes` through the controller, request by request; returns its seconds.
+  double transfer(adaptive_controller& c, std::size_t nbytes) {
+    const double t0 = now;
+    const bool probing = c.begin(nbytes, now);
+    for (std::size_t done = 0; done < nbytes;) {
+      const io_shape s = probing ? c.shape() : c.best();
+      const std::size_t r = std::min(s.request_bytes, nbytes - done);
+      const double g = std::max(0.05, rate(s.depth, s.request_bytes) * (1.0 + noise * n(rng)));
+      now += static_cast<double>(r) / (g * kGiB);
+      done += r;
+      if (probing) c.complete(r, now);
+    }
+    c.end(probing, now);
+    return now - t0;
+  }
+};
+
+// The best fixed setting over the controller's grid.
+double best_fixed(const curve& f, const adaptive_limits& l) {
+  double best = 0;
+  for (unsigned d = l.min_depth; d <= l.max_depth; d *= 2) {
+    for (std::size_t r = l.min_request_bytes; r <= l.max_request_bytes; r *= 2) best = std::max(best, f(d, r));
+  }
+  return best;
+}
+
+struct case_t {
+  const char* name;
+  curve f;
+  io_shape start;
+};
+
+double size_factor(std::size_t r) { return std::min(1.0, 0.7 + 0.1 * std::log2(static_cast<double>(r) / kMiB)); }
+
+std::vector<case_t> cases() {
+  return {
+      {"flat", [](unsigned, std::size_t) { return 2.0; }, {4, 4 * kMiB}},
+      {"knee_at_2", [](unsigned d, std::size_t r) { return 3.0 * std::min(d, 2u) / 2.0 * size_factor(r); },
+       {1, 4 * kMiB}},
+      {"knee_at_64", [](unsigned d, std::size_t r) { return 6.5 * std::min(d, 64u) / 64.0 * size_factor(r); },
+       {4, 4 * kMiB}},
+      {"falls_with_depth",
+       [](unsigned d, std::size_t) { return 5.0 / (1.0 + 0.3 * std::log2(static_cast<double>(d))); }, {4, 8 * kMiB}},
+      // A RAM-backed loop device: the copy is fast while depth x request stays in the last-level cache.
+      {"cache_cliff",
+       [](unsigned d, std::size_t r) {
+         const double footprint = static_cast<double>(d) * static_cast<double>(r);
+         return (footprint <= 16.0 * kMiB ? 6.0 : 3.2) * (d >= 2 ? 1.0 : 0.85);
+       },
+       {2, 8 * kMiB}},
+      // The same cliff, started deep (a profile from another workload): the plateau walk must find it.
+      {"cache_cliff_started_deep",
+       [](unsigned d, std::size_t r) {
+         const double footprint = static_cast<double>(d) * static_cast<double>(r);
+         return (footprint <= 16.0 * kMiB ? 6.0 : 3.2) * (d >= 2 ? 1.0 : 0.85);
+       },
+       {16, 8 * kMiB}},
+  };
+}
+
+TEST(adaptive, converges_near_the_best_fixed_setting_on_every_curve) {
+  for (const auto& k : cases()) {
+   for (unsigned seed = 1; seed <= 8; ++seed) {
+    SCOPED_TRACE(fmt::format("{} seed {}", k.name, seed));
+    adaptive_limits lim;
+    adaptive_controller c(k.start, lim);
+    device_sim dev{k.f};
+    dev.rng.seed(seed);
+    // Transfers of 1 GiB until converged; a bounded number of probes and of data.
+    int transfers = 0;
+    while (!c.converged() && transfers < 64) {
+      dev.transfer(c, std::size_t{1} << 30);
+      ++transfers;
+    }
+    ASSERT_TRUE(c.converged()) << c.describe();
+    EXPECT_LE(c.probes(), 30u);
+    const io_shape b = c.best();
+    const double best = best_fixed(k.f, lim);
+    EXPECT_GE(k.f(b.depth, b.request_bytes), 0.9 * best) << c.describe();
+    if (seed == 1) std::printf("%-26s %s\n", k.name, c.describe().c_str());
+   }
+  }
+}
+
+TEST(adaptive, a_large_transfer_costs_at_most_a_few_percent_against_the_best_fixed_setting) {
+  for (const auto& k : cases()) {
+    SCOPED_TRACE(k.name);
+    adaptive_limits lim;
+    adaptive_controller c(k.start, lim);
+    device_sim dev{k.f};
+    const std::size_t total = std::size_t{64} << 30;
+    const double s = dev.transfer(c, total);
+    const double achieved = static_cast<double>(total) / kGiB / s;
+    std::printf("%-26s 64 GiB at %.3f of the best fixed setting\n", k.name, achieved / best_fixed(k.f, lim));
+    EXPECT_GE(achieved, 0.95 * best_fixed(k.f, lim)) << c.describe();
+  }
+}
+
+TEST(adaptive, repeated_small_transfers_never_probe) {
+  adaptive_limits lim;
+  adaptive_controller c({8, 4 * kMiB}, lim);
+  device_sim dev{[](unsigned d, std::size_t) { return d >= 8 ? 3.0 : 1.0; }};
+  for (int i = 0; i < 200; ++i) dev.transfer(c, lim.min_probe_transfer_bytes - 4096);
+  EXPECT_EQ(c.probes(), 0u);
+  EXPECT_EQ(c.best(), (io_shape{8, 4 * kMiB}));
+  EXPECT_EQ(c.shape(), (io_shape{8, 4 * kMiB}));
+}
+
+TEST(adaptive, idle_time_between_transfers_is_not_counted) {
+  adaptive_limits lim;
+  adaptive_controller c({2, 4 * kMiB}, lim);
+  device_sim dev{[](unsigned d, std::size_t) { return 2.0 * std::min(d, 2u) / 2.0; }};
+  while (!c.converged()) dev.transfer(c, std::size_t{256} << 20);
+  const unsigned probes = c.probes();
+  // Long pauses between transfers would read as a collapsed rate (and a re-probe) if they were counted.
+  for (int i = 0; i < 20; ++i) {
+    dev.now += 10.0;
+    dev.transfer(c, std::size_t{256} << 20);
+  }
+  EXPECT_EQ(c.probes(), probes);
+  EXPECT_TRUE(c.converged());
+}
+
+TEST(adaptive, drifting_device_is_re_probed_and_followed) {
+  adaptive_limits lim;
+  adaptive_controller c({1, 4 * kMiB}, lim);
+  unsigned knee = 4;
+  device_sim dev{[&knee](unsigned d, std::size_t) { return 4.0 * std::min(d, knee) / knee; }};
+  while (!c.converged()) dev.transfer(c, std::size_t{1} << 30);
+  EXPECT_EQ(c.best().depth, 4u) << c.describe();
+  // The device now needs a deeper queue for the same rate (the old best drops to a quarter).
+  knee = 16;
+  const unsigned before = c.probes();
+  for (int i = 0; i < 64 && !(c.converged() && c.probes() > before); ++i) dev.transfer(c, std::size_t{1} << 30);
+  EXPECT_GT(c.probes(), before);
+  ASSERT_TRUE(c.converged()) << c.describe();
+  EXPECT_GE(c.best().depth, 16u) << c.describe();
+}
+
+TEST(adaptive, pinned_coordinates_do_not_move) {
+  adaptive_limits lim;
+  lim.depth_fixed = true;
+  adaptive_controller c({16, 8 * kMiB}, lim);
+  device_sim dev{[](unsigned d, std::size_t r) {
+    return (static_cast<double>(d) * static_cast<double>(r) <= 32.0 * kMiB ? 6.0 : 3.0) / (d > 2 ? 1.5 : 1.0);
+  }};
+  while (!c.converged()) dev.transfer(c, std::size_t{1} << 30);
+  EXPECT_EQ(c.best().depth, 16u);
+  EXPECT_EQ(c.best().request_bytes, 2 * kMiB) << c.describe();
+}
+
+TEST(adaptive, start_shape_is_clamped_to_the_grid) {
+  adaptive_limits lim;
+  adaptive_controller c({1000, 3 * kMiB}, lim);
+  EXPECT_EQ(c.best(), (io_shape{64, 2 * kMiB}));
+  EXPECT_EQ(clamp_pow2(0, 1, 64), 1u);
+  EXPECT_EQ(clamp_pow2(5, 1, 64), 4u);
+}
+
+}  // namespace
+}  // namespace gdskit::engine
