@@ -47,3 +47,6 @@ echo "== write, every byte from a seeded pattern"
 echo
 echo "== read back cold (page cache dropped), verifying every byte"
 "$gdskit" bench -f "$work/bench.dat" -s "$per_worker" -i 1M -w 8 -I 0 -V --cold "${target[@]}"
+echo
+echo "== the gdskit program is $PWD/$gdskit"
+echo "   (on PATH after \`pip install .\` in a virtual environment, or \`cmake --install build/release --prefix ~/.local\`)"
