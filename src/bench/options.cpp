@@ -18,6 +18,7 @@
 #include "bench/bench.hpp"
 #include "bench/transfer.hpp"
 #include "gdskit/settings.hpp"
+#include "posix/syscalls.hpp"
 
 namespace gdskit::bench {
 
@@ -561,7 +562,14 @@ void validate(const job_spec& j) {
                        j.verify ? " -V with the same -k, -w, -o and -s" : ""));
     }
     if (::access(f.c_str(), R_OK) != 0) fail(fmt::format("{}: cannot read: {}", f.string(), std::strerror(errno)));
-    const std::uint64_t have = std::filesystem::file_size(f, ec);
+    // A block device (raw NVMe, as gdsio users benchmark it) has st_size 0: ask the device.
+    std::uint64_t have = 0;
+    {
+      ec.clear();
+      posix::unique_fd fd(posix::open_retry(f.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0, ec));
+      if (fd) have = posix::size_of(fd.get(), ec);
+      if (ec) fail(fmt::format("{}: cannot read its size: {}", f.string(), ec.message()));
+    }
     if (have < need[k]) {
       fail(fmt::format("{}: the file has {} but the run reads {} (offset {} + {} x {} per worker); "
                        "lower -s or -w, or write the file first with -I 1",

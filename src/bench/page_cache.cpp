@@ -20,12 +20,12 @@ std::optional<double> page_cache_residency(const std::filesystem::path& file, st
   };
   int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return say(std::string("open: ") + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || st.st_size == 0) {
+  std::error_code ec;
+  const auto len = static_cast<std::size_t>(posix::size_of(fd, ec));  // block devices too
+  if (ec || len == 0) {
     ::close(fd);
-    return say("empty file");
+    return say(ec ? "size: " + ec.message() : std::string("empty file"));
   }
-  const auto len = static_cast<std::size_t>(st.st_size);
   void* map = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, 0);
   ::close(fd);
   if (map == MAP_FAILED) return say(std::string("mmap: ") + std::strerror(errno));

@@ -159,17 +159,11 @@ void file_handle::impl::throw_first_error(const std::vector<io_task>& tasks, con
 }
 
 std::uint64_t file_handle::impl::current_size() const {
-  struct stat st {};
-  if (posix::sys().fstat(fd.get(), &st) != 0) throw error(errno_code(errno), "fstat", path.string(), -1, 0);
-  if (S_ISBLK(st.st_mode)) {
-    // A block device's st_size is 0: its size comes from the device.
-    std::uint64_t nbytes = 0;
-    if (posix::sys().block_device_size(fd.get(), &nbytes) != 0) {
-      throw error(errno_code(errno), "ioctl BLKGETSIZE64", path.string(), -1, 0);
-    }
-    return nbytes;
-  }
-  return static_cast<std::uint64_t>(st.st_size);
+  std::error_code ec;
+  const char* op = "";
+  const std::uint64_t nbytes = posix::size_of(fd.get(), ec, &op);
+  if (ec) throw error(ec, op, path.string(), -1, 0);
+  return nbytes;
 }
 
 std::size_t file_handle::impl::read(void* buf, std::size_t nbytes, std::uint64_t offset) const {

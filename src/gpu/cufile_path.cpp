@@ -11,6 +11,7 @@
 #include "engine/io_schedule.hpp"
 #include "engine/thread_pool.hpp"
 #include "gdskit/error.hpp"
+#include "gpu/cuda_raii.hpp"
 #include "shim/cufile.hpp"
 
 namespace gdskit::gpu {
@@ -101,7 +102,7 @@ std::size_t cufile_transfer(const file_handle::impl& f, bool write, buffer_view 
   const char* op = write ? "cuFileWrite" : "cuFileRead";
   sched.start(nbytes);
   engine::parallel_for(pieces.size(), shape.depth, [&](std::size_t i) {
-    use_device(device);
+    const context_guard ctx(device);  // cuFile needs the context current; the worker gets its own back
     auto [pos, len] = pieces[i];
     std::size_t got = 0;
     while (got < len) {

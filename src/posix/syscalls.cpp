@@ -90,6 +90,23 @@ std::size_t pread_full(int fd, void* buf, std::size_t nbytes, std::uint64_t offs
   return done;
 }
 
+std::uint64_t size_of(int fd, std::error_code& ec, const char** op) noexcept {
+  struct stat st {};
+  if (sys().fstat(fd, &st) != 0) {
+    ec = std::error_code(errno, std::generic_category());
+    if (op) *op = "fstat";
+    return 0;
+  }
+  if (!S_ISBLK(st.st_mode)) return static_cast<std::uint64_t>(st.st_size);
+  std::uint64_t nbytes = 0;
+  if (sys().block_device_size(fd, &nbytes) != 0) {
+    ec = std::error_code(errno, std::generic_category());
+    if (op) *op = "ioctl BLKGETSIZE64";
+    return 0;
+  }
+  return nbytes;
+}
+
 std::size_t pwrite_full(int fd, const void* buf, std::size_t nbytes, std::uint64_t offset, std::error_code& ec) noexcept {
   const auto* p = static_cast<const std::byte*>(buf);
   std::size_t done = 0;

@@ -72,6 +72,11 @@ std::size_t pread_full(int fd, void* buf, std::size_t nbytes, std::uint64_t offs
 /// On error returns the bytes written so far with `ec` set.
 std::size_t pwrite_full(int fd, const void* buf, std::size_t nbytes, std::uint64_t offset, std::error_code& ec) noexcept;
 
+/// Size in bytes of the file or block device open as `fd`: st_size for files, BLKGETSIZE64 for block devices
+/// (whose st_size is 0). On error returns 0 with `ec` set; `op` then names the failing call ("fstat" or
+/// "ioctl BLKGETSIZE64").
+std::uint64_t size_of(int fd, std::error_code& ec, const char** op = nullptr) noexcept;
+
 /// Move-only owner of a file descriptor; close is never retried (EINTR on close leaves the fd closed).
 class unique_fd {
  public:
