@@ -85,9 +85,11 @@ def _numpy():
 class _RowStager:
     """Hands out a strided tensor's C-order bytes a block of rows (along dimension 0) at a time, each block
     made contiguous on the tensor's own device within `budget` bytes (one row at least), so a strided tensor
-    never needs a second full copy."""
+    never needs a second full copy. `peers` are the stagers of the same save: strided tensors are written one
+    after another, so making a block first drops every peer's last block (one block alive in the whole save)."""
 
-    def __init__(self, t, nbytes, budget, contiguous, sync):
+    def __init__(self, t, nbytes, budget, contiguous, sync, peers):
+        self.peers = peers
         self.t = t
         self.rows = t.shape[0]
         self.row_bytes = nbytes // self.rows
@@ -99,7 +101,8 @@ class _RowStager:
     def __call__(self, offset):
         first = offset // self.row_bytes
         last = min(self.rows, first + self.per_block)
-        self.block = None  # drop the previous block before making the next
+        for s in self.peers:  # drop the previous block (this tensor's or the one before) before making the next
+            s.block = None
         self.block = self.contiguous(self.t[first:last])
         ptr = self.sync(self.block)
         return ptr, (last - first) * self.row_bytes
@@ -128,7 +131,7 @@ def _torch_entry(torch, name, t, budget, keep):
             torch.cuda.current_stream(device).synchronize()
         return block.data_ptr()
 
-    stager = _RowStager(t, nbytes, budget, lambda x: x.contiguous(), sync)
+    stager = _RowStager(t, nbytes, budget, lambda x: x.contiguous(), sync, keep)
     keep.append(stager)
     return (name, st_dtype, shape, 0, nbytes, device, stager)
 
@@ -142,7 +145,7 @@ def _numpy_entry(np, name, a, budget, keep):
     nbytes = a.nbytes
     if a.flags.c_contiguous or nbytes == 0:
         return (name, st_dtype, list(a.shape), a.ctypes.data if nbytes else 0, nbytes, -1, None)
-    stager = _RowStager(a, nbytes, budget, np.ascontiguousarray, lambda b: b.ctypes.data)
+    stager = _RowStager(a, nbytes, budget, np.ascontiguousarray, lambda b: b.ctypes.data, keep)
     keep.append(stager)
     return (name, st_dtype, list(a.shape), 0, nbytes, -1, stager)
 

@@ -331,7 +331,9 @@ PYBIND11_MODULE(_gdskit, m) {
       if (p) std::rethrow_exception(p);
     } catch (const gdskit::error& e) {
       const int code = e.code().category() == std::generic_category() ? e.code().value() : EIO;
-      py::object args = e.path().empty() ? py::make_tuple(code, e.what()) : py::make_tuple(code, e.what(), e.path());
+      // Two statements, not ?:: newer pybind11 gives each make_tuple its own typed tuple class.
+      py::object args = py::make_tuple(code, e.what());
+      if (!e.path().empty()) args = py::make_tuple(code, e.what(), e.path());
       PyErr_SetObject(code == EBADMSG ? safetensor_error.ptr() : PyExc_OSError, args.ptr());
     }
   });

@@ -144,6 +144,31 @@ def test_non_contiguous_through_a_small_staging_budget():
     return None
 
 
+def test_one_staging_block_alive_across_strided_tensors():
+    np = _np()
+    if np is None:
+        return "skip: numpy not installed"
+    from gdskit import _save  # noqa: PLC0415
+
+    # Strided tensors are written one after another: the first one's last block must be gone once the second
+    # makes its own, or a save of several strided tensors holds one staging block per tensor.
+    def contiguous(x):
+        return np.ascontiguousarray(x)
+
+    peers = []
+    a = np.arange(400, dtype=np.float32).reshape(20, 20).T
+    b = np.arange(400, dtype=np.float32).reshape(20, 20)[:, ::2]
+    for arr in (a, b):
+        peers.append(_save._RowStager(arr, arr.nbytes, 400, contiguous, lambda blk: blk.ctypes.data, peers))
+    offset = 0
+    while offset < a.nbytes:
+        offset += peers[0](offset)[1]
+    peers[1](0)
+    blocks_alive = [s for s in peers if s.block is not None]
+    assert blocks_alive == [peers[1]], "the first tensor's last block outlived it"
+    return None
+
+
 def test_shared_memory_is_refused_like_safetensors():
     torch = _torch()
     if torch is None:
