@@ -176,7 +176,9 @@ def main():
                                    os.path.join(work, "s.safetensors")]).returncode == 0
             print(f"gdskit.save_file bytes == safetensors.save_file bytes: {same}")
         if args.cli:
-            res = subprocess.run([args.cli, "bench", "-f", os.path.join(work, "ceiling.bin"), "-s", str(nbytes),
+            # gdsio's -s is the size per worker: 16 workers write the state dict's size between them.
+            per_worker = max(8 << 20, nbytes // 16 // (8 << 20) * (8 << 20))
+            res = subprocess.run([args.cli, "bench", "-f", os.path.join(work, "ceiling.bin"), "-s", str(per_worker),
                                   "-i", "8M", "-w", "16", "-I", "1", "--json", "--quiet"], capture_output=True,
                                  text=True, check=True)
             ceiling = json.loads(res.stdout)["results"][0]["throughput_gib_s"]

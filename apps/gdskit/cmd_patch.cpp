@@ -34,8 +34,8 @@ void add_common(CLI::App* cmd, patch_flags& f, bool with_json) {
   cmd->add_option("--src", f.src, "checkout of NVIDIA/open-gpu-kernel-modules (the folder with version.mk)")
       ->required();
   cmd->add_option("--atomics", f.atomics,
-                  "ForceP2P value: default = 0x211 (P2P atomics at chipset default), off = 0x11 (forced off, as "
-                  "in the field log)")
+                  "ForceP2P value: default = 0x211 (P2P atomics at chipset default), off = 0x11 (forced off, "
+                  "known to work on GeForce)")
       ->check(CLI::IsMember({"default", "off"}));
   cmd->add_option("--only", f.only, "edit only the BIF overrides (kernel_bif.c) or the HAL renames (g_kern_bus_nvoc.c)")
       ->check(CLI::IsMember({"all", "bif", "hal"}));

@@ -43,7 +43,7 @@ bool version_supported(const driver_version& v) noexcept;
 /// Which group of edits to work on.
 enum class edit_group { all, bif, hal };
 /// What to write into ForceP2P: `default_atomics` keeps the chipset default for P2P atomics (0x211), `off` forces
-/// them off (0x11, as in the field log). Before 565 ForceP2P has no atomics field and 0x11 is written either way.
+/// them off (0x11, the value known to work on GeForce). Before 565 ForceP2P has no atomics field and 0x11 is written either way.
 enum class atomics_mode { default_atomics, off };
 
 struct patch_options {

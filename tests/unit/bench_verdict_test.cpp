@@ -8,7 +8,7 @@
 namespace gb = gdskit::bench;
 
 TEST(BenchVerdict, GrowsAboveThePlateauIsDirect) {
-  // The field log's GeForce curve: 1.9 -> 5.02 GiB/s from 1 to 4 threads, against a 3 GiB/s bounce.
+  // A GeForce curve seen with true GDS: 1.9 -> 5.02 GiB/s from 1 to 4 threads, against a 3 GiB/s bounce.
   auto v = gb::judge_scaling({{1, 1.9}, {2, 3.4}, {4, 5.02}, {8, 5.1}}, 3.0);
   EXPECT_EQ(v.kind, gb::verdict_kind::direct);
   EXPECT_DOUBLE_EQ(v.peak_gib_s, 5.1);
