@@ -605,19 +605,8 @@ def test_gpu_api():
     return None
 
 
-def main():
-    failed = 0
-    for name, fn in sorted(globals().items()):
-        if not name.startswith("test_") or not callable(fn):
-            continue
-        try:
-            r = fn()
-            print(f"{'SKIP' if r else 'PASS'} {name}{' (' + r + ')' if r else ''}")
-        except Exception as e:  # noqa: BLE001
-            failed += 1
-            print(f"FAIL {name}: {type(e).__name__}: {e}")
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from runner import run_tests  # noqa: E402
+
+    sys.exit(run_tests(globals()))
