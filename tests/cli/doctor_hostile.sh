@@ -18,7 +18,7 @@ fresh() {  # fresh <name>: a copy of the good fixture
 run_doctor() {
   local root=$1
   shift
-  out=$( (ulimit -v 1048576; timeout 20 "$gdskit" doctor --root "$root" --no-color "$@") 2>"$work/err")
+  out=$( (limit_memory 1048576; timeout 20 "$gdskit" doctor --root "$root" --no-color "$@") 2>"$work/err")
   rc=$?
   err=$(cat "$work/err")
 }

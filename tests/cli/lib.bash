@@ -15,3 +15,15 @@ expect() {
   [ $rc -eq "$want" ] || fail "gdskit $* exited $rc, want $want: $err"
   [ "$want" -eq 0 ] || [ -n "$err" ] || fail "gdskit $* printed no reason"
 }
+
+# limit_memory KIB: caps the memory of what this (sub)shell runs next. `ulimit -v` normally; sanitizer builds
+# reserve terabytes of shadow address space, so there the sanitizer's own resident-memory cap does the job.
+limit_memory() {
+  if [ -n "${ASAN_OPTIONS:-}" ]; then
+    export ASAN_OPTIONS="$ASAN_OPTIONS:hard_rss_limit_mb=$(($1 / 1024))"
+  elif [ -n "${TSAN_OPTIONS:-}" ]; then
+    export TSAN_OPTIONS="$TSAN_OPTIONS:hard_rss_limit_mb=$(($1 / 1024))"
+  else
+    ulimit -v "$1"
+  fi
+}

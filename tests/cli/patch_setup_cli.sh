@@ -10,7 +10,7 @@ fixtures=$src/tests/fixtures/patch
 
 # run <args...>: 20 s and 1 GiB of address space at most; sets rc, out, err.
 run() {
-  out=$( (ulimit -v 1048576; timeout 20 "$gdskit" "$@") 2>"$work/err")
+  out=$( (limit_memory 1048576; timeout 20 "$gdskit" "$@") 2>"$work/err")
   rc=$?
   err=$(cat "$work/err")
 }
