@@ -85,8 +85,20 @@ std::size_t adaptive_controller::window_bytes() const {
   return std::max(limits_.min_window_bytes, 2 * static_cast<std::size_t>(current_.depth) * current_.request_bytes);
 }
 
-void adaptive_controller::complete(std::size_t nbytes, double now_s) {
+void adaptive_controller::complete(std::size_t nbytes, double now_s, std::size_t request_bytes) {
   std::lock_guard lock(mutex_);
+  if (request_bytes != 0 && request_bytes != current_.request_bytes) {
+    stale_ = true;
+    return;
+  }
+  if (stale_) {
+    // The time so far went to requests of another size: measure from here.
+    stale_ = false;
+    window_bytes_ = 0;
+    window_s_ = 0;
+    active_since_ = now_s;
+    return;
+  }
   window_bytes_ += nbytes;
   if (window_bytes_ < window_bytes()) return;
   const double seconds = window_s_ + (active_ > 0 ? now_s - active_since_ : 0.0);

@@ -62,8 +62,11 @@ class adaptive_controller {
   /// transfers is not counted in any window. Returns whether this transfer probes (see min_probe_transfer_bytes).
   bool begin(std::size_t nbytes, double now_s);
   void end(bool probing, double now_s);
-  /// `nbytes` completed at `now_s` by a probing transfer.
-  void complete(std::size_t nbytes, double now_s);
+  /// `nbytes` completed at `now_s` by a probing transfer, in requests of `request_bytes` (0: of the current
+  /// shape's size). Requests of another size than the shape being measured say nothing about it: they are not
+  /// counted, and the window restarts at the first completion of the measured size after them (a transfer
+  /// that planned its requests before a size probe began cannot follow it).
+  void complete(std::size_t nbytes, double now_s, std::size_t request_bytes = 0);
 
   bool converged() const;
   /// Candidates measured so far (re-probes included).
@@ -101,6 +104,7 @@ class adaptive_controller {
   double active_since_ = 0;     // when active_ went from 0 to 1
   double window_s_ = 0;         // active seconds accumulated
   std::size_t window_bytes_ = 0;
+  bool stale_ = false;          // completions of another request size arrived since the window began
 };
 
 /// The process-wide controller for (device, direction), created from `start` and `limits` on first use. Later

@@ -405,10 +405,16 @@ path_decision file_handle::plan(buffer_view buf) const {
     if (!f.gpu.facts) f.gpu.facts = engine::gather_facts("/", f.st_dev, f.fs_type);
     d = engine::decide(*f.gpu.facts, rt, buf.kind, f.config.mode);
   }
-  // Where the O_DIRECT depth and request size come from (profile, adaptive state, or a setting that wins).
+  // Where the O_DIRECT depth and request size come from (profile, adaptive state, or a setting that wins),
+  // for each direction the handle was opened for.
   if (f.choice.direct) {
     const auto client = d.path == data_path::staged ? engine::io_client::staged : engine::io_client::host;
-    d.reasons.push_back(engine::schedule_reason(f.config, f.st_dev, engine::io_dir::read, client));
+    if (f.mode != open_mode::write) {
+      d.reasons.push_back(engine::schedule_reason(f.config, f.st_dev, engine::io_dir::read, client));
+    }
+    if (f.mode != open_mode::read) {
+      d.reasons.push_back(engine::schedule_reason(f.config, f.st_dev, engine::io_dir::write, client));
+    }
   }
   return d;
 }

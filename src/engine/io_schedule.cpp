@@ -64,6 +64,7 @@ scheduled_transfer::scheduled_transfer(const settings& config, dev_t device, io_
   ctl_ = controller(s, device, dir, client);
   max_ = {s.limits.max_depth, s.limits.max_request_bytes};
   eligible_ = nbytes >= s.limits.min_probe_transfer_bytes;
+  planned_request_ = shape().request_bytes;
 }
 
 void scheduled_transfer::start(std::size_t direct_bytes) {
@@ -79,8 +80,8 @@ io_shape scheduled_transfer::shape() const {
   return probing_ || eligible_ ? ctl_->shape() : ctl_->best();
 }
 
-void scheduled_transfer::complete(std::size_t nbytes) {
-  if (probing_) ctl_->complete(nbytes, steady_now_s());
+void scheduled_transfer::complete(std::size_t nbytes, std::size_t request_bytes) {
+  if (probing_) ctl_->complete(nbytes, steady_now_s(), request_bytes != 0 ? request_bytes : planned_request_);
 }
 
 std::string schedule_reason(const settings& config, dev_t device, io_dir dir, io_client client) {

@@ -32,13 +32,18 @@ class scheduled_transfer {
   io_shape shape() const;
   /// The largest depth and request size this transfer may be asked to use.
   io_shape max_shape() const { return max_; }
-  void complete(std::size_t nbytes);
+  /// Whether this transfer measures candidates (it may be asked for any shape up to max_shape()).
+  bool probing() const { return probing_; }
+  /// `nbytes` went through O_DIRECT in requests of `request_bytes` (0: the size shape() had when the transfer
+  /// was constructed, for paths that plan their requests once).
+  void complete(std::size_t nbytes, std::size_t request_bytes = 0);
 
  private:
   std::shared_ptr<adaptive_controller> ctl_;
   io_shape fixed_;
   io_shape max_;
   std::size_t nbytes_ = 0;
+  std::size_t planned_request_ = 0;
   bool eligible_ = false;  // large enough to probe
   bool probing_ = false;
 };

@@ -1,17 +1,22 @@
 #include "gpu/cufile_path.hpp"
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "engine/io_schedule.hpp"
+#include "engine/piece_cursor.hpp"
 #include "engine/thread_pool.hpp"
 #include "gdskit/error.hpp"
 #include "gpu/cuda_raii.hpp"
+#include "gpu/staged.hpp"
 #include "shim/cufile.hpp"
 
 namespace gdskit::gpu {
@@ -86,50 +91,65 @@ std::size_t cufile_transfer(const file_handle::impl& f, bool write, buffer_view 
   CUfileHandle_t h = registered_handle(f);
   const cufile_api& api = *cufile();
   const int device = buf.device < 0 ? 0 : buf.device;
-  // Depth and chunk size from the device's scheduler, like the host engine (cuFile's DMA into device memory
-  // costs the host what an O_DIRECT read does); chunks at absolute multiples of the chunk size.
+  // Depth and request size from the device's scheduler, like the host engine (cuFile's DMA into device memory
+  // costs the host what an O_DIRECT read does), followed while the transfer runs: workers above the current
+  // depth wait between requests, and each request is cut at the size asked for when it is taken.
   engine::scheduled_transfer sched(f.config, f.st_dev, write ? engine::io_dir::write : engine::io_dir::read,
                                    engine::io_client::host, nbytes);
-  const engine::io_shape shape = sched.shape();
-  const std::size_t chunk = shape.request_bytes;
-  std::vector<std::pair<std::uint64_t, std::size_t>> pieces;
-  for (std::uint64_t pos = offset, end = offset + nbytes; pos < end;) {
-    std::uint64_t stop = std::min(end, pos / chunk * chunk + chunk);
-    pieces.emplace_back(pos, static_cast<std::size_t>(stop - pos));
-    pos = stop;
-  }
-  std::vector<std::size_t> done(pieces.size(), 0);
-  const char* op = write ? "cuFileWrite" : "cuFileRead";
   sched.start(nbytes);
-  engine::parallel_for(pieces.size(), shape.depth, [&](std::size_t i) {
+  const unsigned deepest = sched.probing() ? sched.max_shape().depth : sched.shape().depth;
+  const auto workers = static_cast<unsigned>(
+      std::min<std::size_t>(deepest, piece_count(offset, nbytes, std::size_t{1} << 20)));
+  engine::piece_cursor cursor(offset, nbytes);
+  const char* op = write ? "cuFileWrite" : "cuFileRead";
+  std::atomic<bool> failed{false};
+  std::mutex error_mutex;
+  std::exception_ptr first_error;
+  std::uint64_t first_error_at = UINT64_MAX;
+  engine::parallel_for(workers, workers, [&](std::size_t worker) {
     const context_guard ctx(device);  // cuFile needs the context current; the worker gets its own back
-    auto [pos, len] = pieces[i];
-    std::size_t got = 0;
-    while (got < len) {
-      const off_t buf_off = static_cast<off_t>(pos - offset + got);
-      errno = 0;
-      ssize_t r = write ? api.cuFileWrite(h, buf.data, len - got, static_cast<off_t>(pos + got), buf_off)
-                        : api.cuFileRead(h, buf.data, len - got, static_cast<off_t>(pos + got), buf_off);
-      if (r < 0) {
-        std::error_code ec = decode_cufile_ssize(r, errno);
-        if (ec == std::errc::interrupted) continue;
-        throw error(ec, op, f.path.string(), static_cast<std::int64_t>(pos + got), len - got);
+    while (!failed.load(std::memory_order_relaxed)) {
+      if (worker > 0 && worker >= sched.shape().depth && !cursor.exhausted()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
       }
-      if (r == 0) {
-        if (write) throw error(errno_code(ENOSPC), op, f.path.string(), static_cast<std::int64_t>(pos + got), len - got);
-        break;  // end of file
+      const auto p = cursor.take(sched.shape().request_bytes);
+      if (!p) return;
+      std::size_t got = 0;
+      try {
+        while (got < p->nbytes) {
+          const off_t buf_off = static_cast<off_t>(p->offset - offset + got);
+          const off_t file_off = static_cast<off_t>(p->offset + got);
+          errno = 0;
+          ssize_t r = write ? api.cuFileWrite(h, buf.data, p->nbytes - got, file_off, buf_off)
+                            : api.cuFileRead(h, buf.data, p->nbytes - got, file_off, buf_off);
+          if (r < 0) {
+            std::error_code ec = decode_cufile_ssize(r, errno);
+            if (ec == std::errc::interrupted) continue;
+            throw error(ec, op, f.path.string(), file_off, p->nbytes - got);
+          }
+          if (r == 0) {
+            if (write) throw error(errno_code(ENOSPC), op, f.path.string(), file_off, p->nbytes - got);
+            break;  // end of file
+          }
+          got += static_cast<std::size_t>(r);
+        }
+      } catch (...) {
+        // Keep the error of the lowest file offset: the one a sequential reader would have met first.
+        std::lock_guard lock(error_mutex);
+        if (!first_error || p->offset < first_error_at) {
+          first_error = std::current_exception();
+          first_error_at = p->offset;
+        }
+        failed = true;
+        return;
       }
-      got += static_cast<std::size_t>(r);
+      if (got < p->nbytes) cursor.ended_short(*p, got);
+      sched.complete(got, p->request_bytes);
     }
-    done[i] = got;
-    sched.complete(got);
   });
-  std::size_t total = 0;
-  for (std::size_t i = 0; i < pieces.size(); ++i) {
-    total += done[i];
-    if (done[i] < pieces[i].second) break;
-  }
-  return total;
+  if (first_error) std::rethrow_exception(first_error);
+  return cursor.moved();
 }
 
 }  // namespace gdskit::gpu

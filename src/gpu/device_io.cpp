@@ -61,22 +61,29 @@ std::size_t device_transfer(const file_handle& file, bool write, buffer_view buf
       // they come from storage or go to it.
       const bool from_cache = !write && engine::prefer_page_cache(f, offset, nbytes);
       const bool scheduled = f.choice.direct && !from_cache;
-      // Storage transfers take their depth (lanes) and piece size from the device's scheduler; lanes are
-      // leased for two doublings beyond the current depth, so the controller can grow it within the transfer.
+      // Storage transfers take their depth (lanes) and request size (pieces) from the device's scheduler while
+      // they run: a probing transfer leases lanes for the deepest shape it may be asked for and parks the ones
+      // the current depth does not use; the others lease what the scheduler's best shape uses.
       engine::scheduled_transfer sched(f.config, f.st_dev, write ? engine::io_dir::write : engine::io_dir::read,
                                        engine::io_client::staged, scheduled ? nbytes : 0);
-      const engine::io_shape shape = sched.shape();
       gpu::staged_options options;
       unsigned want = from_cache ? f.config.threads : std::min(f.config.threads, f.config.direct_depth);
       const std::size_t slot = from_cache ? f.config.cached_slot_bytes : f.config.staging_slot_bytes;
+      std::size_t piece = slot;
       if (scheduled) {
-        want = std::min(4 * shape.depth, sched.max_shape().depth);
-        options.piece_bytes = shape.request_bytes;
-        options.active_lanes = [&sched] { return sched.shape().depth; };
-        options.on_direct_bytes = [&sched](std::size_t n) { sched.complete(n); };
         sched.start(nbytes);
+        const engine::io_shape now = sched.shape();
+        want = sched.probing() ? sched.max_shape().depth : now.depth;
+        piece = std::min(now.request_bytes, slot);
+        options.piece_bytes = piece;
+        if (sched.probing()) {
+          options.request_bytes = [&sched] { return sched.shape().request_bytes; };
+          options.min_request_bytes = std::min<std::size_t>(std::size_t{1} << 20, slot);
+          piece = options.min_request_bytes;
+        }
+        options.active_lanes = [&sched] { return sched.shape().depth; };
+        options.on_direct_bytes = [&sched](std::size_t n, std::size_t request) { sched.complete(n, request); };
       }
-      const std::size_t piece = options.piece_bytes != 0 ? std::min(options.piece_bytes, slot) : slot;
       const auto lanes = static_cast<unsigned>(std::min<std::size_t>(want, gpu::piece_count(offset, nbytes, piece)));
       gpu::staging_lease lease(device, lanes, f.config.staging_slots, slot);
       const auto far = reinterpret_cast<std::uintptr_t>(buf.data);

@@ -11,6 +11,7 @@
 
 #include "engine/file_impl.hpp"
 #include "engine/file_range.hpp"
+#include "engine/piece_cursor.hpp"
 #include "engine/residency.hpp"
 #include "engine/thread_pool.hpp"
 #include "gdskit/error.hpp"
@@ -22,23 +23,7 @@ namespace {
 std::uint64_t align_down(std::uint64_t v, std::size_t a) { return v / a * a; }
 std::uint64_t align_up(std::uint64_t v, std::size_t a) { return (v + a - 1) / a * a; }
 
-struct piece {
-  std::uint64_t offset;  // file offset of the first byte
-  std::size_t nbytes;
-};
-
-// Pieces end at absolute multiples of the slot size, so a piece's aligned cover always fits one slot.
-// The caller has checked the range (check_file_range), so offset + nbytes does not wrap.
-std::vector<piece> split(std::uint64_t offset, std::size_t nbytes, std::size_t slot_bytes) {
-  std::vector<piece> out;
-  const std::uint64_t end = offset + nbytes;
-  for (std::uint64_t pos = offset; pos < end;) {
-    std::uint64_t stop = std::min(end, align_down(pos, slot_bytes) + slot_bytes);
-    out.push_back({pos, static_cast<std::size_t>(stop - pos)});
-    pos = stop;
-  }
-  return out;
-}
+using piece = engine::piece_cursor::piece;
 
 }  // namespace
 
@@ -51,19 +36,25 @@ namespace {
 
 // Shared state of one transfer: the first error wins and stops every lane.
 struct transfer {
-  transfer(const file_handle::impl& f, copier& c, const staged_options& o, std::vector<piece> p)
-      : file(f), cp(c), options(o), pieces(std::move(p)), done(pieces.size(), 0) {}
+  transfer(const file_handle::impl& f, copier& c, const staged_options& o, std::uint64_t offset, std::size_t nbytes)
+      : file(f), cp(c), options(o), cursor(offset, nbytes) {}
   const file_handle::impl& file;
   copier& cp;
   const staged_options& options;
-  std::vector<piece> pieces;
-  std::atomic<std::size_t> next{0};
+  engine::piece_cursor cursor;
   std::atomic<bool> failed{false};
   std::mutex mutex;
   std::exception_ptr first_error;
   std::uint64_t first_error_offset = UINT64_MAX;
-  std::vector<std::size_t> done;  // bytes moved per piece (reads)
   staged_stats stats;
+
+  // The next piece, cut at the request size the scheduler asks for now (at most a slot, whole 4 KiB blocks).
+  std::optional<piece> take() {
+    std::size_t want = options.request_bytes ? options.request_bytes() : options.piece_bytes;
+    const std::size_t slot = cp.slot_bytes();
+    if (want == 0 || want > slot || want % 4096 != 0) want = slot;
+    return cursor.take(want);
+  }
 
   void fail(std::uint64_t at) {
     std::lock_guard lock(mutex);
@@ -167,7 +158,7 @@ class lane_session {
 // False (after a short pause) while the adaptive depth keeps this lane idle; it holds no piece then.
 bool lane_active(const transfer& t, unsigned lane) {
   if (!t.options.active_lanes || lane == 0 || lane < t.options.active_lanes()) return true;
-  if (t.next.load(std::memory_order_relaxed) >= t.pieces.size()) return true;  // let it see the end and leave
+  if (t.cursor.exhausted()) return true;  // let it see the end and leave
   std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return false;
 }
@@ -182,9 +173,9 @@ void read_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t bas
     session.emplace(cp, lane);
     while (!t.stopped()) {
       if (!lane_active(t, lane)) continue;
-      const std::size_t i = t.next.fetch_add(1);
-      if (i >= t.pieces.size()) break;
-      const piece& p = t.pieces[i];
+      const std::optional<piece> next = t.take();
+      if (!next) break;
+      const piece& p = *next;
       const unsigned s = k++ % nslots;
       std::size_t waits = 0;
       if (pending[s]) {
@@ -197,14 +188,14 @@ void read_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t bas
         bool direct = false;
         std::byte* mem = cp.slot(lane, s);
         const std::size_t got = read_piece(t.file, p, mem, direct);
-        t.done[i] = got;
+        if (got < p.nbytes) t.cursor.ended_short(p, got);
         if (got > 0) {
           const std::size_t at = p.offset % t.file.choice.alignment;
           cp.to_far(lane, s, at, far + (p.offset - base_offset), got);
           pending[s] = true;
         }
         t.count(direct ? got : 0, direct ? 0 : got, waits);
-        if (direct && t.options.on_direct_bytes) t.options.on_direct_bytes(got);
+        if (direct && t.options.on_direct_bytes) t.options.on_direct_bytes(got, p.request_bytes);
       } catch (...) {
         t.fail(p.offset);
       }
@@ -222,7 +213,7 @@ void write_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t ba
   // Copies into the next slot are started before the current slot is written, so the device->host copy of
   // piece i+1 overlaps the file write of piece i.
   struct staged_piece {
-    std::size_t index;
+    piece p;
     unsigned slot;
   };
   std::vector<staged_piece> queue;
@@ -232,13 +223,13 @@ void write_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t ba
   auto start_next = [&]() -> bool {
     // A lane the adaptive depth parks finishes the pieces it holds and leaves (writes only shrink in flight).
     if (t.stopped() || !lane_active(t, lane)) return false;
-    const std::size_t i = t.next.fetch_add(1);
-    if (i >= t.pieces.size()) return false;
-    const piece& p = t.pieces[i];
+    const std::optional<piece> next = t.take();
+    if (!next) return false;
+    const piece& p = *next;
     const unsigned s = k++ % nslots;
     cp.from_far(lane, s, p.offset % a, far + (p.offset - base_offset), p.nbytes);
     pending[s] = true;
-    queue.push_back({i, s});
+    queue.push_back({p, s});
     return true;
   };
   try {
@@ -249,7 +240,7 @@ void write_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t ba
       staged_piece cur = queue.front();
       queue.erase(queue.begin());
       start_next();
-      const piece& p = t.pieces[cur.index];
+      const piece& p = cur.p;
       try {
         cp.wait(lane, cur.slot);
         pending[cur.slot] = false;
@@ -258,7 +249,7 @@ void write_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t ba
         bool direct = false;
         write_piece(t.file, p, cp.slot(lane, cur.slot), direct);
         t.count(direct ? p.nbytes : 0, direct ? 0 : p.nbytes, 0);
-        if (direct && t.options.on_direct_bytes) t.options.on_direct_bytes(p.nbytes);
+        if (direct && t.options.on_direct_bytes) t.options.on_direct_bytes(p.nbytes, p.request_bytes);
       } catch (...) {
         t.fail(p.offset);
         break;
@@ -270,11 +261,12 @@ void write_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t ba
   drain_lane(t, lane, pending);
 }
 
-// Pieces must fit a slot with their aligned cover: a piece size that divides into 4 KiB blocks and is at most
-// the slot size.
-std::size_t piece_size(const copier& cp, const staged_options& o) {
-  if (o.piece_bytes == 0 || o.piece_bytes >= cp.slot_bytes() || o.piece_bytes % 4096 != 0) return cp.slot_bytes();
-  return o.piece_bytes;
+// More lanes than the transfer has pieces (at the smallest size it may be cut into) would idle.
+unsigned transfer_lanes(const copier& cp, const staged_options& o, std::uint64_t offset, std::size_t nbytes) {
+  std::size_t smallest = cp.slot_bytes();
+  if (o.piece_bytes != 0 && o.piece_bytes < smallest && o.piece_bytes % 4096 == 0) smallest = o.piece_bytes;
+  if (o.request_bytes && o.min_request_bytes != 0 && o.min_request_bytes < smallest) smallest = o.min_request_bytes;
+  return static_cast<unsigned>(std::min<std::size_t>(cp.lanes(), piece_count(offset, nbytes, smallest)));
 }
 
 void finish(transfer& t, staged_stats* stats) {
@@ -293,16 +285,11 @@ std::size_t staged_read(const file_handle& file, copier& cp, std::uintptr_t far,
   const std::uint64_t size = f.current_size();
   if (offset >= size) return 0;
   nbytes = static_cast<std::size_t>(std::min<std::uint64_t>(nbytes, size - offset));
-  transfer t(f, cp, options, split(offset, nbytes, piece_size(cp, options)));
-  const unsigned lanes = static_cast<unsigned>(std::min<std::size_t>(cp.lanes(), t.pieces.size()));
+  transfer t(f, cp, options, offset, nbytes);
+  const unsigned lanes = transfer_lanes(cp, options, offset, nbytes);
   engine::parallel_for(lanes, lanes, [&](std::size_t lane) { read_lane(t, static_cast<unsigned>(lane), far, offset); });
   finish(t, stats);
-  std::size_t total = 0;
-  for (std::size_t i = 0; i < t.pieces.size(); ++i) {
-    total += t.done[i];
-    if (t.done[i] < t.pieces[i].nbytes) break;
-  }
-  return total;
+  return t.cursor.moved();
 }
 
 std::size_t staged_write(const file_handle& file, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,
@@ -314,8 +301,8 @@ std::size_t staged_write(const file_handle& file, copier& cp, std::uintptr_t far
     throw error(errno_code(EBADF), "pwrite", f.path.string(), static_cast<std::int64_t>(offset), nbytes,
                 "file opened for reading only");
   }
-  transfer t(f, cp, options, split(offset, nbytes, piece_size(cp, options)));
-  const unsigned lanes = static_cast<unsigned>(std::min<std::size_t>(cp.lanes(), t.pieces.size()));
+  transfer t(f, cp, options, offset, nbytes);
+  const unsigned lanes = transfer_lanes(cp, options, offset, nbytes);
   engine::parallel_for(lanes, lanes, [&](std::size_t lane) { write_lane(t, static_cast<unsigned>(lane), far, offset); });
   finish(t, stats);
   return nbytes;

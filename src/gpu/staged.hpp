@@ -50,10 +50,15 @@ struct staged_options {
   std::function<void(std::uint64_t)> on_piece;
   /// Bytes per piece (file I/O request); 0 or more than the slot size: the slot size.
   std::size_t piece_bytes = 0;
+  /// When set, asked for each piece's size as the piece is cut (the adaptive request size; same rules as
+  /// piece_bytes), so the size can change while the transfer runs; min_request_bytes is the smallest it returns.
+  std::function<std::size_t()> request_bytes;
+  std::size_t min_request_bytes = 0;
   /// Lanes allowed to work now (the adaptive depth); lanes above it wait between pieces. Empty: all lanes.
   std::function<unsigned()> active_lanes;
-  /// Called with the bytes of each piece that went through O_DIRECT, when its file I/O finished.
-  std::function<void(std::size_t)> on_direct_bytes;
+  /// Called with the bytes of each piece that went through O_DIRECT, when its file I/O finished, and the request
+  /// size the piece was cut with.
+  std::function<void(std::size_t nbytes, std::size_t request_bytes)> on_direct_bytes;
 };
 
 /// How many pieces (slot-sized, ending at absolute multiples of slot_bytes) a transfer is cut into: more lanes

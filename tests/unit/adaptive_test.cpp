@@ -26,17 +26,21 @@ struct device_sim {
   double now = 0;
   std::normal_distribution<double> n{0.0, 1.0};
 
-  // Runs one transfer of `nbytes` through the controller, request by request; returns its seconds.
-  double transfer(adaptive_controller& c, std::size_t nbytes) {
+  // Runs one transfer of `nbytes` through the controller, request by request; returns its seconds. A transfer
+  // with `planned` requests keeps the request size it started with (as the host engine plans its requests
+  // once) and says so; the depth follows the controller either way.
+  double transfer(adaptive_controller& c, std::size_t nbytes, bool planned = false) {
     const double t0 = now;
     const bool probing = c.begin(nbytes, now);
+    const std::size_t planned_request = (probing ? c.shape() : c.best()).request_bytes;
     for (std::size_t done = 0; done < nbytes;) {
-      const io_shape s = probing ? c.shape() : c.best();
+      io_shape s = probing ? c.shape() : c.best();
+      if (planned) s.request_bytes = planned_request;
       const std::size_t r = std::min(s.request_bytes, nbytes - done);
       const double g = std::max(0.05, rate(s.depth, s.request_bytes) * (1.0 + noise * n(rng)));
       now += static_cast<double>(r) / (g * kGiB);
       done += r;
-      if (probing) c.complete(r, now);
+      if (probing) c.complete(r, now, s.request_bytes);
     }
     c.end(probing, now);
     return now - t0;
@@ -121,6 +125,25 @@ TEST(adaptive, a_large_transfer_costs_at_most_a_few_percent_against_the_best_fix
     const double achieved = static_cast<double>(total) / kGiB / s;
     std::printf("%-26s 64 GiB at %.3f of the best fixed setting\n", k.name, achieved / best_fixed(k.f, lim));
     EXPECT_GE(achieved, 0.95 * best_fixed(k.f, lim)) << c.describe();
+  }
+}
+
+// Transfers that cannot change their request size once started: a size candidate is judged only on requests of
+// that size, so the controller still finds the size the device wants, one transfer later.
+TEST(adaptive, size_is_judged_only_on_requests_of_that_size) {
+  const curve steep = [](unsigned d, std::size_t r) {
+    return 4.0 * std::min(d, 4u) / 4.0 * (static_cast<double>(r) / static_cast<double>(16 * kMiB));
+  };
+  for (unsigned seed = 1; seed <= 4; ++seed) {
+    SCOPED_TRACE(fmt::format("seed {}", seed));
+    adaptive_limits lim;
+    adaptive_controller c({2, 4 * kMiB}, lim);
+    device_sim dev{steep};
+    dev.rng.seed(seed);
+    for (int i = 0; i < 64 && !c.converged(); ++i) dev.transfer(c, std::size_t{1} << 30, true);
+    ASSERT_TRUE(c.converged()) << c.describe();
+    EXPECT_EQ(c.best().request_bytes, 16 * kMiB) << c.describe();
+    EXPECT_GE(steep(c.best().depth, c.best().request_bytes), 0.9 * best_fixed(steep, lim)) << c.describe();
   }
 }
 

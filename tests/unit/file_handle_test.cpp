@@ -364,6 +364,29 @@ TEST(file_handle, engine_choice_is_recorded) {
   }
 }
 
+// The plan says where the O_DIRECT schedule of each direction the handle was opened for comes from.
+TEST(file_handle, plan_names_the_schedule_of_each_direction_opened) {
+  temp_dir dir(test::direct_capable_parent());
+  test::write_file(dir / "s", std::vector<std::uint8_t>(8192, 1));
+  std::uint8_t b[8] = {};
+  auto has = [](const path_decision& d, std::string_view what) {
+    for (const auto& r : d.reasons) {
+      if (r.find(what) != std::string::npos) return true;
+    }
+    return false;
+  };
+  settings s;
+  s.direct = direct_mode::on;
+  const std::pair<open_mode, std::pair<bool, bool>> modes[] = {
+      {open_mode::read, {true, false}}, {open_mode::write, {false, true}}, {open_mode::read_write, {true, true}}};
+  for (const auto& [mode, want] : modes) {
+    file_handle f(dir / "s", mode, {}, s);
+    const path_decision d = f.plan(buffer_view::host(b, 8));
+    EXPECT_EQ(has(d, "O_DIRECT host reads"), want.first) << d.summary();
+    EXPECT_EQ(has(d, "O_DIRECT host writes"), want.second) << d.summary();
+  }
+}
+
 // An empty handle (default-constructed or moved-from) answers its accessors with empty values and refuses
 // I/O with EBADF; it must never dereference the missing inside.
 TEST(file_handle, empty_handles_have_defined_behaviour) {

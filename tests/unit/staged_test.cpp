@@ -168,7 +168,7 @@ TEST_P(staged, smaller_pieces_and_parked_lanes_keep_bytes_exact) {
     o.on_piece = [&](std::uint64_t) {
       if (++pieces == 10) active = 3;  // the depth grows mid-transfer
     };
-    o.on_direct_bytes = [&](std::size_t n) { direct += n; };
+    o.on_direct_bytes = [&](std::size_t n, std::size_t) { direct += n; };
     const std::uint64_t off = rng() % 100000;
     const std::size_t len = size - off - static_cast<std::size_t>(rng() % 5000);
     std::vector<std::uint8_t> out(len);
@@ -186,6 +186,68 @@ TEST_P(staged, smaller_pieces_and_parked_lanes_keep_bytes_exact) {
     ASSERT_EQ(test::read_file(dir / "f"), data);
     EXPECT_EQ(cp.still_pending(), 0u);
   }
+}
+
+// The request size asked for while the transfer runs: every piece is cut at the size of the moment (sizes
+// that do not fit a slot are taken as the slot), and the bytes stay exact whatever the sizes in between.
+TEST_P(staged, request_size_changes_while_the_transfer_runs) {
+  temp_dir dir(GetParam() == direct_mode::on ? test::direct_capable_parent() : std::filesystem::path{});
+  const std::size_t size = (6u << 20) + 777;
+  auto data = random_bytes(size, 21);
+  test::write_file(dir / "f", data);
+  file_handle f(dir / "f", open_mode::read_write, {}, test_settings(GetParam()));
+  const std::size_t sizes[] = {64 * 1024, 256 * 1024, 128 * 1024, 4096 * 3, 256 * 1024 + 4096, 8192};
+  std::mt19937_64 rng(22);
+  for (int r = 0; r < 6; ++r) {
+    deferred_copier cp(3, 2, 256 * 1024);
+    gpu::staged_options o;
+    std::atomic<unsigned> asked{0};
+    std::mutex m;
+    std::vector<std::size_t> seen;  // the request size of each piece
+    o.request_bytes = [&] { return sizes[asked++ % std::size(sizes)]; };
+    o.min_request_bytes = 4096;
+    std::atomic<std::size_t> reported{0};
+    o.on_direct_bytes = [&](std::size_t n, std::size_t request) {
+      reported += n;
+      std::lock_guard lock(m);
+      seen.push_back(request);
+    };
+    const std::uint64_t off = rng() % 300000;
+    const std::size_t len = size - off - static_cast<std::size_t>(rng() % 3000);
+    std::vector<std::uint8_t> out(len);
+    gpu::staged_stats st;
+    ASSERT_EQ(gpu::staged_read(f, cp, reinterpret_cast<std::uintptr_t>(out.data()), len, off, o, &st), len);
+    ASSERT_EQ(0, std::memcmp(out.data(), data.data() + off, len));
+    EXPECT_GT(st.pieces, gpu::piece_count(off, len, 256 * 1024));  // smaller sizes were used too
+    EXPECT_EQ(reported.load(), st.direct_bytes);
+    for (const std::size_t request : seen) {
+      EXPECT_TRUE(request == 64 * 1024 || request == 128 * 1024 || request == 256 * 1024 || request == 4096 * 3 ||
+                  request == 8192)
+          << request;
+    }
+    auto src = random_bytes(len, static_cast<std::uint64_t>(r) + 200);
+    ASSERT_EQ(gpu::staged_write(f, cp, reinterpret_cast<std::uintptr_t>(src.data()), len, off, o, &st), len);
+    std::memcpy(data.data() + off, src.data(), len);
+    ASSERT_EQ(test::read_file(dir / "f"), data);
+    EXPECT_EQ(cp.still_pending(), 0u);
+  }
+}
+
+// A file shorter than the range: the bytes up to its end, whatever sizes the pieces had.
+TEST_P(staged, short_file_with_changing_request_sizes) {
+  temp_dir dir(GetParam() == direct_mode::on ? test::direct_capable_parent() : std::filesystem::path{});
+  const std::size_t size = (1u << 20) + 12345;
+  auto data = random_bytes(size, 31);
+  test::write_file(dir / "f", data);
+  file_handle f(dir / "f", open_mode::read, {}, test_settings(GetParam()));
+  deferred_copier cp(4, 2, 256 * 1024);
+  gpu::staged_options o;
+  std::atomic<unsigned> asked{0};
+  o.request_bytes = [&] { return (asked++ % 2) ? std::size_t{64 * 1024} : std::size_t{192 * 1024}; };
+  const std::uint64_t off = 5000;
+  std::vector<std::uint8_t> out(size);
+  ASSERT_EQ(gpu::staged_read(f, cp, reinterpret_cast<std::uintptr_t>(out.data()), size, off, o), size - off);
+  ASSERT_EQ(0, std::memcmp(out.data(), data.data() + off, size - off));
 }
 
 INSTANTIATE_TEST_SUITE_P(direct, staged, ::testing::Values(direct_mode::automatic, direct_mode::on, direct_mode::off),
