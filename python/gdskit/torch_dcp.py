@@ -98,20 +98,32 @@ def _write_ranges(path, ranges):
         f.close()
 
 
-def _read_ranges(path, ranges):
-    """Reads each (address, nbytes, file offset, device) range of `path` in full; returns the bytes read."""
-    f = _gdskit.FileHandle(path, "r")
+def _read_all(reads, workers=8):
+    """Reads every (path, (address, nbytes, file offset, device)) in full, up to `workers` at once (one gdskit
+    handle per file, shared by the reads of that file); returns the bytes read. The first failure is raised
+    after every started read has finished."""
+    handles = {}
     try:
-        total = 0
-        for ptr, n, off, dev in ranges:
-            got = f.read(ptr, n, off, dev)
+        for path, _ in reads:
+            if path not in handles:
+                handles[path] = _gdskit.FileHandle(path, "r")
+
+        def one(job):
+            path, (ptr, n, off, dev) = job
+            got = handles[path].read(ptr, n, off, dev)
             if got != n:
                 raise OSError(_errno.EIO, f"gdskit checkpoint: {path} ends at byte {off + got}, inside an item "
                                           f"of {n} bytes at {off}")
-            total += got
-        return total
+            return got
+
+        jobs = sorted(reads, key=lambda j: j[1][1], reverse=True)
+        if len(jobs) == 1:
+            return one(jobs[0])
+        with ThreadPoolExecutor(max(1, min(len(jobs), workers))) as pool:
+            return sum(pool.map(one, jobs))
     finally:
-        f.close()
+        for h in handles.values():
+            h.close()
 
 
 def _balance(items, bins, size):
@@ -239,10 +251,12 @@ class FileSystemReader(_fs.FileSystemReader):
             per_file.setdefault(self.storage_data[r.storage_index].relative_path, []).append(r)
         total = 0
         cuda_synced = False
+        # The planner runs on this thread: targets are resolved and their reads planned first, then every read
+        # of every file runs on a pool (items in parallel, largest first), then the items are committed here.
+        reads, after = [], []
         for rel, reqs in per_file.items():
             path = os.path.join(str(self.path), rel)
             reqs.sort(key=lambda r: self.storage_data[r.storage_index].offset)
-            ranges, after = [], []
             for req in reqs:
                 info = self.storage_data[req.storage_index]
                 if req.type == LoadItemType.BYTE_IO:
@@ -259,14 +273,14 @@ class FileSystemReader(_fs.FileSystemReader):
                     torch.cuda.synchronize()  # the targets' allocations and initialisation are done
                     cuda_synced = True
                 ranges_, fix = self._plan_read(req, info, target)
-                ranges.extend(ranges_)
+                reads.extend((path, r) for r in ranges_)
                 after.append((req, target, fix))
-            if ranges:
-                total += _read_ranges(path, ranges)
-            for req, target, fix in after:
-                if fix is not None:
-                    fix()
-                planner.commit_tensor(req, target)
+        if reads:
+            total += _read_all(reads)
+        for req, target, fix in after:
+            if fix is not None:
+                fix()
+            planner.commit_tensor(req, target)
         _last_stats = {"bytes": total, "files": len(per_file), "seconds": time.perf_counter() - t0}
         fut: Future = Future()
         fut.set_result(None)
