@@ -4,8 +4,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "gdskit/buffer.hpp"
@@ -38,6 +40,20 @@ struct io_choice {
 /// the handle with operations in flight is safe, and the descriptors close when the last one ends.
 /// A default-constructed or moved-from handle is empty: is_open() is false, the accessors return empty or
 /// default values, and every I/O method throws gdskit::error (EBADF).
+/// One range of a gathered write: all of `src` (src.nbytes bytes) to `offset_bytes` of the file.
+struct write_extent {
+  buffer_view src;
+  std::uint64_t offset_bytes = 0;
+};
+
+/// Progress and cancellation of a gathered write.
+struct gather_options {
+  /// Called, from any of the transfer's threads, with the bytes of each request as it completes.
+  std::function<void(std::size_t)> progress;
+  /// Checked between requests; once it returns true the write stops and throws ECANCELED.
+  std::function<bool()> cancelled;
+};
+
 class file_handle {
  public:
   /// An empty handle (see above).
@@ -72,6 +88,12 @@ class file_handle {
   void read_exact(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const;
   /// Writes from host or GPU memory; returns nbytes or throws.
   std::size_t write(buffer_view src, std::size_t nbytes, std::uint64_t offset_bytes) const;
+  /// Writes many ranges (a checkpoint's tensors) as one transfer: one schedule for the device and, for GPU
+  /// memory on the staged path, one pipeline, so the write stays at full depth however small each range is.
+  /// Every extent's memory must be of one kind (host and pinned count as one) and one device; ranges must not
+  /// overlap in the file. Returns the bytes written or throws (EINVAL for bad extents before any I/O;
+  /// ENOSPC included: a full device is never a short success).
+  std::size_t write_gather(std::span<const write_extent> extents, const gather_options& options = {}) const;
   /// Asynchronous read() and write() for host or GPU buffers: same contracts, run on gdskit's thread pool.
   /// The memory `dst`/`src` views must stay valid until the future is ready; the handle need not (the future
   /// keeps the file open, and close() waits for it). The future returns the bytes moved (a read: fewer only at

@@ -457,6 +457,48 @@ std::size_t file_handle::write(buffer_view src, std::size_t nbytes, std::uint64_
   return gpu::device_transfer(*this, true, src, nbytes, offset_bytes);
 }
 
+std::size_t file_handle::write_gather(std::span<const write_extent> extents, const gather_options& options) const {
+  const impl& m = open_impl(impl_, "pwrite");
+  // Every extent is checked before any byte is written.
+  std::vector<write_extent> sorted(extents.begin(), extents.end());
+  std::erase_if(sorted, [](const write_extent& e) { return e.src.nbytes == 0; });
+  if (sorted.empty()) return 0;
+  const buffer_view& first = sorted.front().src;
+  for (const auto& e : sorted) {
+    check_view(m, true, e.src, e.src.nbytes, e.offset_bytes);
+    if (host_memory(e.src) != host_memory(first) || (!host_memory(first) && e.src.device != first.device)) {
+      throw error(errno_code(EINVAL), "pwrite", m.path.string(), static_cast<std::int64_t>(e.offset_bytes),
+                  e.src.nbytes, "a gathered write takes memory of one kind and one device");
+    }
+  }
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const write_extent& a, const write_extent& b) { return a.offset_bytes < b.offset_bytes; });
+  for (std::size_t i = 1; i < sorted.size(); ++i) {
+    const write_extent& prev = sorted[i - 1];
+    if (sorted[i].offset_bytes < prev.offset_bytes + prev.src.nbytes) {
+      throw error(errno_code(EINVAL), "pwrite", m.path.string(), static_cast<std::int64_t>(sorted[i].offset_bytes),
+                  sorted[i].src.nbytes,
+                  fmt::format("overlaps the extent of {} bytes at offset {}", prev.src.nbytes, prev.offset_bytes));
+    }
+  }
+  if (m.mode == open_mode::read) {
+    throw error(errno_code(EBADF), "pwrite", m.path.string(), static_cast<std::int64_t>(sorted.front().offset_bytes),
+                sorted.front().src.nbytes, "file opened for reading only");
+  }
+  if (!host_memory(first)) return gpu::device_write_gather(*this, sorted, options);
+  // Host memory: extent after extent, each through the engine at full depth.
+  std::size_t done = 0;
+  for (const auto& e : sorted) {
+    if (options.cancelled && options.cancelled()) {
+      throw error(errno_code(ECANCELED), "pwrite", m.path.string(), static_cast<std::int64_t>(e.offset_bytes),
+                  e.src.nbytes, "cancelled");
+    }
+    done += m.write(e.src.data, e.src.nbytes, e.offset_bytes);
+    if (options.progress) options.progress(e.src.nbytes);
+  }
+  return done;
+}
+
 void file_handle::close() {
   if (!impl_) return;
   std::shared_ptr<impl> m = std::move(impl_);  // the handle is empty from here on, whatever happens

@@ -7,32 +7,51 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 namespace gdskit::engine {
 
-/// Cuts [offset, offset + nbytes) into pieces in file order. Each piece ends at an absolute multiple of the
-/// request size asked for when it is taken, so its aligned cover never exceeds that size and pieces of
-/// different sizes tile the range without gaps. Thread-safe. The range must have been checked
-/// (check_file_range): offset + nbytes does not wrap.
+/// One contiguous range of a transfer: `nbytes` at file offset `offset`, to or from memory address `far`.
+struct transfer_extent {
+  std::uint64_t offset = 0;
+  std::size_t nbytes = 0;
+  std::uintptr_t far = 0;
+};
+
+/// Cuts the extents of a transfer into pieces, extent after extent in the order given. Each piece lies in
+/// one extent and ends at an absolute multiple of the request size asked for when it is taken, so its
+/// aligned cover never exceeds that size and pieces of different sizes tile each extent without gaps.
+/// Thread-safe. Every extent must have been checked (check_file_range): offset + nbytes does not wrap.
 class piece_cursor {
  public:
   struct piece {
     std::uint64_t offset;       ///< file offset of the first byte
     std::size_t nbytes;
     std::size_t request_bytes;  ///< the size the piece was cut with
+    std::uintptr_t far;         ///< memory address of the first byte
   };
 
-  piece_cursor(std::uint64_t offset, std::size_t nbytes)
-      : begin_(offset), end_(offset + nbytes), pos_(offset), exhausted_(nbytes == 0) {}
+  /// One range [offset, offset + nbytes) to or from `far`.
+  piece_cursor(std::uint64_t offset, std::size_t nbytes, std::uintptr_t far = 0)
+      : piece_cursor(std::vector<transfer_extent>{{offset, nbytes, far}}) {}
 
-  /// The next piece, cut at multiples of `request_bytes` (> 0); empty when the range is used up.
+  explicit piece_cursor(std::vector<transfer_extent> extents) : extents_(std::move(extents)) {
+    std::erase_if(extents_, [](const transfer_extent& e) { return e.nbytes == 0; });
+    if (!extents_.empty()) pos_ = extents_.front().offset;
+    exhausted_.store(extents_.empty(), std::memory_order_relaxed);
+  }
+
+  /// The next piece, cut at multiples of `request_bytes` (> 0); empty when every extent is used up.
   std::optional<piece> take(std::size_t request_bytes) {
     std::lock_guard lock(mutex_);
-    if (pos_ >= end_) return std::nullopt;
-    const std::uint64_t stop = std::min(end_, pos_ / request_bytes * request_bytes + request_bytes);
-    piece p{pos_, static_cast<std::size_t>(stop - pos_), request_bytes};
+    if (index_ >= extents_.size()) return std::nullopt;
+    const transfer_extent& e = extents_[index_];
+    const std::uint64_t end = e.offset + e.nbytes;
+    const std::uint64_t stop = std::min(end, pos_ / request_bytes * request_bytes + request_bytes);
+    piece p{pos_, static_cast<std::size_t>(stop - pos_), request_bytes, e.far + static_cast<std::uintptr_t>(pos_ - e.offset)};
     pos_ = stop;
-    if (pos_ >= end_) exhausted_.store(true, std::memory_order_relaxed);
+    if (pos_ >= end && ++index_ < extents_.size()) pos_ = extents_[index_].offset;
+    if (index_ >= extents_.size()) exhausted_.store(true, std::memory_order_relaxed);
     return p;
   }
 
@@ -47,15 +66,19 @@ class piece_cursor {
     }
   }
 
-  /// Bytes a reader got: up to the first place the file ended, else the whole range.
-  std::size_t moved() const { return static_cast<std::size_t>(std::min(end_, short_end_.load()) - begin_); }
+  /// Bytes a reader of a single range got: up to the first place the file ended, else the whole range.
+  std::size_t moved() const {
+    if (extents_.empty()) return 0;
+    const transfer_extent& e = extents_.front();
+    return static_cast<std::size_t>(std::min(e.offset + e.nbytes, short_end_.load()) - e.offset);
+  }
 
  private:
-  const std::uint64_t begin_;
-  const std::uint64_t end_;
+  std::vector<transfer_extent> extents_;
   std::mutex mutex_;
-  std::uint64_t pos_;
-  std::atomic<bool> exhausted_;
+  std::size_t index_ = 0;
+  std::uint64_t pos_ = 0;
+  std::atomic<bool> exhausted_{false};
   std::atomic<std::uint64_t> short_end_{UINT64_MAX};
 };
 

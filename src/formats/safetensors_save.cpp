@@ -1,18 +1,19 @@
 // Saving safetensors files and sharded checkpoints from host or GPU memory, published atomically.
-#include <fmt/format.h>
-
 #include <algorithm>
-#include <cctype>
-#include <cstdlib>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <map>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
@@ -138,13 +139,18 @@ struct piece {
   std::uint64_t file_offset = 0;
 };
 
+// GPU tensors are written together, one gathered write per device (see write_gathered).
+bool gathered(const save_tensor& t) {
+  return !t.source && (t.data.kind == memory_kind::device || t.data.kind == memory_kind::managed);
+}
+
 std::vector<piece> split_pieces(const std::vector<save_tensor>& tensors, const save_layout& layout,
                                 std::uint64_t piece_bytes) {
   std::vector<piece> out;
   const std::uint64_t base = layout.header.size();
   for (std::size_t i : layout.order) {
     const auto& t = tensors[i];
-    if (t.source) continue;  // written by write_sourced
+    if (t.source || gathered(t)) continue;  // written by write_sourced / write_gathered
     const std::uint64_t begin = base + layout.begin_bytes[i];
     const std::uint64_t end = begin + t.data.nbytes;
     for (std::uint64_t pos = begin; pos < end;) {
@@ -185,6 +191,29 @@ void write_sourced(const file_handle& f, const std::vector<save_tensor>& tensors
   }
 }
 
+// GPU tensors: every tensor of one device in one gathered write, so the file is written as one transfer at the
+// depth the device wants however small its tensors are.
+void write_gathered(const file_handle& f, const std::vector<save_tensor>& tensors, const save_layout& layout,
+                    const save_options& o, std::atomic<std::uint64_t>& done, std::uint64_t total, save_stats& stats) {
+  std::map<int, std::vector<write_extent>> by_device;
+  for (std::size_t i : layout.order) {
+    const auto& t = tensors[i];
+    if (!gathered(t) || t.data.nbytes == 0) continue;
+    by_device[t.data.device].push_back({t.data, layout.header.size() + layout.begin_bytes[i]});
+  }
+  gather_options g;
+  g.cancelled = o.cancelled;
+  g.progress = [&](std::size_t n) {
+    const std::uint64_t now = done.fetch_add(n) + n;
+    if (o.progress) o.progress(now, total);
+  };
+  for (const auto& [device, extents] : by_device) {
+    check_cancel(f, o);
+    f.write_gather(extents, g);
+    stats.pieces += extents.size();
+  }
+}
+
 // Writes one file's tensor data with `in_flight` workers, then its header, then syncs it; the caller publishes.
 void write_file(const file_handle& f, const std::vector<save_tensor>& tensors, const save_layout& layout,
                 const save_options& o, std::atomic<std::uint64_t>& done, std::uint64_t total, save_stats& stats) {
@@ -222,6 +251,7 @@ void write_file(const file_handle& f, const std::vector<save_tensor>& tensors, c
     for (auto& t : threads) t.join();
   }
   if (first_error) std::rethrow_exception(first_error);
+  write_gathered(f, tensors, layout, o, done, total, stats);
   write_sourced(f, tensors, layout, o, done, total, stats);
   check_cancel(f, o);
   // The header goes last into the place reserved for it: a file cut short before this point has no valid header.

@@ -42,55 +42,102 @@ std::string path_decision::summary() const {
 
 namespace gpu {
 
+namespace {
+
+// Why a GPU buffer cannot be moved here, or empty.
+void require_gpu(const file_handle::impl& f, const char* op, std::uint64_t offset, std::size_t nbytes) {
+  std::string reason;
+  if (!gpu_available(&reason)) {
+    throw error(errno_code(ENODEV), op, f.path.string(), static_cast<std::int64_t>(offset), nbytes,
+                "device buffer but no usable GPU: " + reason);
+  }
+}
+
+// The staged path for one transfer of `nbytes` in total: lanes and piece sizes from the device's scheduler when
+// the bytes come from or go to storage, every worker when they come from the page cache.
+template <typename Run>
+std::size_t staged(const file_handle::impl& f, bool write, bool from_cache, int device, std::uint64_t first_offset,
+                   std::size_t nbytes, gpu::staged_options options, Run&& run) {
+  const bool scheduled = f.choice.direct && !from_cache;
+  // A probing transfer leases lanes for the deepest shape it may be asked for and parks the ones the current
+  // depth does not use; the others lease what the scheduler's best shape uses.
+  engine::scheduled_transfer sched(f.config, f.st_dev, write ? engine::io_dir::write : engine::io_dir::read,
+                                   engine::io_client::staged, scheduled ? nbytes : 0);
+  unsigned want = from_cache ? f.config.threads : std::min(f.config.threads, f.config.direct_depth);
+  const std::size_t slot = from_cache ? f.config.cached_slot_bytes : f.config.staging_slot_bytes;
+  std::size_t piece = slot;
+  if (scheduled) {
+    sched.start(nbytes);
+    const engine::io_shape now = sched.shape();
+    want = sched.probing() ? sched.max_shape().depth : now.depth;
+    piece = std::min(now.request_bytes, slot);
+    options.piece_bytes = piece;
+    if (sched.probing()) {
+      options.request_bytes = [&sched] { return sched.shape().request_bytes; };
+      options.min_request_bytes = std::min<std::size_t>(std::size_t{1} << 20, slot);
+      piece = options.min_request_bytes;
+    }
+    options.active_lanes = [&sched] { return sched.shape().depth; };
+    options.on_direct_bytes = [&sched](std::size_t n, std::size_t request) { sched.complete(n, request); };
+  }
+  const auto lanes = static_cast<unsigned>(std::min<std::size_t>(want, gpu::piece_count(first_offset, nbytes, piece)));
+  gpu::staging_lease lease(device, std::max(1u, lanes), f.config.staging_slots, slot);
+  return run(lease.get(), options);
+}
+
+}  // namespace
+
 std::size_t device_transfer(const file_handle& file, bool write, buffer_view buf, std::size_t nbytes, std::uint64_t offset) {
   const file_handle::impl& f = file_access::open_impl(file, write ? "pwrite" : "pread");
   const path_decision d = file.plan(buf);
-  const char* op = write ? "pwrite" : "pread";
-  std::string gpu_reason;
-  if (!gpu_available(&gpu_reason)) {
-    throw error(errno_code(ENODEV), op, f.path.string(), static_cast<std::int64_t>(offset), nbytes,
-                "device buffer but no usable GPU: " + gpu_reason);
-  }
+  require_gpu(f, write ? "pwrite" : "pread", offset, nbytes);
   switch (d.path) {
     case data_path::gds:
     case data_path::compat:
       return gpu::cufile_transfer(f, write, buf, nbytes, offset);
     default: {
       const int device = buf.device < 0 ? 0 : buf.device;
-      // Lanes: every worker when the bytes come from the page cache (memory copies), the O_DIRECT depth when
-      // they come from storage or go to it.
       const bool from_cache = !write && engine::prefer_page_cache(f, offset, nbytes);
-      const bool scheduled = f.choice.direct && !from_cache;
-      // Storage transfers take their depth (lanes) and request size (pieces) from the device's scheduler while
-      // they run: a probing transfer leases lanes for the deepest shape it may be asked for and parks the ones
-      // the current depth does not use; the others lease what the scheduler's best shape uses.
-      engine::scheduled_transfer sched(f.config, f.st_dev, write ? engine::io_dir::write : engine::io_dir::read,
-                                       engine::io_client::staged, scheduled ? nbytes : 0);
-      gpu::staged_options options;
-      unsigned want = from_cache ? f.config.threads : std::min(f.config.threads, f.config.direct_depth);
-      const std::size_t slot = from_cache ? f.config.cached_slot_bytes : f.config.staging_slot_bytes;
-      std::size_t piece = slot;
-      if (scheduled) {
-        sched.start(nbytes);
-        const engine::io_shape now = sched.shape();
-        want = sched.probing() ? sched.max_shape().depth : now.depth;
-        piece = std::min(now.request_bytes, slot);
-        options.piece_bytes = piece;
-        if (sched.probing()) {
-          options.request_bytes = [&sched] { return sched.shape().request_bytes; };
-          options.min_request_bytes = std::min<std::size_t>(std::size_t{1} << 20, slot);
-          piece = options.min_request_bytes;
-        }
-        options.active_lanes = [&sched] { return sched.shape().depth; };
-        options.on_direct_bytes = [&sched](std::size_t n, std::size_t request) { sched.complete(n, request); };
-      }
-      const auto lanes = static_cast<unsigned>(std::min<std::size_t>(want, gpu::piece_count(offset, nbytes, piece)));
-      gpu::staging_lease lease(device, lanes, f.config.staging_slots, slot);
       const auto far = reinterpret_cast<std::uintptr_t>(buf.data);
-      return write ? gpu::staged_write(file, lease.get(), far, nbytes, offset, options)
-                   : gpu::staged_read(file, lease.get(), far, nbytes, offset, options);
+      return staged(f, write, from_cache, device, offset, nbytes, {}, [&](copier& cp, const staged_options& o) {
+        return write ? gpu::staged_write(file, cp, far, nbytes, offset, o) : gpu::staged_read(file, cp, far, nbytes, offset, o);
+      });
     }
   }
+}
+
+std::size_t device_write_gather(const file_handle& file, std::span<const write_extent> extents,
+                                const gather_options& options) {
+  const file_handle::impl& f = file_access::open_impl(file, "pwrite");
+  std::size_t total = 0;
+  for (const auto& e : extents) total += e.src.nbytes;
+  if (total == 0) return 0;
+  const buffer_view& first = extents.front().src;
+  require_gpu(f, "pwrite", extents.front().offset_bytes, total);
+  const path_decision d = file.plan(first);
+  if (d.path == data_path::gds || d.path == data_path::compat) {
+    // cuFile takes one buffer per call: extent after extent, each with its own schedule.
+    std::size_t done = 0;
+    for (const auto& e : extents) {
+      if (options.cancelled && options.cancelled()) {
+        throw error(errno_code(ECANCELED), "pwrite", f.path.string(), static_cast<std::int64_t>(e.offset_bytes),
+                    e.src.nbytes, "cancelled");
+      }
+      done += gpu::cufile_transfer(f, true, e.src, e.src.nbytes, e.offset_bytes);
+      if (options.progress) options.progress(e.src.nbytes);
+    }
+    return done;
+  }
+  std::vector<gpu::staged_extent> cut;
+  cut.reserve(extents.size());
+  for (const auto& e : extents) cut.push_back({reinterpret_cast<std::uintptr_t>(e.src.data), e.offset_bytes, e.src.nbytes});
+  gpu::staged_options o;
+  o.cancelled = options.cancelled;
+  o.on_bytes = options.progress;
+  const int device = first.device < 0 ? 0 : first.device;
+  return staged(f, true, false, device, cut.front().offset, total, std::move(o), [&](copier& cp, const staged_options& so) {
+    return gpu::staged_write_extents(file, cp, cut, so);
+  });
 }
 
 }  // namespace gpu

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "gdskit/buffer.hpp"
 #include "gdskit/file.hpp"
@@ -14,5 +15,10 @@ namespace gdskit::gpu {
 /// usable, else what the path throws, naming the range.
 std::size_t device_transfer(const file_handle& file, bool write, buffer_view buf, std::size_t nbytes,
                             std::uint64_t offset);
+
+/// Writes every extent (device or managed memory of one device, checked by the caller, sorted by file offset)
+/// as one transfer: one schedule and, on the staged path, one pipeline. Returns the bytes written or throws.
+std::size_t device_write_gather(const file_handle& file, std::span<const write_extent> extents,
+                                const gather_options& options);
 
 }  // namespace gdskit::gpu

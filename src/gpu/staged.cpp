@@ -34,10 +34,14 @@ std::size_t piece_count(std::uint64_t offset, std::size_t nbytes, std::size_t sl
 
 namespace {
 
+bool cancelled(const staged_options& o) {
+  return (o.cancel != nullptr && o.cancel->load()) || (o.cancelled && o.cancelled());
+}
+
 // Shared state of one transfer: the first error wins and stops every lane.
 struct transfer {
-  transfer(const file_handle::impl& f, copier& c, const staged_options& o, std::uint64_t offset, std::size_t nbytes)
-      : file(f), cp(c), options(o), cursor(offset, nbytes) {}
+  transfer(const file_handle::impl& f, copier& c, const staged_options& o, std::vector<engine::transfer_extent> e)
+      : file(f), cp(c), options(o), cursor(std::move(e)) {}
   const file_handle::impl& file;
   copier& cp;
   const staged_options& options;
@@ -66,7 +70,7 @@ struct transfer {
     failed = true;
   }
   bool stopped() const {
-    return failed.load(std::memory_order_relaxed) || (options.cancel != nullptr && options.cancel->load());
+    return failed.load(std::memory_order_relaxed) || cancelled(options);
   }
   void count(std::size_t direct, std::size_t buffered, std::size_t waits) {
     std::lock_guard lock(mutex);
@@ -124,7 +128,7 @@ void write_piece(const file_handle::impl& f, const piece& p, std::byte* slot, bo
 }
 
 void check_cancel(const transfer& t) {
-  if (t.options.cancel != nullptr && t.options.cancel->load()) {
+  if (cancelled(t.options)) {
     throw error(errno_code(ECANCELED), "staged transfer", t.file.path.string(), -1, 0, "cancelled");
   }
 }
@@ -163,7 +167,7 @@ bool lane_active(const transfer& t, unsigned lane) {
   return false;
 }
 
-void read_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t base_offset) {
+void read_lane(transfer& t, unsigned lane) {
   copier& cp = t.cp;
   const unsigned nslots = cp.slots_per_lane();
   std::vector<bool> pending(nslots, false);
@@ -191,11 +195,12 @@ void read_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t bas
         if (got < p.nbytes) t.cursor.ended_short(p, got);
         if (got > 0) {
           const std::size_t at = p.offset % t.file.choice.alignment;
-          cp.to_far(lane, s, at, far + (p.offset - base_offset), got);
+          cp.to_far(lane, s, at, p.far, got);
           pending[s] = true;
         }
         t.count(direct ? got : 0, direct ? 0 : got, waits);
         if (direct && t.options.on_direct_bytes) t.options.on_direct_bytes(got, p.request_bytes);
+        if (t.options.on_bytes) t.options.on_bytes(got);
       } catch (...) {
         t.fail(p.offset);
       }
@@ -206,7 +211,7 @@ void read_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t bas
   drain_lane(t, lane, pending);
 }
 
-void write_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t base_offset) {
+void write_lane(transfer& t, unsigned lane) {
   copier& cp = t.cp;
   const unsigned nslots = cp.slots_per_lane();
   const std::size_t a = t.file.choice.alignment;
@@ -227,7 +232,7 @@ void write_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t ba
     if (!next) return false;
     const piece& p = *next;
     const unsigned s = k++ % nslots;
-    cp.from_far(lane, s, p.offset % a, far + (p.offset - base_offset), p.nbytes);
+    cp.from_far(lane, s, p.offset % a, p.far, p.nbytes);
     pending[s] = true;
     queue.push_back({p, s});
     return true;
@@ -250,6 +255,7 @@ void write_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t ba
         write_piece(t.file, p, cp.slot(lane, cur.slot), direct);
         t.count(direct ? p.nbytes : 0, direct ? 0 : p.nbytes, 0);
         if (direct && t.options.on_direct_bytes) t.options.on_direct_bytes(p.nbytes, p.request_bytes);
+        if (t.options.on_bytes) t.options.on_bytes(p.nbytes);
       } catch (...) {
         t.fail(p.offset);
         break;
@@ -261,12 +267,17 @@ void write_lane(transfer& t, unsigned lane, std::uintptr_t far, std::uint64_t ba
   drain_lane(t, lane, pending);
 }
 
-// More lanes than the transfer has pieces (at the smallest size it may be cut into) would idle.
-unsigned transfer_lanes(const copier& cp, const staged_options& o, std::uint64_t offset, std::size_t nbytes) {
+// The smallest piece a transfer may be cut into.
+std::size_t smallest_piece(const copier& cp, const staged_options& o) {
   std::size_t smallest = cp.slot_bytes();
   if (o.piece_bytes != 0 && o.piece_bytes < smallest && o.piece_bytes % 4096 == 0) smallest = o.piece_bytes;
   if (o.request_bytes && o.min_request_bytes != 0 && o.min_request_bytes < smallest) smallest = o.min_request_bytes;
-  return static_cast<unsigned>(std::min<std::size_t>(cp.lanes(), piece_count(offset, nbytes, smallest)));
+  return smallest;
+}
+
+// More lanes than the transfer has pieces (at the smallest size) would idle.
+unsigned transfer_lanes(const copier& cp, const staged_options&, std::size_t max_pieces) {
+  return static_cast<unsigned>(std::min<std::size_t>(cp.lanes(), max_pieces));
 }
 
 void finish(transfer& t, staged_stats* stats) {
@@ -285,27 +296,43 @@ std::size_t staged_read(const file_handle& file, copier& cp, std::uintptr_t far,
   const std::uint64_t size = f.current_size();
   if (offset >= size) return 0;
   nbytes = static_cast<std::size_t>(std::min<std::uint64_t>(nbytes, size - offset));
-  transfer t(f, cp, options, offset, nbytes);
-  const unsigned lanes = transfer_lanes(cp, options, offset, nbytes);
-  engine::parallel_for(lanes, lanes, [&](std::size_t lane) { read_lane(t, static_cast<unsigned>(lane), far, offset); });
+  transfer t(f, cp, options, {{offset, nbytes, far}});
+  const unsigned lanes = transfer_lanes(cp, options, piece_count(offset, nbytes, smallest_piece(cp, options)));
+  engine::parallel_for(lanes, lanes, [&](std::size_t lane) { read_lane(t, static_cast<unsigned>(lane)); });
   finish(t, stats);
   return t.cursor.moved();
 }
 
 std::size_t staged_write(const file_handle& file, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,
                          const staged_options& options, staged_stats* stats) {
+  const staged_extent one{far, offset, nbytes};
+  return staged_write_extents(file, cp, std::span(&one, 1), options, stats);
+}
+
+std::size_t staged_write_extents(const file_handle& file, copier& cp, std::span<const staged_extent> extents,
+                                 const staged_options& options, staged_stats* stats) {
   const file_handle::impl& f = file_access::open_impl(file, "pwrite");
-  engine::check_file_range("pwrite", f.path.string(), true, offset, nbytes);
-  if (nbytes == 0) return 0;
+  std::vector<engine::transfer_extent> cut;
+  std::size_t total = 0;
+  std::size_t pieces = 0;
+  const std::size_t smallest = smallest_piece(cp, options);
+  for (const staged_extent& e : extents) {
+    engine::check_file_range("pwrite", f.path.string(), true, e.offset, e.nbytes);
+    if (e.nbytes == 0) continue;
+    cut.push_back({e.offset, e.nbytes, e.far});
+    total += e.nbytes;
+    pieces += piece_count(e.offset, e.nbytes, smallest);
+  }
+  if (total == 0) return 0;
   if (f.mode == open_mode::read) {
-    throw error(errno_code(EBADF), "pwrite", f.path.string(), static_cast<std::int64_t>(offset), nbytes,
+    throw error(errno_code(EBADF), "pwrite", f.path.string(), static_cast<std::int64_t>(cut.front().offset), total,
                 "file opened for reading only");
   }
-  transfer t(f, cp, options, offset, nbytes);
-  const unsigned lanes = transfer_lanes(cp, options, offset, nbytes);
-  engine::parallel_for(lanes, lanes, [&](std::size_t lane) { write_lane(t, static_cast<unsigned>(lane), far, offset); });
+  transfer t(f, cp, options, std::move(cut));
+  const unsigned lanes = transfer_lanes(cp, options, pieces);
+  engine::parallel_for(lanes, lanes, [&](std::size_t lane) { write_lane(t, static_cast<unsigned>(lane)); });
   finish(t, stats);
-  return nbytes;
+  return total;
 }
 
 }  // namespace gdskit::gpu

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <span>
 
 #include "gdskit/file.hpp"
 
@@ -44,8 +45,12 @@ struct staged_stats {
 };
 
 struct staged_options {
-  /// Checked between pieces; when set the transfer stops and throws ECANCELED.
+  /// Checked between pieces; when set (or when `cancelled` returns true) the transfer stops and throws
+  /// ECANCELED.
   const std::atomic<bool>* cancel = nullptr;
+  std::function<bool()> cancelled;
+  /// Called with the bytes of each piece when its file I/O finished (any descriptor), for progress.
+  std::function<void(std::size_t)> on_bytes;
   /// Test hook, called before each piece's file I/O with the piece's file offset.
   std::function<void(std::uint64_t)> on_piece;
   /// Bytes per piece (file I/O request); 0 or more than the slot size: the slot size.
@@ -70,6 +75,18 @@ std::size_t piece_count(std::uint64_t offset, std::size_t nbytes, std::size_t sl
 /// has finished (or failed) before it returns or throws.
 std::size_t staged_read(const file_handle& file, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,
                         const staged_options& options = {}, staged_stats* stats = nullptr);
+
+/// One range of a gathered write: `nbytes` from `far` to file offset `offset`.
+struct staged_extent {
+  std::uintptr_t far = 0;
+  std::uint64_t offset = 0;
+  std::size_t nbytes = 0;
+};
+
+/// Writes every extent through one pipeline (one set of lanes, pieces taken extent after extent in the order
+/// given, never spanning two). Returns the bytes written or throws; extents must not overlap.
+std::size_t staged_write_extents(const file_handle& file, copier& cp, std::span<const staged_extent> extents,
+                                 const staged_options& options = {}, staged_stats* stats = nullptr);
 
 /// Writes `nbytes` from `far` to [offset, offset+nbytes) of `file`. Returns nbytes or throws.
 std::size_t staged_write(const file_handle& file, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,

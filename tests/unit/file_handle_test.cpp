@@ -387,6 +387,66 @@ TEST(file_handle, plan_names_the_schedule_of_each_direction_opened) {
   }
 }
 
+// write_gather checks every extent before it writes a byte, then writes them all.
+TEST(file_handle, write_gather_checks_every_extent_first_then_writes_them_all) {
+  temp_dir dir(test::direct_capable_parent());
+  auto before = std::vector<std::uint8_t>(300000, 7);
+  test::write_file(dir / "w", before);
+  file_handle f(dir / "w", open_mode::read_write);
+  std::mt19937_64 rng(5);
+  std::vector<std::vector<std::uint8_t>> src;
+  for (int i = 0; i < 5; ++i) src.push_back(random_bytes(10000 + static_cast<std::size_t>(rng() % 50000), rng()));
+  std::vector<write_extent> ok;
+  std::uint64_t pos = 4097;
+  for (auto& s : src) {
+    ok.push_back({buffer_view::host(s.data(), s.size()), pos});
+    pos += s.size() + 333;
+  }
+  auto refused = [&](std::vector<write_extent> e) {
+    try {
+      f.write_gather(e);
+    } catch (const error& x) {
+      return x.code() == std::errc::invalid_argument;
+    }
+    return false;
+  };
+  auto overlap = ok;
+  overlap[3].offset_bytes = overlap[2].offset_bytes + 1;
+  EXPECT_TRUE(refused(overlap));
+  auto mixed = ok;
+  int fake = 0;
+  mixed[1].src = {&fake, sizeof fake, memory_kind::device, 0};
+  EXPECT_TRUE(refused(mixed));
+  auto past = ok;
+  past[4].offset_bytes = (std::uint64_t{1} << 63) - 10;
+  try {
+    f.write_gather(past);
+    ADD_FAILURE();
+  } catch (const error&) {
+  }
+  EXPECT_EQ(test::read_file(dir / "w"), before);  // nothing written by a refused call
+
+  std::size_t reported = 0;
+  std::reverse(ok.begin(), ok.end());  // any order
+  std::size_t total = 0;
+  for (auto& e : ok) total += e.src.nbytes;
+  EXPECT_EQ(f.write_gather(ok, {.progress = [&](std::size_t n) { reported += n; }}), total);
+  EXPECT_EQ(reported, total);
+  auto want = before;
+  for (auto& e : ok) {
+    if (want.size() < e.offset_bytes + e.src.nbytes) want.resize(e.offset_bytes + e.src.nbytes, 0);
+    std::memcpy(want.data() + e.offset_bytes, e.src.data, e.src.nbytes);
+  }
+  EXPECT_EQ(test::read_file(dir / "w"), want);
+  int calls = 0;
+  try {
+    f.write_gather(ok, {.cancelled = [&] { return ++calls > 2; }});
+    ADD_FAILURE();
+  } catch (const error& x) {
+    EXPECT_EQ(x.code(), std::errc::operation_canceled);
+  }
+}
+
 // An empty handle (default-constructed or moved-from) answers its accessors with empty values and refuses
 // I/O with EBADF; it must never dereference the missing inside.
 TEST(file_handle, empty_handles_have_defined_behaviour) {

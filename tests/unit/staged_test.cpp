@@ -3,6 +3,7 @@
 // produce wrong bytes here.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -231,6 +232,67 @@ TEST_P(staged, request_size_changes_while_the_transfer_runs) {
     ASSERT_EQ(test::read_file(dir / "f"), data);
     EXPECT_EQ(cp.still_pending(), 0u);
   }
+}
+
+// A gathered write: extents of any size and alignment, with gaps and out of order in memory, land byte for
+// byte; pieces never span two extents; every byte is reported once; the rest of the file is untouched.
+TEST_P(staged, gathered_extents_land_byte_for_byte) {
+  temp_dir dir(GetParam() == direct_mode::on ? test::direct_capable_parent() : std::filesystem::path{});
+  const std::size_t size = (3u << 20) + 999;
+  auto mirror = random_bytes(size, 41);
+  test::write_file(dir / "g", mirror);
+  file_handle f(dir / "g", open_mode::read_write, {}, test_settings(GetParam()));
+  std::mt19937_64 rng(42);
+  for (int r = 0; r < 6; ++r) {
+    std::vector<std::vector<std::uint8_t>> sources;
+    std::vector<gpu::staged_extent> extents;
+    for (std::uint64_t pos = rng() % 5000; pos < size;) {
+      const std::size_t n = std::min<std::size_t>(size - pos, 1 + rng() % (r % 2 ? 300000 : 5000));
+      sources.push_back(random_bytes(n, rng()));
+      extents.push_back({reinterpret_cast<std::uintptr_t>(sources.back().data()), pos, n});
+      pos += n + rng() % 9000;  // a gap the write must not touch
+    }
+    std::shuffle(extents.begin(), extents.end(), rng);  // any order in memory
+    std::vector<gpu::staged_extent> sorted = extents;
+    std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+    deferred_copier cp(3, 2, 256 * 1024);
+    gpu::staged_options o;
+    std::atomic<unsigned> asked{0};
+    o.request_bytes = [&] { return std::size_t{64 * 1024} << (asked++ % 3); };
+    std::atomic<std::size_t> reported{0};
+    o.on_bytes = [&](std::size_t n) { reported += n; };
+    std::size_t total = 0;
+    for (const auto& e : sorted) total += e.nbytes;
+    ASSERT_EQ(gpu::staged_write_extents(f, cp, sorted, o), total);
+    EXPECT_EQ(reported.load(), total);
+    EXPECT_EQ(cp.still_pending(), 0u);
+    for (const auto& e : sorted) std::memcpy(mirror.data() + e.offset, reinterpret_cast<const void*>(e.far), e.nbytes);
+    ASSERT_EQ(test::read_file(dir / "g"), mirror);
+  }
+}
+
+TEST(staged_pipeline, gathered_write_cancels_with_ecanceled) {
+  temp_dir dir;
+  file_handle f(dir / "c", open_mode::write, {.create = true}, test_settings(direct_mode::automatic));
+  std::vector<std::vector<std::uint8_t>> sources;
+  std::vector<gpu::staged_extent> extents;
+  for (std::uint64_t i = 0; i < 40; ++i) {
+    sources.push_back(random_bytes(100000, i));
+    extents.push_back({reinterpret_cast<std::uintptr_t>(sources.back().data()), i * 100000, 100000});
+  }
+  std::atomic<int> pieces{0};
+  gpu::staged_options o;
+  o.on_bytes = [&](std::size_t) { ++pieces; };
+  o.cancelled = [&] { return pieces.load() >= 5; };
+  deferred_copier cp(2, 2, 128 * 1024);
+  try {
+    gpu::staged_write_extents(f, cp, extents, o);
+    FAIL();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::errc::operation_canceled);
+  }
+  EXPECT_LT(pieces.load(), 40);
+  EXPECT_EQ(cp.still_pending(), 0u);
 }
 
 // A file shorter than the range: the bytes up to its end, whatever sizes the pieces had.
