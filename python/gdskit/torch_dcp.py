@@ -90,10 +90,13 @@ def _sync_folder(path):
 
 def _write_ranges(path, ranges):
     """Creates (truncates) `path` and writes each (address, nbytes, file offset, device) range through one
-    gdskit file handle; returns the bytes written."""
+    gdskit file handle, one gathered write per device; returns the bytes written."""
     f = _gdskit.FileHandle(path, "w")
     try:
-        return sum(f.write(ptr, n, off, dev) for ptr, n, off, dev in ranges)
+        by_device = {}
+        for r in ranges:
+            by_device.setdefault(r[3], []).append(r)
+        return sum(f.write_gather(rs) for rs in by_device.values())
     finally:
         f.close()
 

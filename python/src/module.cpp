@@ -164,6 +164,15 @@ struct file_object {
     const auto view = view_for(ptr, nbytes, device);
     return Write ? h->write(view, nbytes, offset) : h->read(view, nbytes, offset);
   }
+  // One gathered write of [(ptr, nbytes, offset, device)], with the GIL released.
+  std::size_t write_gather(const std::vector<std::tuple<std::uintptr_t, std::size_t, std::uint64_t, int>>& ranges) const {
+    const auto h = get();
+    py::gil_scoped_release unlocked;
+    std::vector<gdskit::write_extent> extents;
+    extents.reserve(ranges.size());
+    for (const auto& [ptr, nbytes, offset, device] : ranges) extents.push_back({view_for(ptr, nbytes, device), offset});
+    return h->write_gather(extents);
+  }
 };
 
 // Keeps a Python object (the caller's allocation) alive from C++; may be released on any thread.
@@ -468,6 +477,9 @@ PYBIND11_MODULE(_gdskit, m) {
            py::arg("device"), "Reads up to nbytes at offset into memory at ptr (device -1: host); returns the bytes read.")
       .def("write", &file_object::transfer<true>, py::arg("ptr"), py::arg("nbytes"), py::arg("offset"),
            py::arg("device"), "Writes nbytes from memory at ptr (device -1: host) at offset; returns nbytes.")
+      .def("write_gather", &file_object::write_gather, py::arg("ranges"),
+           "Writes every (ptr, nbytes, offset, device) range as one transfer (memory of one kind and device, no "
+           "overlaps); returns the bytes written.")
       .def("plan", [](const file_object& f, int device) { return plan_tuple(*f.get(), device); }, py::arg("device"))
       .def("size", [](const file_object& f) { return f.get()->size(); })
       .def("header", [](const file_object& f) { return header_tuple(st::read_header(*f.get())); },
