@@ -262,7 +262,8 @@ struct save_options {
   /// Replace existing files. Without it an existing file (any shard or the index for a sharded save) is EEXIST
   /// and nothing is written.
   bool overwrite = false;
-  /// Pieces written at once (tensors, or pieces of large tensors), each through file_handle::write.
+  /// Host-memory tensors: pieces written at once (tensors, or pieces of large tensors), each through
+  /// file_handle::write. GPU tensors go out as one gathered write per device and file (file_handle::write_gather).
   unsigned in_flight = 4;
   /// Tensors larger than this are split into pieces of this size (at file offsets that are multiples of it, so
   /// O_DIRECT bodies stay aligned). A multiple of 4 KiB, at least 1 MiB.
