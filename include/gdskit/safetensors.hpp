@@ -265,8 +265,8 @@ struct save_options {
   /// Host-memory tensors: pieces written at once (tensors, or pieces of large tensors), each through
   /// file_handle::write. GPU tensors go out as one gathered write per device and file (file_handle::write_gather).
   unsigned in_flight = 4;
-  /// Tensors larger than this are split into pieces of this size (at file offsets that are multiples of it, so
-  /// O_DIRECT bodies stay aligned). A multiple of 4 KiB, at least 1 MiB.
+  /// Host-memory tensors larger than this are split into pieces of this size (at file offsets that are multiples
+  /// of it, so O_DIRECT bodies stay aligned). A multiple of 4 KiB, at least 1 MiB.
   std::size_t piece_bytes = std::size_t{64} << 20;
   /// Sharded saves: the largest tensor bytes per shard, split the way huggingface_hub splits (in the given
   /// order; a shard is closed when the next tensor would tip it over; a tensor larger than the limit gets a
