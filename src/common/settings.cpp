@@ -57,6 +57,36 @@ std::optional<bool> parse_switch(std::string_view t) noexcept {
   return std::nullopt;
 }
 
+// Throws for the first field out of range. The message names the field, or with `env_names` the GDSKIT_*
+// variable it was read from, so that a bad environment names what the user has to change.
+void check_ranges(const settings& s, bool env_names) {
+  auto fail = [env_names](std::string_view field, std::string_view variable, auto value, std::string_view why) {
+    bad_setting(env_names ? variable : field, fmt::format("{}", value), why);
+  };
+  if (s.threads < 1 || s.threads > 1024) fail("threads", "GDSKIT_THREADS", s.threads, "must be 1..1024");
+  if (s.direct_depth < 1 || s.direct_depth > 1024) {
+    fail("direct_depth", "GDSKIT_DIRECT_DEPTH", s.direct_depth, "must be 1..1024");
+  }
+  // io_uring and pread move at most 2 GiB - 4 KiB per call; 1 GiB keeps every chunk one call.
+  if (s.chunk_bytes < 4096 || s.chunk_bytes % 4096 != 0 || s.chunk_bytes > (std::size_t{1} << 30)) {
+    fail("chunk_bytes", "GDSKIT_CHUNK_BYTES", s.chunk_bytes, "must be a multiple of 4096, at most 1 GiB");
+  }
+  if (s.staging_slots < 2) {
+    fail("staging_slots", "GDSKIT_STAGING_SLOTS", s.staging_slots, "must be at least 2 (reads run ahead of copies)");
+  }
+  struct slot_size {
+    const char* field;
+    const char* variable;
+    std::size_t bytes;
+  };
+  for (const slot_size& v : {slot_size{"staging_slot_bytes", "GDSKIT_STAGING_SLOT_BYTES", s.staging_slot_bytes},
+                             slot_size{"cached_slot_bytes", "GDSKIT_CACHED_SLOT_BYTES", s.cached_slot_bytes}}) {
+    if (v.bytes < 65536 || v.bytes % 4096 != 0 || v.bytes > (std::size_t{1} << 30)) {
+      fail(v.field, v.variable, v.bytes, "must be 64 KiB..1 GiB and a multiple of 4096");
+    }
+  }
+}
+
 }  // namespace
 
 settings settings::from_env() {
@@ -78,25 +108,11 @@ settings settings::from_env() {
   s.direct_depth_set = env("GDSKIT_DIRECT_DEPTH") != nullptr;
   s.chunk_bytes_set = env("GDSKIT_CHUNK_BYTES") != nullptr;
   s.staging_slot_bytes_set = env("GDSKIT_STAGING_SLOT_BYTES") != nullptr;
-  s.validate();
+  check_ranges(s, true);
   return s;
 }
 
-void settings::validate() const {
-  auto fail = [](std::string_view name, auto value, std::string_view why) {
-    bad_setting(name, fmt::format("{}", value), why);
-  };
-  if (threads < 1 || threads > 1024) fail("threads", threads, "must be 1..1024");
-  if (direct_depth < 1 || direct_depth > 1024) fail("direct_depth", direct_depth, "must be 1..1024");
-  // io_uring and pread move at most 2 GiB - 4 KiB per call; 1 GiB keeps every chunk one call.
-  if (chunk_bytes < 4096 || chunk_bytes % 4096 != 0 || chunk_bytes > (std::size_t{1} << 30)) {
-    fail("chunk_bytes", chunk_bytes, "must be a multiple of 4096, at most 1 GiB");
-  }
-  if (staging_slots < 2) fail("staging_slots", staging_slots, "must be at least 2 (reads run ahead of copies)");
-  for (auto [name, v] : {std::pair{"staging_slot_bytes", staging_slot_bytes}, std::pair{"cached_slot_bytes", cached_slot_bytes}}) {
-    if (v < 65536 || v % 4096 != 0 || v > (std::size_t{1} << 30)) fail(name, v, "must be 64 KiB..1 GiB and a multiple of 4096");
-  }
-}
+void settings::validate() const { check_ranges(*this, false); }
 
 settings& default_settings() {
   static settings instance = settings::from_env();
