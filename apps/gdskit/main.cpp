@@ -36,6 +36,8 @@ int exit_code_for(const std::exception& e) {
   switch (se->code().value()) {
     case ENOENT: case ENOTDIR: case EISDIR: case EEXIST: case EACCES: case EPERM: case ENAMETOOLONG: case ELOOP:
     case EINVAL: case EBADMSG:
+    // No usable GPU, or no such GPU, for a GPU run: refused before any I/O, as verify and bench refuse it.
+    case ENODEV:
       return exit_usage;
     default:
       return exit_run_failed;

@@ -23,6 +23,24 @@ GDSKIT_ENGINE=fast expect 2 verify -D "$work" -d cpu --sizes 4K
 GDSKIT_THREADS=lots expect 2 load "$work/data"
 [ "$(ls "$work")" = data ] || fail "refused runs left files: $(ls "$work")"
 
+# A value out of range names the variable the user set, not the field it went into.
+for bad in GDSKIT_THREADS=0 GDSKIT_DIRECT_DEPTH=2000 GDSKIT_CHUNK_BYTES=6K GDSKIT_STAGING_SLOTS=1 \
+           GDSKIT_STAGING_SLOT_BYTES=4K GDSKIT_CACHED_SLOT_BYTES=2G; do
+  err=$(env "$bad" "$gdskit" bench -f "$work/data" -s 4K -i 4K 2>&1 >/dev/null)
+  rc=$?
+  [ $rc -eq 2 ] || fail "$bad: bench exited $rc, want 2: $err"
+  grep -qF "setting ${bad%%=*}=" <<<"$err" || fail "$bad: the message does not name the variable: $err"
+done
+
+# A GPU load where no GPU is usable is refused as bad input (2), as verify and bench refuse it.
+if "$gdskit" version | grep -q '^gpu: no'; then
+  h='{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}'
+  printf "\\x$(printf %02x ${#h})\\0\\0\\0\\0\\0\\0\\0%s\\x2a" "$h" >"$work/one.safetensors"
+  expect 0 load "$work/one.safetensors"
+  expect 2 load "$work/one.safetensors" --device 0
+  rm "$work/one.safetensors"
+fi
+
 # Bad flags are usage errors (2).
 expect 2 bench -f "$work/data" -s 4K -w 0
 expect 2 verify --sizes 0 -d cpu
