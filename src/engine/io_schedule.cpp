@@ -94,7 +94,11 @@ std::string schedule_reason(const settings& config, dev_t device, io_dir dir, io
                        config.adaptive ? "GDSKIT_DIRECT_DEPTH and the request size set" : "GDSKIT_ADAPTIVE=off");
   }
   std::string pins;
-  if (s.limits.depth_fixed) pins += fmt::format("; GDSKIT_DIRECT_DEPTH={} wins", s.fixed.depth);
+  if (s.limits.depth_fixed) {
+    // The value the user set; the workers of GDSKIT_THREADS bound the depth that runs.
+    pins += fmt::format("; GDSKIT_DIRECT_DEPTH={} wins", config.direct_depth);
+    if (s.fixed.depth < config.direct_depth) pins += fmt::format(", held to GDSKIT_THREADS={}", config.threads);
+  }
   if (s.limits.request_fixed) {
     pins += fmt::format("; {}={} wins", client == io_client::staged ? "GDSKIT_STAGING_SLOT_BYTES" : "GDSKIT_CHUNK_BYTES",
                         s.fixed.request_bytes);
