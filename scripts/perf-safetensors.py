@@ -11,7 +11,7 @@ each loader warm (file in the page cache, best of --runs) and cold (page cache d
 posix_fadvise(DONTNEED) before every run; dropping needs no root, but a file system that ignores it makes "cold"
 warm: check the printed cached fraction). Every loader's result is checked against safetensors' bytes once.
 If --cli is given, `gdskit bench`-style ceiling: `gdskit load --json` on the same file (host and GPU).
-Prints a table of seconds, GiB/s and ratios gdskit/other; the issue's targets are >= 5x over load_file warm,
+Prints a table of seconds, GiB/s and ratios gdskit/other; the targets are >= 5x over load_file warm,
 and >= 0.85 of gdskit's own warm read rate for the same bytes. Copy the table into docs/performance.md with the
 command, the machine and the date.
 """

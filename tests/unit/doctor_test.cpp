@@ -1,4 +1,4 @@
-// The doctor on fixture roots: each field-log state, hostile files, the real H200 capture, JSON golden
+// The doctor on fixture roots: each system state of the fixtures, hostile files, the real H200 capture, JSON golden
 // output and the capture round trip.
 #include <gtest/gtest.h>
 
