@@ -104,7 +104,7 @@ struct slice_spec {
 
 /// What to load and where.
 struct load_options {
-  /// -1: host memory; >= 0: the CUDA device ordinal (one device_buffer holds every tensor).
+  /// -1: host memory; >= 0: the CUDA device ordinal (one device_buffer per shard holds its tensors).
   int device = -1;
   /// Names to load. An entry matches a tensor with exactly that name; an entry ending in '.' or '*' matches
   /// every name that starts with it (the '*' removed). Empty: every tensor. An entry that matches nothing
@@ -121,14 +121,21 @@ struct load_options {
   /// One pipeline across every shard: the reads of all files are cut into segments of this size (at absolute
   /// file offsets, a multiple of 4 KiB) and `pipeline_depth` segments are in flight at any time, so the next
   /// segment (of the same file or the next one) is already reading while the last requests of the current one
-  /// finish: the engine's queue does not drain at a file boundary.
+  /// finish: the engine's queue does not drain at a file boundary. The load streams: the first shard's reads
+  /// start as soon as its header is parsed and its memory allocated, and each later header is read, parsed
+  /// and allocated for on the calling thread while earlier shards' segments read.
   std::size_t pipeline_segment_bytes = std::size_t{256} << 20;
   unsigned pipeline_depth = 2;
   /// Settings for opening the files.
   settings config = default_settings();
-  /// Where the one allocation comes from. Empty: the loader allocates it (host memory or cuMemAlloc) and the
-  /// model owns it. Set: called once with the byte count, it returns memory of at least that size on
-  /// `device` (e.g. from a framework's caching allocator); the caller keeps it alive as long as the tensors.
+  /// Where the allocations come from: one per shard that has selected tensors (one for a single file), or
+  /// one of a byte when nothing is selected. Empty: the loader allocates them (host memory or cuMemAlloc)
+  /// and the model owns them. Set: called once per such shard, in file order, on the thread that called
+  /// load(), with that shard's byte count, it returns memory of at least that size on `device` (e.g. from a
+  /// framework's caching allocator); the caller keeps it alive as long as the tensors. Earlier shards'
+  /// segments may be reading while it runs; after a failed read it is still called for the remaining shards
+  /// (so which error load() reports does not depend on timing). Once load() has thrown, nothing writes to
+  /// the memory it returned.
   std::function<buffer_view(std::uint64_t nbytes)> allocate;
 };
 
@@ -150,15 +157,22 @@ struct load_stats {
   std::size_t read_requests = 0;
   std::size_t segments = 0;                ///< pipeline segments read (see load_options::pipeline_segment_bytes)
   unsigned peak_segments_in_flight = 0;    ///< most segments reading at once
-  double seconds = 0;              ///< wall time of the reads (header parsing and allocation excluded)
-  double header_seconds = 0;       ///< wall time spent reading and parsing headers
-  double alloc_seconds = 0;        ///< wall time spent obtaining the allocation
+  /// Wall time from the first data read to the last. Later shards' headers and allocations happen during it
+  /// (overlapped_seconds), the first shard's before it (first_read_seconds).
+  double seconds = 0;
+  double header_seconds = 0;       ///< wall time spent reading and parsing the index and headers, and selecting
+  double alloc_seconds = 0;        ///< wall time spent obtaining the allocations
+  /// Of header_seconds + alloc_seconds, the part spent while data reads of earlier shards were queued or in
+  /// flight: header work that streaming hid behind reads.
+  double overlapped_seconds = 0;
+  double first_read_seconds = 0;   ///< from the start of the load to its first data read (0: nothing read)
+  std::size_t allocations = 0;     ///< allocations the tensors view (see load_options::allocate)
   path_decision path;              ///< the planner's path for the destination memory
   double gib_per_s() const noexcept { return seconds > 0 ? static_cast<double>(tensor_bytes) / seconds / 1073741824.0 : 0; }
 };
 
-/// The result of load(): owns one allocation (host or GPU) that every tensor views. Move-only; the views are
-/// valid while it lives.
+/// The result of load(): owns the allocations (host or GPU; one per shard with selected tensors) that the
+/// tensors view. Move-only; the views are valid while it lives.
 class model {
  public:
   model() noexcept;
@@ -172,8 +186,10 @@ class model {
   /// "__metadata__" of the file (of the first shard for a sharded checkpoint).
   const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
   const load_stats& stats() const noexcept { return stats_; }
-  /// The allocation every tensor views.
+  /// The first allocation: the one every tensor views when the load read one file.
   buffer_view storage() const noexcept;
+  /// Every allocation, in file order (each tensor views one of them).
+  std::vector<buffer_view> allocations() const;
   /// Copies a tensor's bytes to host memory (from the GPU when it lives there).
   std::vector<std::uint8_t> to_host(const loaded_tensor& t) const;
   /// sha256 of a tensor's raw bytes as 64 hex digits.
@@ -189,17 +205,20 @@ class model {
   load_stats stats_;
 
  public:
-  /// Shared ownership of the allocation, for bindings that hand views to other runtimes (DLPack).
+  /// Shared ownership of the allocations, for bindings that hand views to other runtimes (DLPack).
   std::shared_ptr<void> keep_alive() const noexcept { return std::static_pointer_cast<void>(storage_); }
 };
 
 /// Loads a .safetensors file, a sharded checkpoint's index (*.safetensors.index.json, "weight_map"), or a
 /// folder (its model.safetensors.index.json if present, else every *.safetensors in it). Adjacent selected
-/// tensors are read in one request; every tensor is a view into one allocation on options.device.
+/// tensors are read in one request; every tensor is a view into its shard's allocation on options.device.
 /// Throws gdskit::error: EBADMSG for malformed headers or indexes (and a tensor name present in two shards),
 /// EINVAL for bad options (an `only` entry that matches nothing, a slice with rank >= world or world 0, a slice
 /// of a packed dtype that does not fall on byte boundaries), ENOENT when nothing loadable is found, and I/O,
-/// CUDA or allocation errors from the engine.
+/// CUDA or allocation errors from the engine. Which error: the first shard (in load order) whose open, header
+/// or selection fails; else an unmatched `only` entry; else a failed allocation; else the first failing read
+/// (by shard and offset). Reads already running when an error is found finish before load() throws; none are
+/// left running.
 model load(const std::filesystem::path& path, const load_options& options = {});
 
 /// The files a path stands for (see load()), in load order, each with the names the index assigns to it

@@ -16,6 +16,7 @@ and an OSError with errno EBADMSG) for a malformed file, ValueError/TypeError fo
 
 from __future__ import annotations
 
+import bisect
 import os
 
 from . import _gdskit
@@ -42,6 +43,18 @@ def _torch():
     return torch
 
 
+def _torch_views(torch, storages, tensors):
+    """{name: torch tensor} for the gdskit Tensors of a load into `storages` (the uint8 tensors it wrote into,
+    one per shard): each views the storage its bytes lie in."""
+    spans = sorted(storages, key=lambda s: s.data_ptr())
+    bases = [s.data_ptr() for s in spans]
+    out = {}
+    for name, t in tensors.items():
+        i = max(bisect.bisect_right(bases, t.data_ptr) - 1, 0)
+        out[name] = _torch_view(torch, spans[i], bases[i], t)
+    return out
+
+
 def _torch_view(torch, storage, base: int, t: Tensor):
     """t as a torch tensor viewing `storage` (the uint8 tensor the load wrote into), with the dtype and shape
     load_file gives."""
@@ -60,8 +73,9 @@ def load_safetensors_raw(path, device="cpu", *, only=None, rank=None, world=None
                          allocate=None):
     """Loads like load_safetensors but returns gdskit.Tensor objects (DLPack exporters) and the stats dict.
     Works without torch or numpy: each Tensor has .dtype, .shape, .nbytes, .tobytes() (host) and __dlpack__.
-    allocate(nbytes), if given, returns the one allocation: a contiguous torch tensor or numpy array of at least
-    nbytes bytes on `device` (checked; the tensors keep it alive)."""
+    allocate(nbytes), if given, returns an allocation: a contiguous torch tensor or numpy array of at least
+    nbytes bytes on `device` (checked; the tensors keep it alive). It is called once per shard that has selected
+    tensors (once for a single file), in file order, on the calling thread."""
     index = _parse_device(device)
     only = _names(only)
     callback = None if allocate is None else _checked_allocate(allocate, index)
@@ -117,12 +131,12 @@ def _count(value, what):
 
 def load_safetensors(path, device="cpu", *, only=None, rank=None, world=None, split_dim: int = 0,
                      framework: str = "auto", group=None, **distributed):
-    """Loads a .safetensors file, a *.safetensors.index.json or a folder into one allocation on `device`
-    ("cpu", "cuda", "cuda:N", N or a torch.device) and returns {name: tensor} in file order.
+    """Loads a .safetensors file, a *.safetensors.index.json or a folder onto `device` ("cpu", "cuda", "cuda:N",
+    N or a torch.device), one allocation per shard, and returns {name: tensor} in file order.
 
     only: names, or prefixes ending in '.' or '*'. rank/world/split_dim: this rank's slice (numpy.array_split
     rule) of every tensor with more than split_dim dimensions. framework: "torch", "numpy", "dlpack" (gdskit.Tensor
-    objects) or "auto" (torch if importable, else numpy for cpu, else dlpack). The allocation is freed when the
+    objects) or "auto" (torch if importable, else numpy for cpu, else dlpack). An allocation is freed when the
     last tensor that views it is gone. Statistics of the load: gdskit.last_stats().
     """
     global _last_stats
@@ -143,8 +157,8 @@ def load_safetensors(path, device="cpu", *, only=None, rank=None, world=None, sp
     if framework not in ("torch", "numpy", "dlpack"):
         raise ValueError(f"framework must be auto, torch, numpy or dlpack, not {framework!r}")
     if framework == "torch":
-        # The allocation comes from torch (its caching allocator on a GPU: no cuMemAlloc per load when torch
-        # has the memory cached), and the tensors are ordinary views of one uint8 tensor.
+        # The allocations come from torch (its caching allocator on a GPU: no cuMemAlloc per load when torch
+        # has the memory cached), one uint8 tensor per shard, and the tensors are ordinary views of them.
         torch = _torch()
         if torch is None:
             raise ImportError("framework='torch' needs torch")
@@ -157,8 +171,7 @@ def load_safetensors(path, device="cpu", *, only=None, rank=None, world=None, sp
         tensors, stats = load_safetensors_raw(path, _device_name(index), only=only, rank=rank, world=world, split_dim=split_dim,
                                               allocate=allocate)
         _last_stats = stats
-        base = storage[0].data_ptr()
-        return {k: _torch_view(torch, storage[0], base, v) for k, v in tensors.items()}
+        return _torch_views(torch, storage, tensors)
     if framework == "numpy" and index >= 0:
         raise ValueError("framework='numpy' gives numpy arrays, which live on the CPU: use device='cpu'")
     tensors, stats = load_safetensors_raw(path, _device_name(index), only=only, rank=rank, world=world, split_dim=split_dim)

@@ -375,15 +375,16 @@ PYBIND11_MODULE(_gdskit, m) {
         if (coalesce_gap_bytes) o.coalesce_gap_bytes = *coalesce_gap_bytes;
         o.only = std::move(only);
         if (rank || world) o.slice = st::slice_spec{rank.value_or(0), world.value_or(1), split_dim};
-        std::shared_ptr<py_owner> owner_object;
+        auto owners = std::make_shared<std::vector<std::shared_ptr<py_owner>>>();
         if (!allocate.is_none()) {
           // The caller's allocator (torch's caching allocator, say) returns (address, nbytes, owner) for at least
           // n bytes on the device; the loader checks the size and the device, and the exported tensors keep
-          // `owner` alive.
-          o.allocate = [allocate, dev = o.device, &owner_object](std::uint64_t n) {
+          // every `owner` alive. st::load calls it once per shard on the thread that called st::load, which
+          // released the GIL around it: each call takes the GIL back.
+          o.allocate = [allocate, dev = o.device, owners](std::uint64_t n) {
             py::gil_scoped_acquire locked;
             py::tuple r = allocate(n);
-            owner_object = std::make_shared<py_owner>(py::object(r[2]));
+            owners->push_back(std::make_shared<py_owner>(py::object(r[2])));
             return view_for(r[0].cast<std::uintptr_t>(), r[1].cast<std::size_t>(), dev);
           };
         }
@@ -395,9 +396,12 @@ PYBIND11_MODULE(_gdskit, m) {
         }
         const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         std::shared_ptr<void> keep = model.keep_alive();
-        if (owner_object) keep = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<py_owner>>>(keep, owner_object);
+        if (!owners->empty()) {
+          using both = std::pair<std::shared_ptr<void>, std::shared_ptr<std::vector<std::shared_ptr<py_owner>>>>;
+          keep = std::make_shared<both>(keep, owners);
+        }
         auto owner = std::make_shared<st::model>(std::move(model));
-        // The allocation lives as long as any exported tensor: the model's shared storage is held by each.
+        // The allocations live as long as any exported tensor: the model's shared storage is held by each.
         py::dict tensors;
         for (const auto& t : owner->tensors()) {
           tensor_handle h;
@@ -419,6 +423,9 @@ PYBIND11_MODULE(_gdskit, m) {
         stats["seconds"] = s.seconds;
         stats["header_seconds"] = s.header_seconds;
         stats["alloc_seconds"] = s.alloc_seconds;
+        stats["overlapped_seconds"] = s.overlapped_seconds;
+        stats["first_read_seconds"] = s.first_read_seconds;
+        stats["allocations"] = s.allocations;
         stats["load_seconds"] = load_seconds;  // all of st::load: headers, plan, allocation, reads
         stats["gib_per_s"] = s.gib_per_s();
         stats["tensor_bytes"] = s.tensor_bytes;
@@ -434,7 +441,8 @@ PYBIND11_MODULE(_gdskit, m) {
       py::arg("rank") = py::none(), py::arg("world") = py::none(), py::arg("split_dim") = 0,
       py::arg("allocate") = py::none(), py::arg("coalesce_gap_bytes") = py::none(),
       "Loads a safetensors file, index or folder onto device (-1: host, N: cuda:N): returns ({name: Tensor}, "
-      "stats). allocate(nbytes) -> (address, nbytes, owner), if given, supplies the one allocation. "
+      "stats). allocate(nbytes) -> (address, nbytes, owner), if given, supplies the allocations: one per shard "
+      "with selected tensors, called in file order on the calling thread. "
       "coalesce_gap_bytes: the largest gap between selected tensors read in one request (0: only their bytes).");
 
   m.def(

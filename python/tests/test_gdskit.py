@@ -152,6 +152,69 @@ def test_torch_cpu():
     return None
 
 
+def _tmp_checkpoint(d, nfiles=3):
+    """A checkpoint of `nfiles` shards with an index; returns its folder and {name: (dtype, shape, bytes)}."""
+    weight_map, want = {}, {}
+    for f in range(nfiles):
+        name = f"model-{f + 1:05d}-of-{nfiles:05d}.safetensors"
+        tensors = {f"s{f}.w": ("U8", (3, 1001 + f), os.urandom(3 * (1001 + f))),
+                   f"s{f}.b": ("F32", (5,), os.urandom(20))}
+        write_st(os.path.join(d, name), tensors)
+        for k in tensors:
+            weight_map[k] = name
+        want.update(tensors)
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump({"weight_map": weight_map}, f)
+    return d, want
+
+
+def test_sharded_load_allocates_once_per_shard_on_the_calling_thread():
+    try:
+        import numpy as np
+    except ImportError:
+        return "skip: numpy not installed"
+    import threading
+    with tempfile.TemporaryDirectory() as d:
+        folder, want = _tmp_checkpoint(d)
+        calls = []
+
+        def allocate(n):
+            calls.append((n, threading.get_ident()))
+            return np.zeros(n, dtype=np.uint8)
+
+        tensors, stats = gdskit.load_safetensors_raw(folder, allocate=allocate)
+        assert len(calls) == 3, calls
+        assert all(t == threading.get_ident() for _, t in calls), calls
+        assert stats["allocations"] == 3 and stats["files"] == 3, stats
+        assert 0 <= stats["overlapped_seconds"] <= stats["header_seconds"] + stats["alloc_seconds"], stats
+        assert stats["first_read_seconds"] > 0, stats
+        import gc
+        gc.collect()  # the arrays live on in the tensors
+        for k, (dtype, shape, raw) in want.items():
+            assert tensors[k].tobytes() == raw, k
+        # Only some shards: the others get no allocation.
+        calls.clear()
+        tensors, stats = gdskit.load_safetensors_raw(folder, only=["s0.", "s2.b"], allocate=allocate)
+        assert len(calls) == 2 and sorted(tensors) == ["s0.b", "s0.w", "s2.b"], (calls, sorted(tensors))
+        assert tensors["s2.b"].tobytes() == want["s2.b"][2]
+
+
+def test_torch_sharded_checkpoint():
+    try:
+        import torch
+    except ImportError:
+        return "skip: torch not installed"
+    with tempfile.TemporaryDirectory() as d:
+        folder, want = _tmp_checkpoint(d)
+        t = gdskit.load_safetensors(folder, device="cpu", framework="torch")
+        assert gdskit.last_stats()["allocations"] == 3
+        assert list(t) == [k for k in want], list(t)
+        for k, (dtype, shape, raw) in want.items():
+            assert tuple(t[k].shape) == shape, k
+            assert t[k].contiguous().view(torch.uint8).numpy().tobytes() == raw, k
+    return None
+
+
 # ---- the safetensors library's API, against files and answers of the real library ----
 
 GOLDEN = os.environ.get("GDSKIT_GOLDEN_DIR") or os.path.join(

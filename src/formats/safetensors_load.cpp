@@ -4,13 +4,18 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
-#include <atomic>
+#include <deque>
+#include <exception>
 #include <mutex>
 #include <new>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string_view>
+#include <system_error>
+#include <thread>
 #include <unordered_map>
 
 #include "formats/safetensors_open.hpp"
@@ -18,7 +23,6 @@
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
 #include "gdskit/safetensors.hpp"
-#include "engine/thread_pool.hpp"
 
 namespace gdskit::safetensors {
 
@@ -94,17 +98,15 @@ std::vector<shard> read_index(const std::filesystem::path& index) {
   return out;
 }
 
-// Where one selected tensor goes and which bytes of the file it needs.
+// Where one selected tensor goes and which bytes of its file it needs.
 struct item {
   const tensor_info* info = nullptr;
-  std::size_t file_index = 0;
   slice_plan plan;
   std::uint64_t alloc_offset = 0;
 };
 
 // A run of contiguous (single-segment) items of one file, read with one request.
 struct run {
-  std::size_t file_index = 0;
   std::uint64_t file_begin = 0;
   std::uint64_t file_end = 0;
   std::uint64_t alloc_offset = 0;
@@ -151,9 +153,13 @@ struct model::storage_impl {
   struct host_free {
     void operator()(std::byte* p) const noexcept { ::operator delete[](p, std::align_val_t{k_host_alignment}); }
   };
-  std::unique_ptr<std::byte[], host_free> host;
-  device_buffer device;
-  buffer_view view;
+  // The loader's own memory (host or GPU), or only a view of the caller's.
+  struct allocation {
+    std::unique_ptr<std::byte[], host_free> host;
+    device_buffer device;
+    buffer_view view;
+  };
+  std::vector<allocation> allocations;  // in file order, one per shard with selected tensors
 };
 
 model::model() noexcept = default;
@@ -168,7 +174,17 @@ const loaded_tensor* model::find(std::string_view name) const noexcept {
   return nullptr;
 }
 
-buffer_view model::storage() const noexcept { return storage_ ? storage_->view : buffer_view{}; }
+buffer_view model::storage() const noexcept {
+  return storage_ && !storage_->allocations.empty() ? storage_->allocations.front().view : buffer_view{};
+}
+
+std::vector<buffer_view> model::allocations() const {
+  std::vector<buffer_view> out;
+  if (storage_) {
+    for (const auto& a : storage_->allocations) out.push_back(a.view);
+  }
+  return out;
+}
 
 std::vector<std::uint8_t> model::to_host(const loaded_tensor& t) const {
   std::vector<std::uint8_t> out(t.data.nbytes);
@@ -226,214 +242,436 @@ std::vector<shard> resolve_shards(const std::filesystem::path& path) {
 
 namespace {
 
-struct segment {
-  std::size_t file_index;
-  std::uint64_t file_offset;
-  std::uint64_t nbytes;
-  std::uint64_t alloc_offset;
-};
+using steady_clock = std::chrono::steady_clock;
 
-// The runs of every shard as one stream of segments, `pipeline_depth` of them reading at once: while one
-// segment's last requests drain, the next one's (in the same file or the next) are already issued. Segments
-// end at absolute multiples of the segment size, so each keeps its run's congruence of memory and file offset
-// modulo 4 KiB and the O_DIRECT engine still reads straight into place. The first error (lowest segment)
-// wins and stops the rest.
-void read_pipelined(const std::vector<file_handle>& files, const std::vector<run>& runs, buffer_view view,
-                    const load_options& options, load_stats& stats) {
-  const std::size_t seg_bytes =
-      std::max<std::size_t>(options.pipeline_segment_bytes / k_host_alignment * k_host_alignment, k_host_alignment);
-  std::vector<segment> segs;
-  for (const auto& r : runs) {
-    if (r.file_end == r.file_begin) continue;
-    for (std::uint64_t pos = r.file_begin; pos < r.file_end;) {
-      const std::uint64_t stop = std::min<std::uint64_t>(r.file_end, pos / seg_bytes * seg_bytes + seg_bytes);
-      segs.push_back({r.file_index, pos, stop - pos, r.alloc_offset + (pos - r.file_begin)});
-      pos = stop;
-    }
-    stats.bytes_read += r.file_end - r.file_begin;
-    ++stats.read_requests;
-  }
-  stats.segments = segs.size();
-  const unsigned depth = static_cast<unsigned>(std::clamp<std::size_t>(options.pipeline_depth, 1, std::max<std::size_t>(segs.size(), 1)));
-  std::atomic<std::size_t> next{0};
-  std::atomic<unsigned> in_flight{0};
-  std::atomic<unsigned> peak{0};
-  std::atomic<bool> failed{false};
-  std::mutex mutex;
-  std::exception_ptr first;
-  std::size_t first_index = SIZE_MAX;
-  engine::parallel_for(depth, depth, [&](std::size_t) {
-    for (std::size_t i = next++; i < segs.size() && !failed.load(); i = next++) {
-      const segment& sg = segs[i];
-      const unsigned now = ++in_flight;
-      for (unsigned p = peak.load(); now > p && !peak.compare_exchange_weak(p, now);) {
-      }
-      try {
-        files[sg.file_index].read_exact(view.sub(sg.alloc_offset, sg.nbytes), sg.nbytes, sg.file_offset);
-      } catch (...) {
-        std::lock_guard lock(mutex);
-        if (i < first_index) {
-          first = std::current_exception();
-          first_index = i;
-        }
-        failed = true;
-      }
-      --in_flight;
-    }
-  });
-  stats.peak_segments_in_flight = peak.load();
-  if (first) std::rethrow_exception(first);
-}
+// Which tensors the load takes, decided shard by shard as each header arrives. A name taken from an earlier
+// shard is refused before any of the later shard's tensors are allocated or read.
+class selection {
+ public:
+  explicit selection(const std::vector<std::string>& only) : only_(only), used_(only.size(), false) {}
 
-}  // namespace
-
-model load(const std::filesystem::path& path, const load_options& options) {
-  const auto t_headers = std::chrono::steady_clock::now();
-  const auto shards = resolve_shards(path);
-  std::vector<file_handle> files;
-  std::vector<header> headers;
-  files.reserve(shards.size());
-  headers.reserve(shards.size());
-  for (const auto& s : shards) {
-    files.push_back(open_file(s.file, options.config));
-    headers.push_back(read_header(files.back()));
-  }
-
-  // Select tensors: the index's names per shard, filtered by `only`.
-  std::vector<item> items;
-  std::set<std::string> seen;
-  std::vector<bool> only_used(options.only.size(), false);
-  auto wanted = [&](const std::string& name) {
-    if (options.only.empty()) return true;
-    bool any = false;
-    for (std::size_t i = 0; i < options.only.size(); ++i) {
-      if (matches(options.only[i], name)) any = only_used[i] = true;
-    }
-    return any;
-  };
-  for (std::size_t fi = 0; fi < shards.size(); ++fi) {
-    const auto& h = headers[fi];
-    std::vector<const tensor_info*> chosen;
-    if (shards[fi].names.empty()) {
-      for (const auto& t : h.tensors) chosen.push_back(&t);
+  // The tensors of `h` to load: those the index assigns to the shard (every tensor without an index) that the
+  // `only` entries take. Throws EBADMSG when the index names a tensor the header lacks, or for a name that an
+  // earlier shard already gave.
+  std::vector<const tensor_info*> choose(const shard& s, const header& h) {
+    std::vector<const tensor_info*> listed;
+    if (s.names.empty()) {
+      for (const auto& t : h.tensors) listed.push_back(&t);
     } else {
       // header::find is a linear scan; an index names every tensor, so look names up through a map.
       std::unordered_map<std::string_view, const tensor_info*> by_name;
       by_name.reserve(h.tensors.size());
       for (const auto& t : h.tensors) by_name.emplace(t.name, &t);
-      for (const auto& name : shards[fi].names) {
+      for (const auto& name : s.names) {
         const auto found = by_name.find(name);
-        const tensor_info* t = found == by_name.end() ? nullptr : found->second;
-        if (t == nullptr) {
-          throw error(errno_code(EBADMSG), "safetensors index", shards[fi].file.string(), -1, 0,
-                      fmt::format("the index assigns \"{}\" to this file but its header lacks it", printable_name(name)));
+        if (found == by_name.end()) {
+          throw error(
+              errno_code(EBADMSG), "safetensors index", s.file.string(), -1, 0,
+              fmt::format("the index assigns \"{}\" to this file but its header lacks it", printable_name(name)));
         }
-        chosen.push_back(t);
+        listed.push_back(found->second);
       }
     }
-    for (const auto* t : chosen) {
+    std::vector<const tensor_info*> chosen;
+    for (const auto* t : listed) {
       if (!wanted(t->name)) continue;
-      if (!seen.insert(t->name).second) {
-        throw error(errno_code(EBADMSG), "safetensors load", shards[fi].file.string(), -1, 0,
+      if (!seen_.insert(t->name).second) {
+        throw error(errno_code(EBADMSG), "safetensors load", s.file.string(), -1, 0,
                     fmt::format("tensor \"{}\" appears in more than one file", printable_name(t->name)));
       }
-      items.push_back({t, fi, plan_slice(*t, options.slice), 0});
+      chosen.push_back(t);
+    }
+    return chosen;
+  }
+
+  // Throws EINVAL for an `only` entry that matched no tensor of any shard.
+  void check_every_entry_matched(const std::filesystem::path& path) const {
+    for (std::size_t i = 0; i < only_.size(); ++i) {
+      if (!used_[i]) invalid(fmt::format("no tensor matches \"{}\" in {}", only_[i], path.string()));
     }
   }
-  for (std::size_t i = 0; i < options.only.size(); ++i) {
-    if (!only_used[i]) invalid(fmt::format("no tensor matches \"{}\" in {}", options.only[i], path.string()));
-  }
-  const double header_seconds = seconds_since(t_headers);
 
-  // Layout: contiguous items of one file merge into runs; each run starts at an address congruent to its file
-  // offset modulo 4 KiB, so the O_DIRECT engine can read the aligned middle straight into place.
-  std::sort(items.begin(), items.end(), [](const item& a, const item& b) {
-    if (a.file_index != b.file_index) return a.file_index < b.file_index;
-    return a.info->file_offset_bytes + a.plan.first_offset < b.info->file_offset_bytes + b.plan.first_offset;
-  });
+ private:
+  bool wanted(const std::string& name) {
+    if (only_.empty()) return true;
+    bool any = false;
+    for (std::size_t i = 0; i < only_.size(); ++i) {
+      if (matches(only_[i], name)) any = used_[i] = true;
+    }
+    return any;
+  }
+
+  const std::vector<std::string>& only_;
+  std::vector<bool> used_;
+  std::set<std::string> seen_;
+};
+
+// One shard as the load streams it: its file and header, the tensors taken from it, and its allocation.
+struct shard_load {
+  file_handle file;
+  header head;
+  std::vector<item> items;
   std::vector<run> runs;
   std::vector<item*> strided;
-  std::uint64_t cursor = 0;
-  for (auto& it : items) {
+  std::uint64_t nbytes = 0;  // what its allocation must hold
+  buffer_view view;
+};
+
+// Contiguous items merge into runs; each run starts at an address congruent to its file offset modulo 4 KiB,
+// so the O_DIRECT engine can read the aligned middle straight into place. Strided slices follow the runs.
+void lay_out(shard_load& s, std::uint64_t coalesce_gap_bytes) {
+  std::sort(s.items.begin(), s.items.end(), [](const item& a, const item& b) {
+    return a.info->file_offset_bytes + a.plan.first_offset < b.info->file_offset_bytes + b.plan.first_offset;
+  });
+  for (auto& it : s.items) {
     if (it.plan.segments > 1) {
-      strided.push_back(&it);
+      s.strided.push_back(&it);
       continue;
     }
     const std::uint64_t b = it.info->file_offset_bytes + it.plan.first_offset;
     const std::uint64_t e = b + it.plan.segment_bytes;
-    if (!runs.empty() && runs.back().file_index == it.file_index && b >= runs.back().file_end &&
-        b - runs.back().file_end <= options.coalesce_gap_bytes) {
-      runs.back().file_end = std::max(runs.back().file_end, e);
-    } else if (!runs.empty() && runs.back().file_index == it.file_index && b < runs.back().file_end) {
-      runs.back().file_end = std::max(runs.back().file_end, e);  // empty tensors sitting inside a run
+    if (!s.runs.empty() && b >= s.runs.back().file_end && b - s.runs.back().file_end <= coalesce_gap_bytes) {
+      s.runs.back().file_end = std::max(s.runs.back().file_end, e);
+    } else if (!s.runs.empty() && b < s.runs.back().file_end) {
+      s.runs.back().file_end = std::max(s.runs.back().file_end, e);  // empty tensors sitting inside a run
     } else {
-      runs.push_back({it.file_index, b, e, 0, {}});
+      s.runs.push_back({b, e, 0, {}});
     }
-    runs.back().items.push_back(&it);
+    s.runs.back().items.push_back(&it);
   }
-  for (auto& r : runs) {
+  std::uint64_t cursor = 0;
+  for (auto& r : s.runs) {
     r.alloc_offset = align_up(cursor, k_host_alignment) + r.file_begin % k_host_alignment;
     for (auto* it : r.items) {
       it->alloc_offset = r.alloc_offset + (it->info->file_offset_bytes + it->plan.first_offset - r.file_begin);
     }
     cursor = r.alloc_offset + (r.file_end - r.file_begin);
   }
-  for (auto* it : strided) {
+  for (auto* it : s.strided) {
     it->alloc_offset = align_up(cursor, 256);
     cursor = it->alloc_offset + it->plan.nbytes();
   }
-  const std::uint64_t total = std::max<std::uint64_t>(cursor, 1);
+  s.nbytes = std::max<std::uint64_t>(cursor, 1);
+}
 
+// Opens a shard, reads and checks its header, selects its tensors and lays them out. Throws what open_file,
+// read_header, plan_slice and selection::choose throw.
+void prepare(shard_load& s, const shard& sh, const load_options& options, selection& select) {
+  s.file = open_file(sh.file, options.config);
+  s.head = read_header(s.file);
+  for (const auto* t : select.choose(sh, s.head)) s.items.push_back({t, plan_slice(*t, options.slice), 0});
+  lay_out(s, options.coalesce_gap_bytes);
+}
+
+// A piece of a run: `nbytes` at `file_offset` of `file` into `dst`.
+struct segment {
+  const file_handle* file = nullptr;
+  std::uint64_t file_offset = 0;
+  std::size_t nbytes = 0;
+  buffer_view dst;
+};
+
+// The runs of a shard cut into segments that end at absolute multiples of `seg_bytes`, so each keeps its run's
+// congruence of memory and file offset modulo 4 KiB and the O_DIRECT engine still reads straight into place.
+std::vector<segment> cut_segments(const shard_load& s, std::size_t seg_bytes, load_stats& stats) {
+  std::vector<segment> segs;
+  for (const auto& r : s.runs) {
+    if (r.file_end == r.file_begin) continue;
+    for (std::uint64_t pos = r.file_begin; pos < r.file_end;) {
+      const std::uint64_t stop = std::min<std::uint64_t>(r.file_end, pos / seg_bytes * seg_bytes + seg_bytes);
+      const auto n = static_cast<std::size_t>(stop - pos);
+      segs.push_back({&s.file, pos, n, s.view.sub(r.alloc_offset + (pos - r.file_begin), n)});
+      pos = stop;
+    }
+    stats.bytes_read += r.file_end - r.file_begin;
+    ++stats.read_requests;
+  }
+  stats.segments += segs.size();
+  return segs;
+}
+
+// One pipeline of segments across every shard, at most `depth` reading at once. The loading thread queues each
+// shard's segments as soon as its header is parsed and its memory allocated and, while headers remain, has
+// threads of the pipeline's own read them as it goes on to the next header, so the queue does not drain at a
+// file boundary and header work overlaps reads. Once the last shard is queued the loading thread reads too
+// (a single file is read on it alone, as far as the depth allows). Segments are handed out in the order they
+// were queued; the first error (lowest segment) wins and stops the rest. Destruction drops what is queued and
+// waits for the reads in flight, so no read outlives the files or the memory, whatever ends the load. The
+// threads are not the shared pool's: readers wait for the loading thread, and pool workers parked that way
+// would be missing from the engine's own fan-out (or never start at all when load() runs on a pool worker).
+class segment_pipeline {
+ public:
+  explicit segment_pipeline(unsigned depth) : depth_(std::max(depth, 1u)) {}
+  ~segment_pipeline() { cancel(); }
+  segment_pipeline(const segment_pipeline&) = delete;
+  segment_pipeline& operator=(const segment_pipeline&) = delete;
+
+  // Queues the segments (dropped once a read failed or after cancel).
+  void push(const std::vector<segment>& segs) {
+    {
+      std::lock_guard lock(mutex_);
+      if (failed_ || stopped_) return;
+      for (const auto& sg : segs) queue_.push_back({sg, queued_++});
+    }
+    cv_.notify_all();
+  }
+
+  // Starts readers (up to the depth) for the queued segments, so that they read while this thread does other
+  // work.
+  void read_in_background() { start_threads(depth_, 0); }
+
+  // Whether segments are queued or reading.
+  bool busy() const {
+    std::lock_guard lock(mutex_);
+    return busy_locked();
+  }
+
+  // Now while segments are queued or reading, else when the last one finished.
+  steady_clock::time_point idle_since() const {
+    std::lock_guard lock(mutex_);
+    return busy_locked() ? steady_clock::now() : idle_since_;
+  }
+
+  // No more segments: reads on this thread too, with as many others as the depth and the queue call for,
+  // until every queued segment is read (or a failure stopped them); returns the first error, or null.
+  std::exception_ptr finish() {
+    {
+      std::lock_guard lock(mutex_);
+      closed_ = true;
+    }
+    cv_.notify_all();
+    start_threads(depth_ - 1, 1);
+    work();
+    join();
+    return error_;
+  }
+
+  // Drops the queued segments and waits for those reading (an error elsewhere decides the load).
+  void cancel() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      stopped_ = true;
+      queue_.clear();
+    }
+    cv_.notify_all();
+    join();
+  }
+
+  // When the first segment started reading, if one did.
+  std::optional<steady_clock::time_point> first_read() const {
+    std::lock_guard lock(mutex_);
+    return first_read_;
+  }
+
+  unsigned peak_in_flight() const {
+    std::lock_guard lock(mutex_);
+    return peak_;
+  }
+
+ private:
+  struct queued {
+    segment seg;
+    std::size_t index;  // order of queueing: decides which error wins
+  };
+
+  bool busy_locked() const { return in_flight_ > 0 || !queue_.empty(); }
+
+  void join() noexcept {
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+
+  // Up to `most` threads, and no more than the queued segments beyond `others` other readers need. A thread
+  // that cannot start leaves its segments to the readers there are (the loading thread reads in finish()).
+  void start_threads(unsigned most, std::size_t others) {
+    std::size_t queued = 0;
+    {
+      std::lock_guard lock(mutex_);
+      queued = queue_.size();
+    }
+    const std::size_t want = std::min<std::size_t>(most, queued > others ? queued - others : 0);
+    try {
+      while (threads_.size() < want) threads_.emplace_back([this] { work(); });
+    } catch (const std::system_error&) {
+    }
+  }
+
+  void work() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [this] {
+        return stopped_ || failed_ || (closed_ && queue_.empty()) || (!queue_.empty() && in_flight_ < depth_);
+      });
+      if (stopped_ || failed_ || queue_.empty()) return;
+      const queued q = queue_.front();
+      queue_.pop_front();
+      peak_ = std::max(peak_, ++in_flight_);
+      if (!first_read_) first_read_ = steady_clock::now();
+      lock.unlock();
+      std::exception_ptr e;
+      try {
+        q.seg.file->read_exact(q.seg.dst, q.seg.nbytes, q.seg.file_offset);
+      } catch (...) {
+        e = std::current_exception();
+      }
+      lock.lock();
+      --in_flight_;
+      if (e) {
+        // Every lower segment was handed out before this one, so the lowest failure is among those that ran.
+        if (q.index < error_index_) {
+          error_ = e;
+          error_index_ = q.index;
+        }
+        failed_ = true;
+        queue_.clear();
+      }
+      if (!busy_locked()) idle_since_ = steady_clock::now();
+      cv_.notify_all();  // a reading slot is free, or the reads are over
+    }
+  }
+
+  const unsigned depth_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<queued> queue_;
+  std::vector<std::thread> threads_;  // touched by the loading thread only
+  std::size_t queued_ = 0;            // segments queued so far (under the lock)
+  unsigned in_flight_ = 0;
+  unsigned peak_ = 0;
+  bool closed_ = false;
+  bool stopped_ = false;
+  bool failed_ = false;
+  std::exception_ptr error_;
+  std::size_t error_index_ = SIZE_MAX;
+  std::optional<steady_clock::time_point> first_read_;
+  steady_clock::time_point idle_since_{};
+};
+
+// A new allocation of the model of `nbytes` on options.device: the caller's (checked) or the loader's own.
+buffer_view allocate(model::storage_impl& st, std::uint64_t nbytes, const load_options& options) {
+  model::storage_impl::allocation a;
+  if (options.allocate) {
+    a.view = options.allocate(nbytes);
+    check_allocation(a.view, nbytes, options.device);
+  } else if (options.device < 0) {
+    a.host.reset(static_cast<std::byte*>(::operator new[](nbytes, std::align_val_t{k_host_alignment})));
+    a.view = buffer_view::host(a.host.get(), nbytes);
+  } else {
+    a.device = device_buffer(nbytes, options.device);
+    a.view = a.device.view();
+  }
+  st.allocations.push_back(std::move(a));
+  return st.allocations.back().view;
+}
+
+}  // namespace
+
+model load(const std::filesystem::path& path, const load_options& options) {
+  const auto t_start = steady_clock::now();
+  const auto shards = resolve_shards(path);
+  std::vector<shard_load> loads(shards.size());
+  selection select(options.only);
   model m;
   m.storage_ = std::make_shared<model::storage_impl>();
-  auto& st = *m.storage_;
-  const auto t_alloc = std::chrono::steady_clock::now();
-  if (options.allocate) {
-    st.view = options.allocate(total);
-    check_allocation(st.view, total, options.device);
-  } else if (options.device < 0) {
-    st.host.reset(static_cast<std::byte*>(::operator new[](total, std::align_val_t{k_host_alignment})));
-    st.view = buffer_view::host(st.host.get(), total);
-  } else {
-    st.device = device_buffer(total, options.device);
-    st.view = st.device.view();
-  }
   load_stats stats;
-  stats.alloc_seconds = seconds_since(t_alloc);
   stats.files = shards.size();
-  stats.header_seconds = header_seconds;
-  if (!files.empty()) stats.path = files.front().plan(st.view);
-  host_copier copy = [&st](const void* src, std::size_t n, std::size_t off) { copy_into(st.view, off, src, n); };
+  stats.header_seconds = seconds_since(t_start);
+  const std::size_t seg_bytes =
+      std::max<std::size_t>(options.pipeline_segment_bytes / k_host_alignment * k_host_alignment, k_host_alignment);
+  // Declared after the files and the memory it reads into, so that on every way out it is destroyed first:
+  // its reads drain before either goes.
+  segment_pipeline pipeline(options.pipeline_depth);
+  // Only this thread queues segments, so during a step of its own the reads can run dry but not resume: the
+  // step overlapped them from its start until they ran dry.
+  auto account = [&](steady_clock::time_point t0, bool busy, double& total) {
+    const auto t1 = steady_clock::now();
+    total += std::chrono::duration<double>(t1 - t0).count();
+    if (busy) {
+      stats.overlapped_seconds += std::chrono::duration<double>(std::min(t1, pipeline.idle_since()) - t0).count();
+    }
+  };
 
-  const auto t_read = std::chrono::steady_clock::now();
-  read_pipelined(files, runs, st.view, options, stats);
-  for (auto* it : strided) {
-    auto with_offset = [&, base = it->alloc_offset](const void* src, std::size_t n, std::size_t off) {
-      copy(src, n, base + off);
-    };
-    read_strided(files[it->file_index], *it->info, it->plan, st.view.sub(it->alloc_offset, it->plan.nbytes()),
-                 with_offset, options.staging_budget_bytes, stats);
+  // Shard by shard: the header, the selection and the layout, then the allocation (on this thread, where the
+  // caller's allocate callback expects to run), then its segments join the pipeline while the next header is
+  // read. A malformed header, an index naming a tensor its shard lacks or a name taken twice throws from here:
+  // the pipeline's destructor drains the earlier shards' reads. After a failure the remaining headers are
+  // still checked and, after a failed read, memory still allocated, so that the error reported does not depend
+  // on timing and comes in the order a load that parsed and allocated before reading gave: headers, `only`,
+  // allocation, reads. Nothing more is read.
+  std::exception_ptr alloc_error;
+  for (std::size_t fi = 0; fi < shards.size(); ++fi) {
+    auto& s = loads[fi];
+    auto t0 = steady_clock::now();
+    bool busy = pipeline.busy();
+    prepare(s, shards[fi], options, select);
+    account(t0, busy, stats.header_seconds);
+    if (s.items.empty() || alloc_error) continue;
+    t0 = steady_clock::now();
+    busy = pipeline.busy();
+    try {
+      s.view = allocate(*m.storage_, s.nbytes, options);
+      if (m.storage_->allocations.size() == 1) stats.path = s.file.plan(s.view);
+      pipeline.push(cut_segments(s, seg_bytes, stats));
+      // Headers remain: the queued segments read while this thread parses them.
+      if (fi + 1 < shards.size()) pipeline.read_in_background();
+    } catch (...) {
+      alloc_error = std::current_exception();
+      pipeline.cancel();
+    }
+    account(t0, busy, stats.alloc_seconds);
   }
-  stats.seconds = seconds_since(t_read);
+  select.check_every_entry_matched(path);
+  if (alloc_error) std::rethrow_exception(alloc_error);
+  if (m.storage_->allocations.empty()) {
+    // Nothing selected: one byte, so that a load always has an allocation (the caller's callback runs once).
+    const auto t0 = steady_clock::now();
+    const buffer_view v = allocate(*m.storage_, 1, options);
+    stats.alloc_seconds += seconds_since(t0);
+    if (!loads.empty()) stats.path = loads.front().file.plan(v);
+  }
+  if (auto e = pipeline.finish()) std::rethrow_exception(e);
+
+  // Strided slices, one at a time so that one staging buffer bounds the host memory they use.
+  std::optional<steady_clock::time_point> first_read = pipeline.first_read();
+  for (auto& s : loads) {
+    for (auto* it : s.strided) {
+      if (!first_read) first_read = steady_clock::now();
+      const buffer_view view = s.view;
+      auto copy = [view, base = it->alloc_offset](const void* src, std::size_t n, std::size_t off) {
+        copy_into(view, base + off, src, n);
+      };
+      read_strided(s.file, *it->info, it->plan, view.sub(it->alloc_offset, it->plan.nbytes()), copy,
+                   options.staging_budget_bytes, stats);
+    }
+  }
+  if (first_read) {
+    stats.first_read_seconds = std::chrono::duration<double>(*first_read - t_start).count();
+    stats.seconds = seconds_since(*first_read);
+  }
+  stats.peak_segments_in_flight = pipeline.peak_in_flight();
+  stats.allocations = m.storage_->allocations.size();
 
   // Report tensors in file order (shard by shard), as the headers list them by offset.
-  std::sort(items.begin(), items.end(), [](const item& a, const item& b) {
-    if (a.file_index != b.file_index) return a.file_index < b.file_index;
-    return a.info->begin_bytes != b.info->begin_bytes ? a.info->begin_bytes < b.info->begin_bytes
-                                                      : a.info->name < b.info->name;
-  });
-  for (const auto& it : items) {
-    loaded_tensor t;
-    t.name = it.info->name;
-    t.dtype = it.info->dtype;
-    t.shape = it.plan.shape;
-    t.full_shape = it.info->shape;
-    t.data = st.view.sub(it.alloc_offset, it.plan.nbytes());
-    t.file = shards[it.file_index].file;
-    stats.tensor_bytes += it.plan.nbytes();
-    m.tensors_.push_back(std::move(t));
+  for (std::size_t fi = 0; fi < loads.size(); ++fi) {
+    std::vector<const item*> order;
+    for (const auto& it : loads[fi].items) order.push_back(&it);
+    std::sort(order.begin(), order.end(), [](const item* a, const item* b) {
+      return a->info->begin_bytes != b->info->begin_bytes ? a->info->begin_bytes < b->info->begin_bytes
+                                                          : a->info->name < b->info->name;
+    });
+    for (const auto* it : order) {
+      loaded_tensor t;
+      t.name = it->info->name;
+      t.dtype = it->info->dtype;
+      t.shape = it->plan.shape;
+      t.full_shape = it->info->shape;
+      t.data = loads[fi].view.sub(it->alloc_offset, it->plan.nbytes());
+      t.file = shards[fi].file;
+      stats.tensor_bytes += it->plan.nbytes();
+      m.tensors_.push_back(std::move(t));
+    }
   }
-  if (!headers.empty()) m.metadata_ = headers.front().metadata;
+  if (!loads.empty()) m.metadata_ = loads.front().head.metadata;
   m.stats_ = std::move(stats);
   return m;
 }

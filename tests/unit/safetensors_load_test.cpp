@@ -9,19 +9,30 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <future>
+#include <condition_variable>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
+#include <set>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
+#include "engine/thread_pool.hpp"
 #include "formats/sha256.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/safetensors.hpp"
+#include "posix/syscalls.hpp"
 #include "test_support.hpp"
 
 namespace st = gdskit::safetensors;
@@ -348,6 +359,42 @@ TEST(SafetensorsLoad, LargeRandomFileWithUnalignedTensors) {
   for (const auto& t : m.tensors()) EXPECT_EQ(view_bytes(t), w.bytes.at(t.name)) << t.name;
 }
 
+// A random checkpoint with an index: 2 to 5 shards of 1 to `max_tensors` 2-D tensors of `dtype` (`elem` bytes an
+// element), up to `max_rows` x `max_cols`, half of them after a gap of up to `max_gap` bytes.
+struct random_checkpoint {
+  int nfiles = 0;
+  std::map<std::string, std::vector<std::uint8_t>> bytes;
+  std::map<std::string, std::vector<std::uint64_t>> shapes;
+  std::map<std::string, int> shard_of;
+};
+
+random_checkpoint write_random_checkpoint(const temp_dir& dir, std::mt19937_64& rng, const std::string& dtype,
+                                          std::size_t elem, int max_tensors, std::uint64_t max_rows,
+                                          std::uint64_t max_cols, std::size_t max_gap) {
+  random_checkpoint c;
+  c.nfiles = 2 + static_cast<int>(rng() % 4);
+  nlohmann::json idx = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
+  for (int f = 0; f < c.nfiles; ++f) {
+    std::vector<spec> specs;
+    const int n = 1 + static_cast<int>(rng() % static_cast<std::uint64_t>(max_tensors));
+    for (int i = 0; i < n; ++i) {
+      const std::uint64_t rows = 1 + rng() % max_rows, cols = 1 + rng() % max_cols;
+      specs.push_back({fmt::format("f{}.t{}", f, i), dtype, {rows, cols}, elem,
+                       static_cast<std::size_t>(rng() % 2 ? 0 : rng() % max_gap)});
+      c.shapes[specs.back().name] = {rows, cols};
+      c.shard_of[specs.back().name] = f;
+    }
+    const std::string name = fmt::format("model-{:05d}-of-{:05d}.safetensors", f + 1, c.nfiles);
+    auto w = write_st(dir / name, specs, rng());
+    for (auto& [k, v] : w.bytes) {
+      idx["weight_map"][k] = name;
+      c.bytes[k] = v;
+    }
+  }
+  std::ofstream(dir / "model.safetensors.index.json") << idx.dump();
+  return c;
+}
+
 // One pipeline across shards: random checkpoints of several files with unaligned tensors, read as segments
 // small enough that every file boundary falls inside the pipeline; whole loads, subsets and tensor-parallel
 // slices must stay byte-exact, and no more segments than the pipeline's depth may read at once.
@@ -355,27 +402,10 @@ TEST(SafetensorsLoad, CrossFilePipelineIsByteExactOnRandomShards) {
   std::mt19937_64 rng(77);
   for (int round = 0; round < 4; ++round) {
     temp_dir dir;
-    const int nfiles = 2 + static_cast<int>(rng() % 4);
-    std::map<std::string, std::vector<std::uint8_t>> all;
-    std::map<std::string, std::vector<std::uint64_t>> shapes;
-    nlohmann::json idx = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
-    for (int f = 0; f < nfiles; ++f) {
-      std::vector<spec> specs;
-      const int n = 1 + static_cast<int>(rng() % 6);
-      for (int i = 0; i < n; ++i) {
-        const std::uint64_t rows = 1 + rng() % 700, cols = 1 + rng() % 300;
-        specs.push_back({fmt::format("f{}.t{}", f, i), "BF16", {rows, cols}, 2,
-                         static_cast<std::size_t>(rng() % 2 ? 0 : rng() % 200000)});
-        shapes[specs.back().name] = {rows, cols};
-      }
-      const std::string name = fmt::format("model-{:05d}-of-{:05d}.safetensors", f + 1, nfiles);
-      auto w = write_st(dir / name, specs, rng());
-      for (auto& [k, v] : w.bytes) {
-        idx["weight_map"][k] = name;
-        all[k] = v;
-      }
-    }
-    std::ofstream(dir / "model.safetensors.index.json") << idx.dump();
+    const auto c = write_random_checkpoint(dir, rng, "BF16", 2, 6, 700, 300, 200000);
+    const int nfiles = c.nfiles;
+    const auto& all = c.bytes;
+    const auto& shapes = c.shapes;
     st::load_options o;
     o.pipeline_segment_bytes = std::size_t{64} << 10;
     o.pipeline_depth = 1 + static_cast<unsigned>(round % 3);
@@ -394,6 +424,440 @@ TEST(SafetensorsLoad, CrossFilePipelineIsByteExactOnRandomShards) {
       }
     }
     o.slice.reset();
+  }
+}
+
+// A checkpoint of `nfiles` shards with an index, each of `per_file` U8 tensors of `nbytes` bytes (odd sizes
+// leave every later tensor unaligned), and where each file's data section starts.
+struct checkpoint {
+  std::vector<std::filesystem::path> files;  // canonical, as /proc/self/fd names them
+  std::vector<std::uint64_t> data_offsets;
+  std::map<std::string, std::vector<std::uint8_t>> bytes;
+};
+
+checkpoint write_checkpoint(const temp_dir& dir, int nfiles, int per_file, std::uint64_t nbytes) {
+  checkpoint c;
+  nlohmann::json idx = {{"weight_map", nlohmann::json::object()}};
+  for (int f = 0; f < nfiles; ++f) {
+    std::vector<spec> specs;
+    for (int i = 0; i < per_file; ++i) specs.push_back({fmt::format("s{}.t{}", f, i), "U8", {nbytes}, 1});
+    const std::string name = fmt::format("model-{:05d}-of-{:05d}.safetensors", f + 1, nfiles);
+    auto w = write_st(dir / name, specs, 1000 + f * 100);
+    for (auto& [k, v] : w.bytes) {
+      idx["weight_map"][k] = name;
+      c.bytes[k] = std::move(v);
+    }
+    c.files.push_back(std::filesystem::canonical(dir / name));
+    c.data_offsets.push_back(st::read_header(dir / name).data_offset_bytes);
+  }
+  std::ofstream(dir / "model.safetensors.index.json") << idx.dump();
+  return c;
+}
+
+// Settings under which every read of a load reaches the pread seam.
+gdskit::settings seam_settings() {
+  gdskit::settings s;
+  s.engine = gdskit::engine_kind::threads;
+  s.direct = gdskit::direct_mode::off;
+  return s;
+}
+
+// One pread of a checkpoint's shard: which shard, and whether it reads its header or its data.
+struct shard_read {
+  std::size_t shard = 0;
+  bool header = false;
+};
+
+// A pread seam over a checkpoint: records each read of its shards in order, counts data reads in flight, and
+// lets a test hold a read back (until another has happened) or fail it with an errno.
+class shard_reads {
+ public:
+  explicit shard_reads(const checkpoint& c) : c_(c) {}
+
+  // Runs before each read of a shard is recorded, outside the seam's lock; returns 0 to read, or the errno to
+  // fail with.
+  std::function<int(const shard_read&)> before;
+
+  gdskit::posix::syscall_table table() {
+    auto t = gdskit::posix::real_syscalls();
+    t.pread = [this](int fd, void* b, std::size_t n, off_t o) -> ssize_t {
+      const auto shard = shard_of(fd);
+      if (!shard) return gdskit::posix::real_syscalls().pread(fd, b, n, o);
+      const shard_read r{*shard, static_cast<std::uint64_t>(o) < c_.data_offsets[*shard]};
+      // Recorded once the hook lets it go: the order of events is the order the reads reached the file.
+      const int err = before ? before(r) : 0;
+      {
+        std::lock_guard lock(mutex_);
+        events_.push_back(r);
+        if (!r.header) {
+          ++data_in_flight_;
+          data_threads_.insert(std::this_thread::get_id());
+        }
+      }
+      cv_.notify_all();
+      ssize_t got = -1;
+      if (err != 0) {
+        errno = err;
+      } else {
+        got = gdskit::posix::real_syscalls().pread(fd, b, n, o);
+      }
+      if (!r.header) {
+        const int saved = errno;
+        std::lock_guard lock(mutex_);
+        --data_in_flight_;
+        ++data_reads_;
+        errno = saved;
+      }
+      return got;
+    };
+    return t;
+  }
+
+  // Waits up to `timeout` for a data read of `shard` to have started; false if none did.
+  bool wait_for_data(std::size_t shard, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    return cv_.wait_for(lock, timeout, [&] {
+      return std::any_of(events_.begin(), events_.end(),
+                         [&](const shard_read& e) { return e.shard == shard && !e.header; });
+    });
+  }
+
+  // Position of the first read of `shard` of that kind in the order of events, or SIZE_MAX.
+  std::size_t first(std::size_t shard, bool header) const {
+    std::lock_guard lock(mutex_);
+    for (std::size_t i = 0; i < events_.size(); ++i) {
+      if (events_[i].shard == shard && events_[i].header == header) return i;
+    }
+    return SIZE_MAX;
+  }
+  std::size_t events() const {
+    std::lock_guard lock(mutex_);
+    return events_.size();
+  }
+  int data_in_flight() const {
+    std::lock_guard lock(mutex_);
+    return data_in_flight_;
+  }
+  int data_reads() const {
+    std::lock_guard lock(mutex_);
+    return data_reads_;
+  }
+  // The threads data reads ran on.
+  std::set<std::thread::id> data_threads() const {
+    std::lock_guard lock(mutex_);
+    return data_threads_;
+  }
+
+ private:
+  std::optional<std::size_t> shard_of(int fd) const {
+    char buf[4096];
+    const ssize_t n = ::readlink(fmt::format("/proc/self/fd/{}", fd).c_str(), buf, sizeof buf);
+    if (n <= 0) return std::nullopt;
+    const std::filesystem::path p(std::string(buf, static_cast<std::size_t>(n)));
+    for (std::size_t i = 0; i < c_.files.size(); ++i) {
+      if (c_.files[i] == p) return i;
+    }
+    return std::nullopt;
+  }
+
+  const checkpoint& c_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<shard_read> events_;
+  int data_in_flight_ = 0;
+  int data_reads_ = 0;
+  std::set<std::thread::id> data_threads_;
+};
+
+// Threads of this process.
+std::size_t thread_count() {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// The load streams: the first shard's data is read while the second shard's header is still to be parsed,
+// and each shard's memory comes from the caller's allocator on the calling thread after its header. The seam
+// holds the second shard's header read back until a data read of the first has started (for at most 5 s):
+// a loader that parses every header before reading any data waits that long and then reads them in the wrong
+// order.
+TEST(SafetensorsLoad, FirstShardReadsBeforeLaterHeadersAreParsed) {
+  temp_dir dir;
+  const auto c = write_checkpoint(dir, 3, 4, 100001);
+  shard_reads reads(c);
+  reads.before = [&](const shard_read& r) {
+    if (r.header && r.shard == 1) reads.wait_for_data(0, std::chrono::seconds(5));
+    return 0;
+  };
+  struct allocation_call {
+    std::size_t after_events;  // reads the seam had seen when the callback ran
+    std::thread::id thread;
+  };
+  std::vector<allocation_call> calls;
+  std::vector<std::vector<std::uint8_t>> arenas;
+  st::load_options o;
+  o.config = seam_settings();
+  o.pipeline_segment_bytes = 64 << 10;
+  o.allocate = [&](std::uint64_t n) {
+    calls.push_back({reads.events(), std::this_thread::get_id()});
+    arenas.emplace_back(n);
+    return gdskit::buffer_view::host(arenas.back().data(), n);
+  };
+  st::model m;
+  {
+    gdskit::posix::scoped_syscalls seam(reads.table());
+    m = st::load(dir.path(), o);
+  }
+  for (const auto& t : m.tensors()) EXPECT_EQ(view_bytes(t), c.bytes.at(t.name)) << t.name;
+  ASSERT_NE(reads.first(0, false), SIZE_MAX);
+  EXPECT_LT(reads.first(0, false), reads.first(1, true)) << "shard 2's header was read before any data of shard 1";
+  // One allocation per shard, each after its own header and on the thread that called load().
+  ASSERT_EQ(calls.size(), 3u);
+  for (std::size_t k = 0; k < calls.size(); ++k) {
+    EXPECT_EQ(calls[k].thread, std::this_thread::get_id()) << "allocation " << k;
+    EXPECT_GT(calls[k].after_events, reads.first(k, true)) << "allocation " << k;
+    if (k + 1 < calls.size()) EXPECT_LE(calls[k].after_events, reads.first(k + 1, true)) << "allocation " << k;
+  }
+  EXPECT_EQ(m.allocations().size(), 3u);
+}
+
+// The stats of a streamed load: the first read comes after the first header; the second shard's header work
+// is counted as overlapped with reads. The seam holds that header back until shard 1's data reads run, then
+// for 5 ms a read; shard 1's 25 segments of 2 ms each keep the two readers busy for longer than that.
+TEST(SafetensorsLoad, StreamingStatsCountHeaderWorkOverlappedWithReads) {
+  temp_dir dir;
+  const auto c = write_checkpoint(dir, 3, 4, 100001);
+  shard_reads reads(c);
+  reads.before = [&](const shard_read& r) {
+    if (r.header && r.shard == 1) {
+      reads.wait_for_data(0, std::chrono::seconds(5));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (!r.header && r.shard == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return 0;
+  };
+  st::load_options o;
+  o.config = seam_settings();
+  o.pipeline_segment_bytes = 16 << 10;
+  st::model m;
+  {
+    gdskit::posix::scoped_syscalls seam(reads.table());
+    m = st::load(dir.path(), o);
+  }
+  const auto& s = m.stats();
+  EXPECT_EQ(s.allocations, 3u);
+  EXPECT_EQ(m.allocations().size(), 3u);
+  EXPECT_GT(s.first_read_seconds, 0.0);
+  EXPECT_GT(s.seconds, 0.0);
+  EXPECT_GT(s.overlapped_seconds, 0.009);  // at least the two 5 ms the seam held shard 2's header reads
+  EXPECT_LE(s.overlapped_seconds, s.header_seconds + s.alloc_seconds);
+  EXPECT_EQ(s.tensor_bytes, 12u * 100001);
+  EXPECT_GE(s.segments, 3u * (4 * 100001 / (16 << 10)));
+  // A single file of one segment: one allocation, no header work behind reads, and no thread started for it:
+  // it is read on the calling thread.
+  shard_reads single(c);
+  st::model one;
+  {
+    gdskit::posix::scoped_syscalls seam(single.table());
+    one = st::load(c.files[0], st::load_options{.config = seam_settings()});
+  }
+  EXPECT_EQ(one.stats().allocations, 1u);
+  EXPECT_EQ(one.stats().segments, 1u);
+  EXPECT_EQ(one.stats().overlapped_seconds, 0.0);
+  EXPECT_EQ(one.storage().data, one.allocations().at(0).data);
+  EXPECT_EQ(single.data_threads(), std::set<std::thread::id>{std::this_thread::get_id()});
+}
+
+// A malformed header in shard 3 of 4 fails the load with the error the header alone gives, after shards 1 and
+// 2 started reading; when load() throws no read is running or starts later and its threads are gone.
+TEST(SafetensorsLoad, MalformedLaterHeaderStopsTheReadsOfEarlierShards) {
+  temp_dir dir;
+  const auto c = write_checkpoint(dir, 4, 4, 100001);
+  std::vector<std::uint8_t> bad = gdskit::test::read_file(c.files[2]);
+  const std::string json = R"({"s2.t0":{"dtype":"U8","shape":[3],"data_offsets":[0,2]}})";  // span != numel
+  bad.assign(8, 0);
+  bad[0] = static_cast<std::uint8_t>(json.size());
+  bad.insert(bad.end(), json.begin(), json.end());
+  gdskit::test::write_file(c.files[2], bad);
+  std::string expected;
+  try {
+    st::read_header(c.files[2]);
+    FAIL() << "the malformed header parsed";
+  } catch (const gdskit::error& e) {
+    ASSERT_EQ(e.code().value(), EBADMSG);
+    expected = e.what();
+  }
+  shard_reads reads(c);
+  reads.before = [&](const shard_read& r) {
+    if (r.header && r.shard == 2) reads.wait_for_data(1, std::chrono::seconds(5));
+    if (!r.header) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return 0;
+  };
+  st::load_options o;
+  o.config = seam_settings();
+  o.pipeline_segment_bytes = 64 << 10;
+  const std::size_t threads_before = thread_count();
+  const unsigned pool_before = gdskit::engine::shared_pool(0).size();
+  {
+    gdskit::posix::scoped_syscalls seam(reads.table());
+    try {
+      st::load(dir.path(), o);
+      ADD_FAILURE() << "a checkpoint with a malformed shard loaded";
+    } catch (const gdskit::error& e) {
+      EXPECT_EQ(e.code().value(), EBADMSG);
+      EXPECT_EQ(std::string(e.what()), expected);
+    }
+    EXPECT_EQ(reads.data_in_flight(), 0);
+    const int done = reads.data_reads();
+    EXPECT_GT(done, 0) << "shards 1 and 2 were not read while shard 3's header was parsed";
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(reads.data_reads(), done) << "reads went on after load() threw";
+    EXPECT_EQ(reads.first(3, true), SIZE_MAX) << "shard 4 was opened after shard 3 failed";
+  }
+  EXPECT_EQ(thread_count(), threads_before + (gdskit::engine::shared_pool(0).size() - pool_before));
+}
+
+// A name in two shards is refused while streaming too: when the later shard's header arrives, before any of
+// its memory is allocated (so none of its tensors is handed out). Without the duplicate among the selected
+// names the folder loads.
+TEST(SafetensorsLoad, NameInTwoShardsIsRefusedBeforeTheLaterShardIsAllocated) {
+  temp_dir dir;
+  write_st(dir / "a.safetensors", {{"a.big", "U8", {300001}, 1}, k_model[0]}, 1);
+  write_st(dir / "b.safetensors", {{"b.big", "U8", {300001}, 1}}, 2);
+  write_st(dir / "c.safetensors", {{"c.big", "U8", {300001}, 1}, k_model[0]}, 3);
+  std::vector<std::uint64_t> asked;
+  std::vector<std::vector<std::uint8_t>> arenas;
+  st::load_options o;
+  o.pipeline_segment_bytes = 64 << 10;
+  o.allocate = [&](std::uint64_t n) {
+    asked.push_back(n);
+    arenas.emplace_back(n);
+    return gdskit::buffer_view::host(arenas.back().data(), n);
+  };
+  try {
+    st::load(dir.path(), o);
+    FAIL() << "a name in two shards loaded";
+  } catch (const gdskit::error& e) {
+    EXPECT_EQ(e.code().value(), EBADMSG);
+    EXPECT_NE(std::string(e.what()).find("c.safetensors"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("embed.weight"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(asked.size(), 2u);  // a and b; c was refused before its allocation
+  asked.clear();
+  o.only = {"a.", "b.", "c.", "embed.weight"};
+  EXPECT_EQ(load_errno(dir.path(), o), EBADMSG);
+  o.only = {"a.", "b.", "c."};
+  auto m = st::load(dir.path(), o);
+  EXPECT_EQ(m.tensors().size(), 3u);
+  EXPECT_EQ(m.allocations().size(), 3u);
+}
+
+// Which error wins when several things fail: a shard's open, header or selection (the first such shard),
+// then an `only` entry that matches nothing, then an allocation, then the first failing read (by shard and
+// offset): the order a load that parsed every header before reading gave.
+TEST(SafetensorsLoad, FirstErrorInLoadOrderWins) {
+  temp_dir dir;
+  const auto c = write_checkpoint(dir, 4, 3, 100001);
+  auto load_error = [&](std::set<std::size_t> failing_shards,
+                        const st::load_options& o) -> std::pair<int, std::string> {
+    shard_reads reads(c);
+    reads.before = [&](const shard_read& r) { return !r.header && failing_shards.count(r.shard) ? EIO : 0; };
+    gdskit::posix::scoped_syscalls seam(reads.table());
+    std::pair<int, std::string> out{0, ""};
+    try {
+      st::load(dir.path(), o);
+    } catch (const gdskit::error& e) {
+      out = {e.code().value(), e.what()};
+    }
+    EXPECT_EQ(reads.data_in_flight(), 0);
+    return out;
+  };
+  st::load_options o;
+  o.config = seam_settings();
+  o.pipeline_segment_bytes = 64 << 10;
+  auto [code, what] = load_error({1}, o);
+  EXPECT_EQ(code, EIO);
+  EXPECT_NE(what.find(c.files[1].filename().string()), std::string::npos) << what;
+  std::tie(code, what) = load_error({1, 2}, o);
+  EXPECT_EQ(code, EIO);
+  EXPECT_NE(what.find(c.files[1].filename().string()), std::string::npos) << what;
+  // An allocation failing for shard 3 wins over reads failing in shard 2.
+  int calls = 0;
+  std::vector<std::vector<std::uint8_t>> arenas;
+  o.allocate = [&](std::uint64_t n) -> gdskit::buffer_view {
+    if (++calls == 3) throw gdskit::error(gdskit::errno_code(ENOMEM), "test allocation");
+    arenas.emplace_back(n);
+    return gdskit::buffer_view::host(arenas.back().data(), n);
+  };
+  std::tie(code, what) = load_error({1}, o);
+  EXPECT_EQ(code, ENOMEM);
+  // An `only` entry that matches nothing wins over a failing read and allocation.
+  calls = 0;
+  o.only = {"s0.", "s1.", "s2.", "s3.", "nothing.*"};
+  std::tie(code, what) = load_error({0}, o);
+  EXPECT_EQ(code, EINVAL);
+  // A malformed header in shard 4 wins over everything before it.
+  auto bad = gdskit::test::read_file(c.files[3]);
+  bad[8] = '[';
+  gdskit::test::write_file(c.files[3], bad);
+  calls = 0;
+  std::tie(code, what) = load_error({0, 1}, o);
+  EXPECT_EQ(code, EBADMSG);
+  EXPECT_NE(what.find(c.files[3].filename().string()), std::string::npos) << what;
+}
+
+// Streaming into the caller's memory on random checkpoints: unaligned tensors, subsets that leave whole
+// shards out, and slices, each allocation misaligned on purpose. One allocation per shard with selected
+// tensors, every tensor inside its own shard's, every byte as written.
+TEST(SafetensorsLoad, StreamingIntoCallerAllocationsIsByteExactOnRandomShards) {
+  std::mt19937_64 rng(91);
+  for (int round = 0; round < 6; ++round) {
+    temp_dir dir;
+    const auto c = write_random_checkpoint(dir, rng, "U8", 1, 5, 400, 301, 5000);
+    st::load_options o;
+    o.pipeline_segment_bytes = std::size_t{16} << 10;
+    o.pipeline_depth = 1 + static_cast<unsigned>(round % 3);
+    std::set<int> selected;
+    if (round % 2 == 1) {
+      // Every other shard: the ones left out get no allocation.
+      for (int f = 0; f < c.nfiles; f += 2) {
+        o.only.push_back(fmt::format("f{}.", f));
+        selected.insert(f);
+      }
+    } else {
+      for (int f = 0; f < c.nfiles; ++f) selected.insert(f);
+    }
+    const unsigned dim = round % 3 == 0 ? 0u : 1u, world = 2 + static_cast<unsigned>(rng() % 3);
+    const unsigned rank = static_cast<unsigned>(rng() % world);
+    if (round >= 2) o.slice = st::slice_spec{rank, world, dim};
+    std::vector<std::pair<std::uint8_t*, std::uint64_t>> given;
+    std::vector<std::unique_ptr<std::uint8_t[]>> arenas;
+    o.allocate = [&, caller = std::this_thread::get_id()](std::uint64_t n) {
+      EXPECT_EQ(std::this_thread::get_id(), caller);
+      const std::size_t skew = 1 + rng() % 7;
+      arenas.emplace_back(new std::uint8_t[n + skew]);
+      given.emplace_back(arenas.back().get() + skew, n);
+      return gdskit::buffer_view::host(given.back().first, n);
+    };
+    auto m = st::load(dir.path(), o);
+    ASSERT_EQ(given.size(), selected.size()) << "round " << round;
+    ASSERT_EQ(m.allocations().size(), given.size());
+    std::size_t expected_tensors = 0;
+    for (const auto& [k, f] : c.shard_of) expected_tensors += selected.count(f);
+    ASSERT_EQ(m.tensors().size(), expected_tensors);
+    int last_shard = -1;
+    for (const auto& t : m.tensors()) {
+      const int f = c.shard_of.at(t.name);
+      EXPECT_GE(f, last_shard) << "tensors out of file order";
+      last_shard = f;
+      const auto rank_in = static_cast<std::size_t>(std::distance(selected.begin(), selected.find(f)));
+      const auto [base, n] = given.at(rank_in);
+      const auto* p = static_cast<const std::uint8_t*>(t.data.data);
+      EXPECT_TRUE(p >= base && p + t.data.nbytes <= base + n) << t.name << " outside its shard's allocation";
+      const auto want = o.slice ? ref_slice(c.bytes.at(t.name), c.shapes.at(t.name), 1, rank, world, dim)
+                                 : c.bytes.at(t.name);
+      EXPECT_EQ(view_bytes(t), want) << t.name << " round " << round;
+    }
   }
 }
 
