@@ -163,6 +163,9 @@ int run_load(const load_flags& f) {
     j["read_requests"] = s.read_requests;
     j["seconds"] = s.seconds;
     j["header_seconds"] = s.header_seconds;
+    j["alloc_seconds"] = s.alloc_seconds;
+    j["overlapped_seconds"] = s.overlapped_seconds;
+    j["first_read_seconds"] = s.first_read_seconds;
     j["gib_per_s"] = s.gib_per_s();
     j["data_path"] = std::string(to_string(s.path.path));
     j["reasons"] = s.path.reasons;
@@ -197,9 +200,11 @@ int run_load(const load_flags& f) {
                  shape_text(t.shape));
     }
   }
-  fmt::print("loaded {} tensors, {} from {} file(s) in {:.3f} s: {:.2f} GiB/s ({} reads; headers {:.3f} s)\n",
-             m.tensors().size(), format_size(s.tensor_bytes), s.files, s.seconds, s.gib_per_s(), s.read_requests,
-             s.header_seconds);
+  fmt::print(
+      "loaded {} tensors, {} from {} file(s) in {:.3f} s: {:.2f} GiB/s ({} reads; headers {:.3f} s, {:.3f} s of "
+      "header and allocation work behind reads)\n",
+      m.tensors().size(), format_size(s.tensor_bytes), s.files, s.seconds, s.gib_per_s(), s.read_requests,
+      s.header_seconds, s.overlapped_seconds);
   fmt::print("path: {}\n", s.path.summary());
   if (saved) {
     const auto& v = saved->stats;
