@@ -443,7 +443,7 @@ def main():
                 os.makedirs(folder, exist_ok=True)
             elif disk == "fast":
                 if not os.path.ismount(a.fast_mnt):
-                    gib = a.fast_gib or int(3 * a.size_gib + 2)
+                    gib = int(a.fast_gib) or int(3 * a.size_gib + 2)  # fastdisk.sh takes whole GiB
                     rc, out = r.run(disk, "fastdisk_up", ["bash", a.fastdisk, "up", str(gib), a.fast_mnt])
                     if rc != 0:
                         r.skip(disk, "all", "fastdisk.sh up failed: " + out.strip()[-200:])
