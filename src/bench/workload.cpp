@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <exception>
@@ -279,6 +280,17 @@ void prepare(job_state& s, const run_options& opt) {
   }
   r.path_ran = p.path;
   r.reasons = p.reasons;
+  if (writing && !r.created.empty()) {
+    // A file the run creates gets its final size before the timed phase: O_DIRECT writes past the end of a
+    // file are serialised by file systems such as ext4 (each one extends it), which would measure the
+    // file system's size updates instead of the device, and a file of the job's size that already existed
+    // would not pay them either.
+    const std::uint64_t end = j.offset_bytes + (j.file.empty() ? 1 : j.threads) * j.size_bytes;
+    for (std::size_t n = 0; n < s.files.size(); ++n) {
+      if (std::find(r.created.begin(), r.created.end(), s.files[n]) != r.created.end()) s.handles[n].truncate(end);
+    }
+    r.reasons.push_back(fmt::format("files this run created were sized to {} first (ftruncate)", format_size(end)));
+  }
   if (j.xfer.page_cache || j.no_direct) r.reasons.push_back(j.xfer.page_cache ? "gdsio 4: through the page cache" : "-O 1: page cache");
   if (j.numa_node) r.reasons.push_back(fmt::format("workers on NUMA node {} (-n)", *j.numa_node));
   if (!j.xfer.note.empty()) r.reasons.push_back(fmt::format("gdsio -x {}: {}", j.xfer.gdsio_number, j.xfer.note));

@@ -226,7 +226,7 @@ void write_lane(transfer& t, unsigned lane) {
   unsigned k = 0;
   std::optional<lane_session> session;  // ends after drain_lane
   auto start_next = [&]() -> bool {
-    // A lane the adaptive depth parks finishes the pieces it holds and leaves (writes only shrink in flight).
+    // A lane above the adaptive depth takes no new piece (it finishes those it holds, then waits).
     if (t.stopped() || !lane_active(t, lane)) return false;
     const std::optional<piece> next = t.take();
     if (!next) return false;
@@ -239,9 +239,15 @@ void write_lane(transfer& t, unsigned lane) {
   };
   try {
     session.emplace(cp, lane);
-    for (unsigned s = 0; s + 1 < nslots && start_next(); ++s) {
-    }
-    while (!queue.empty()) {
+    while (!t.stopped()) {
+      if (queue.empty()) {
+        // Holding nothing: done once every piece is handed out; else start copies (or wait while parked, so
+        // the lane can join when the depth grows).
+        if (t.cursor.exhausted()) break;
+        for (unsigned s = 0; s + 1 < std::max(2u, nslots) && start_next(); ++s) {
+        }
+        continue;
+      }
       staged_piece cur = queue.front();
       queue.erase(queue.begin());
       start_next();

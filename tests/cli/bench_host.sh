@@ -13,6 +13,9 @@ grep -q '^IoType: WRITE XferType: CPUONLY Threads: 4 DataSetSize: 8192/8192(KiB)
   || fail "gdsio line: $out"
 grep -q 'created: *'"$work/data" <<<"$out" || fail "creation not reported: $out"
 grep -q 'verify: *OK' <<<"$out" || fail "verify not reported: $out"
+# A file the run creates is sized first, so its timed writes never extend it; the report says so.
+grep -q 'sized to 8.00 MiB first (ftruncate)' <<<"$out" || fail "sizing not reported: $out"
+[ "$(stat -c %s "$work/data")" -eq 8388608 ] || fail "size of the created file: $(stat -c %s "$work/data")"
 
 out=$("$gdskit" bench -f "$work/data" -s 2M -i 256K -w 4 -I 0 -V -k 3 --cold --quiet) || fail "read run: $out"
 grep -q '^IoType: READ' <<<"$out" || fail "read line: $out"

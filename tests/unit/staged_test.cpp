@@ -6,9 +6,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <set>
+#include <thread>
 
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
@@ -292,6 +296,36 @@ TEST(staged_pipeline, gathered_write_cancels_with_ecanceled) {
     EXPECT_EQ(e.code(), std::errc::operation_canceled);
   }
   EXPECT_LT(pieces.load(), 40);
+  EXPECT_EQ(cp.still_pending(), 0u);
+}
+
+// Write lanes parked by a shallow depth wait and join when the depth grows: the write ends up spread over
+// more than the lanes it started with.
+TEST_P(staged, parked_write_lanes_join_when_the_depth_grows) {
+  temp_dir dir(GetParam() == direct_mode::on ? test::direct_capable_parent() : std::filesystem::path{});
+  file_handle f(dir / "p", open_mode::read_write, {.create = true}, test_settings(GetParam()));
+  const std::size_t len = (4u << 20) + 12345;
+  auto src = random_bytes(len, 51);
+  deferred_copier cp(4, 2, 64 * 1024);
+  gpu::staged_options o;
+  std::atomic<unsigned> active{1};
+  std::atomic<int> pieces{0};
+  std::mutex m;
+  std::condition_variable joined;
+  std::set<std::thread::id> writers;
+  o.active_lanes = [&] { return active.load(); };
+  o.on_piece = [&](std::uint64_t) {
+    if (++pieces == 8) active = 4;
+    std::unique_lock lock(m);
+    writers.insert(std::this_thread::get_id());
+    joined.notify_all();
+    // Once the depth has grown, the first lane waits (a bounded time) for another to take a piece, so the
+    // outcome does not depend on how fast the first lane alone could finish.
+    if (pieces >= 8) joined.wait_for(lock, std::chrono::seconds(2), [&] { return writers.size() > 1; });
+  };
+  ASSERT_EQ(gpu::staged_write(f, cp, reinterpret_cast<std::uintptr_t>(src.data()), len, 0, o), len);
+  EXPECT_EQ(test::read_file(dir / "p"), src);
+  EXPECT_GT(writers.size(), 1u) << "lanes above the starting depth never wrote";
   EXPECT_EQ(cp.still_pending(), 0u);
 }
 
