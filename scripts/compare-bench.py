@@ -20,7 +20,7 @@ checkpoint of --size-gib in --shards shards, then measures, cold (page cache dro
 Peers and GPU parts are skipped, with the reason, where no GPU is usable. Every command's output goes to
 OUT/<disk>/<step>.log; OUT/results.json holds the figures and the final table (ratios gdskit / ceiling and
 gdskit / peer) is printed and written to OUT/table.txt. Sizes are configurable so that one run fits a
-10-minute limit: on the GPU machine --size-gib 8 --runs 1 takes about 7 minutes on both disks.
+10-minute limit: on the GPU machine --size-gib 3 --runs 1 takes 3 to 5.5 minutes per disk (one disk per call).
 """
 
 import argparse
