@@ -126,6 +126,17 @@ void bind_to_node(const job_spec& j) {
     throw error(errno_code(rc), fmt::format("binding a worker to NUMA node {} (-n)", *j.numa_node));
 }
 
+// Before the timed phase: without -V the content written does not matter, so the buffer is filled once here
+// and the timed loop measures I/O, not pattern generation or the copy that loads it.
+void preload(worker& w) {
+  const job_spec& j = *w.job;
+  if (!is_write(j.type) || j.verify || j.refill) return;
+  bind_to_node(j);  // the buffer's memory on the worker's node
+  std::vector<std::byte> fill(j.io.max_bytes);
+  fill_pattern(j.seed, 0, fill.data(), fill.size());
+  w.xfer->load(fill.data(), fill.size());
+}
+
 void run_worker(worker& w, const std::atomic<bool>& stop, clock_type::time_point start) {
   const job_spec& j = *w.job;
   bind_to_node(j);
@@ -133,12 +144,6 @@ void run_worker(worker& w, const std::atomic<bool>& stop, clock_type::time_point
   const bool random = is_random(j.type);
   const std::size_t cap = j.io.max_bytes;
   std::vector<std::byte> scratch(j.verify || j.refill ? cap : 0);
-  if (writing && !j.verify && !j.refill) {
-    // Without -V the content does not matter: fill once so the loop measures I/O, not pattern generation.
-    std::vector<std::byte> fill(cap);
-    fill_pattern(j.seed, 0, fill.data(), cap);
-    w.xfer->load(fill.data(), cap);
-  }
   const auto deadline = start + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(j.seconds));
   std::uint64_t pos = w.begin, done_bytes = 0;
   const std::uint64_t region_end = w.begin + w.length;
@@ -345,6 +350,13 @@ std::vector<job_result> run_jobs(const std::vector<job_spec>& jobs, const run_op
     for (worker* w : all) {
       if (h.before_thread) h.before_thread(threads.size());
       threads.emplace_back([&, w] {
+        try {
+          preload(*w);
+        } catch (...) {
+          std::lock_guard lk(err_mu);
+          if (!first_error) first_error = std::current_exception();
+          stop = true;
+        }
         ready.arrive_and_wait();
         while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
         if (stop.load()) return;
