@@ -463,10 +463,11 @@ std::size_t file_handle::write_gather(std::span<const write_extent> extents, con
   std::vector<write_extent> sorted(extents.begin(), extents.end());
   std::erase_if(sorted, [](const write_extent& e) { return e.src.nbytes == 0; });
   if (sorted.empty()) return 0;
-  const buffer_view& first = sorted.front().src;
+  const bool host = host_memory(sorted.front().src);
+  const int device = sorted.front().src.device;
   for (const auto& e : sorted) {
     check_view(m, true, e.src, e.src.nbytes, e.offset_bytes);
-    if (host_memory(e.src) != host_memory(first) || (!host_memory(first) && e.src.device != first.device)) {
+    if (host_memory(e.src) != host || (!host && e.src.device != device)) {
       throw error(errno_code(EINVAL), "pwrite", m.path.string(), static_cast<std::int64_t>(e.offset_bytes),
                   e.src.nbytes, "a gathered write takes memory of one kind and one device");
     }
@@ -485,7 +486,7 @@ std::size_t file_handle::write_gather(std::span<const write_extent> extents, con
     throw error(errno_code(EBADF), "pwrite", m.path.string(), static_cast<std::int64_t>(sorted.front().offset_bytes),
                 sorted.front().src.nbytes, "file opened for reading only");
   }
-  if (!host_memory(first)) return gpu::device_write_gather(*this, sorted, options);
+  if (!host) return gpu::device_write_gather(*this, sorted, options);
   // Host memory: extent after extent, each through the engine at full depth.
   std::size_t done = 0;
   for (const auto& e : sorted) {

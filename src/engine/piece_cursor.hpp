@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 namespace gdskit::engine {
@@ -57,6 +59,14 @@ class piece_cursor {
 
   /// Every piece has been handed out.
   bool exhausted() const { return exhausted_.load(std::memory_order_relaxed); }
+
+  /// For a worker `worker` of a transfer whose current depth is `depth`: false after a short pause while the
+  /// depth keeps it idle (it holds no new piece then); true when it may take one, or must see the end.
+  bool may_take(unsigned worker, unsigned depth) const {
+    if (worker == 0 || worker < depth || exhausted()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return false;
+  }
 
   /// A read of `p` moved only `got` bytes: the file ends at p.offset + got.
   void ended_short(const piece& p, std::size_t got) {

@@ -2,11 +2,9 @@
 
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -109,10 +107,7 @@ std::size_t cufile_transfer(const file_handle::impl& f, bool write, buffer_view 
   engine::parallel_for(workers, workers, [&](std::size_t worker) {
     const context_guard ctx(device);  // cuFile needs the context current; the worker gets its own back
     while (!failed.load(std::memory_order_relaxed)) {
-      if (worker > 0 && worker >= sched.shape().depth && !cursor.exhausted()) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        continue;
-      }
+      if (!cursor.may_take(static_cast<unsigned>(worker), sched.shape().depth)) continue;
       const auto p = cursor.take(sched.shape().request_bytes);
       if (!p) return;
       std::size_t got = 0;

@@ -161,10 +161,7 @@ class lane_session {
 
 // False (after a short pause) while the adaptive depth keeps this lane idle; it holds no piece then.
 bool lane_active(const transfer& t, unsigned lane) {
-  if (!t.options.active_lanes || lane == 0 || lane < t.options.active_lanes()) return true;
-  if (t.cursor.exhausted()) return true;  // let it see the end and leave
-  std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  return false;
+  return !t.options.active_lanes || t.cursor.may_take(lane, t.options.active_lanes());
 }
 
 void read_lane(transfer& t, unsigned lane) {
@@ -282,7 +279,7 @@ std::size_t smallest_piece(const copier& cp, const staged_options& o) {
 }
 
 // More lanes than the transfer has pieces (at the smallest size) would idle.
-unsigned transfer_lanes(const copier& cp, const staged_options&, std::size_t max_pieces) {
+unsigned transfer_lanes(const copier& cp, std::size_t max_pieces) {
   return static_cast<unsigned>(std::min<std::size_t>(cp.lanes(), max_pieces));
 }
 
@@ -303,7 +300,7 @@ std::size_t staged_read(const file_handle& file, copier& cp, std::uintptr_t far,
   if (offset >= size) return 0;
   nbytes = static_cast<std::size_t>(std::min<std::uint64_t>(nbytes, size - offset));
   transfer t(f, cp, options, {{offset, nbytes, far}});
-  const unsigned lanes = transfer_lanes(cp, options, piece_count(offset, nbytes, smallest_piece(cp, options)));
+  const unsigned lanes = transfer_lanes(cp, piece_count(offset, nbytes, smallest_piece(cp, options)));
   engine::parallel_for(lanes, lanes, [&](std::size_t lane) { read_lane(t, static_cast<unsigned>(lane)); });
   finish(t, stats);
   return t.cursor.moved();
@@ -335,7 +332,7 @@ std::size_t staged_write_extents(const file_handle& file, copier& cp, std::span<
                 "file opened for reading only");
   }
   transfer t(f, cp, options, std::move(cut));
-  const unsigned lanes = transfer_lanes(cp, options, pieces);
+  const unsigned lanes = transfer_lanes(cp, pieces);
   engine::parallel_for(lanes, lanes, [&](std::size_t lane) { write_lane(t, static_cast<unsigned>(lane)); });
   finish(t, stats);
   return total;
