@@ -4,11 +4,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <vector>
 
 namespace gdskit::engine {
@@ -53,20 +53,42 @@ class piece_cursor {
     piece p{pos_, static_cast<std::size_t>(stop - pos_), request_bytes, e.far + static_cast<std::uintptr_t>(pos_ - e.offset)};
     pos_ = stop;
     if (pos_ >= end && ++index_ < extents_.size()) pos_ = extents_[index_].offset;
-    if (index_ >= extents_.size()) exhausted_.store(true, std::memory_order_relaxed);
+    if (index_ >= extents_.size() && !exhausted_.exchange(true)) wake_all();
     return p;
   }
 
   /// Every piece has been handed out.
   bool exhausted() const { return exhausted_.load(std::memory_order_relaxed); }
 
-  /// For a worker `worker` of a transfer whose current depth is `depth`: false after a short pause while the
-  /// depth keeps it idle (it holds no new piece then); true when it may take one, or must see the end.
-  bool may_take(unsigned worker, unsigned depth) const {
-    if (worker == 0 || worker < depth || exhausted()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  /// For a worker `worker` of a transfer whose current depth is `depth`: true when it may take a piece, or must
+  /// see the end; else false after waiting, without polling, until the depth grows past it, every piece is
+  /// handed out, wake_all() is called, or `park_timeout` passes (callers check for errors and cancellation
+  /// between calls). Working workers report the depth they see, so a parked one wakes as soon as one of them
+  /// sees it grow.
+  bool may_take(unsigned worker, unsigned depth) {
+    if (exhausted()) return true;
+    const unsigned seen = depth_.exchange(depth);
+    if (depth > seen) wake_all();
+    if (worker == 0 || worker < depth) return true;
+    std::unique_lock lock(park_mutex_);
+    const std::uint64_t generation = wake_generation_;
+    park_cv_.wait_for(lock, park_timeout_, [&] {
+      return exhausted() || worker < depth_.load() || wake_generation_ != generation;
+    });
     return false;
   }
+
+  /// Wakes every parked worker (after a failure, so that they see it at once).
+  void wake_all() {
+    {
+      std::lock_guard lock(park_mutex_);
+      ++wake_generation_;
+    }
+    park_cv_.notify_all();
+  }
+
+  /// How long a parked worker waits before it looks again by itself.
+  void set_park_timeout(std::chrono::milliseconds t) { park_timeout_ = t; }
 
   /// A read of `p` moved only `got` bytes: the file ends at p.offset + got.
   void ended_short(const piece& p, std::size_t got) {
@@ -90,6 +112,12 @@ class piece_cursor {
   std::uint64_t pos_ = 0;
   std::atomic<bool> exhausted_{false};
   std::atomic<std::uint64_t> short_end_{UINT64_MAX};
+  // Parking: the depth working workers last saw, and a generation that wake_all() moves on.
+  std::atomic<unsigned> depth_{0};
+  std::mutex park_mutex_;
+  std::condition_variable park_cv_;
+  std::uint64_t wake_generation_ = 0;
+  std::chrono::milliseconds park_timeout_{50};
 };
 
 }  // namespace gdskit::engine

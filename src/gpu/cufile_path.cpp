@@ -137,6 +137,7 @@ std::size_t cufile_transfer(const file_handle::impl& f, bool write, buffer_view 
           first_error_at = p->offset;
         }
         failed = true;
+        cursor.wake_all();
         return;
       }
       if (got < p->nbytes) cursor.ended_short(*p, got);

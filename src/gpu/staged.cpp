@@ -61,13 +61,16 @@ struct transfer {
   }
 
   void fail(std::uint64_t at) {
-    std::lock_guard lock(mutex);
-    // Keep the error of the lowest file offset: the one a sequential reader would have met first.
-    if (!first_error || at < first_error_offset) {
-      first_error = std::current_exception();
-      first_error_offset = at;
+    {
+      std::lock_guard lock(mutex);
+      // Keep the error of the lowest file offset: the one a sequential reader would have met first.
+      if (!first_error || at < first_error_offset) {
+        first_error = std::current_exception();
+        first_error_offset = at;
+      }
+      failed = true;
     }
-    failed = true;
+    cursor.wake_all();  // parked lanes see the failure now, not at their next timeout
   }
   bool stopped() const {
     return failed.load(std::memory_order_relaxed) || cancelled(options);
@@ -159,8 +162,8 @@ class lane_session {
   unsigned lane_;
 };
 
-// False (after a short pause) while the adaptive depth keeps this lane idle; it holds no piece then.
-bool lane_active(const transfer& t, unsigned lane) {
+// False (after waiting to be woken) while the adaptive depth keeps this lane idle; it holds no piece then.
+bool lane_active(transfer& t, unsigned lane) {
   return !t.options.active_lanes || t.cursor.may_take(lane, t.options.active_lanes());
 }
 
