@@ -278,6 +278,15 @@ int main(int argc, char** argv) {
               path.c_str(), format_size(size).c_str(), default_settings().threads, default_settings().direct_depth,
               default_settings().staging_slots, format_size(default_settings().staging_slot_bytes).c_str(),
               format_size(default_settings().cached_slot_bytes).c_str());
+  {
+    const pinned_buffer probe(default_settings().staging_slot_bytes * default_settings().staging_slots, 0);
+    std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string mode;
+    std::getline(thp, mode);
+    std::printf("pinned memory: %s of a %s lane on 2 MiB pages (transparent_hugepage: %s)\n",
+                format_size(probe.huge_page_bytes()).c_str(), format_size(probe.size()).c_str(),
+                mode.empty() ? "unknown" : mode.c_str());
+  }
 
   std::printf("\nceilings\n");
   rows.push_back({"pinned host->device copy", copy_ceiling(d, true), 0, ""});

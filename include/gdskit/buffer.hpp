@@ -71,9 +71,11 @@ class device_buffer {
   int device_ = -1;
 };
 
-/// Owning page-locked host memory (cuMemHostAlloc, portable: usable from every device's context), allocated
-/// and freed in `device`'s primary context. Move-only; a moved-from buffer is empty. Throws gdskit::error
-/// (cuda category) when the allocation fails or no GPU is usable; the destructor never throws (it logs).
+/// Owning page-locked host memory, portable (usable from every device's context), registered and freed in
+/// `device`'s primary context. It is anonymous memory on transparent huge pages where the kernel gives them,
+/// registered with cuMemHostRegister, so that O_DIRECT into it pins 2 MiB at a time; if registration is
+/// refused it comes from cuMemHostAlloc. Move-only; a moved-from buffer is empty. Throws gdskit::error (cuda
+/// category) when the allocation fails or no GPU is usable; the destructor never throws (it logs).
 class pinned_buffer {
  public:
   pinned_buffer() noexcept = default;
@@ -87,11 +89,14 @@ class pinned_buffer {
   void* data() const noexcept { return ptr_; }
   std::size_t size() const noexcept { return nbytes_; }
   buffer_view view() const noexcept { return {ptr_, nbytes_, memory_kind::pinned, -1}; }
+  /// Bytes of it on transparent huge pages (from /proc/self/smaps; 0 for cuMemHostAlloc memory).
+  std::size_t huge_page_bytes() const noexcept;
 
  private:
   void* ptr_ = nullptr;
   std::size_t nbytes_ = 0;
   int device_ = -1;
+  std::size_t mapped_ = 0;  // bytes to munmap when the memory is registered anonymous memory
 };
 
 /// Registers device memory with cuFile for its lifetime (cuFileBufRegister / cuFileBufDeregister).

@@ -47,6 +47,10 @@ struct settings {
   /// profile (`gdskit tune`) where one exists. GDSKIT_ADAPTIVE=on|off (default on). Off: direct_depth and
   /// chunk_bytes / staging_slot_bytes are used as they are.
   bool adaptive = true;
+  /// Whether the shape the controller converges to on a device is remembered in the profile folder (a learned
+  /// profile, beside the one `gdskit tune` writes) so that later processes start from it and hold it until the
+  /// device's rate moves. GDSKIT_LEARN=on|off (default on). Off: learned profiles are neither read nor written.
+  bool learn = true;
   /// True when the matching GDSKIT_* variable was given (from_env) or code set the value on purpose: that value
   /// then wins over the adaptive controller and the profile, which adapt the other coordinate only.
   bool direct_depth_set = false;

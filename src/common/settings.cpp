@@ -105,6 +105,7 @@ settings settings::from_env() {
   s.staging_slot_bytes = env_size("GDSKIT_STAGING_SLOT_BYTES", s.staging_slot_bytes);
   s.cached_slot_bytes = env_size("GDSKIT_CACHED_SLOT_BYTES", s.cached_slot_bytes);
   s.adaptive = env_enum("GDSKIT_ADAPTIVE", s.adaptive, &parse_switch, "on, off");
+  s.learn = env_enum("GDSKIT_LEARN", s.learn, &parse_switch, "on, off");
   s.direct_depth_set = env("GDSKIT_DIRECT_DEPTH") != nullptr;
   s.chunk_bytes_set = env("GDSKIT_CHUNK_BYTES") != nullptr;
   s.staging_slot_bytes_set = env("GDSKIT_STAGING_SLOT_BYTES") != nullptr;

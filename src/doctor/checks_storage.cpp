@@ -318,7 +318,22 @@ layer check_storage(system_root& root, facts& f, const std::string& path) {
                                         p.profile->write.depth, format_size(p.profile->write.request_bytes))
                           : fmt::format("{}; adaptive from depth {}, {}", p.reason, engine::k_start_shape.depth,
                                         format_size(engine::k_start_shape.request_bytes));
-    if (!p.profile) c.fix = "gdskit tune --path " + path + " measures this device and saves its profile.";
+    if (!p.profile) {
+      // What the library itself learned here (the start of the next transfer when no tuned profile exists).
+      const engine::learned_result l = engine::learned_profile_for_device(st.st_dev);
+      if (l.learned && !l.learned->shapes.empty() && default_settings().learn) {
+        c.summary = fmt::format("{}; learned here:", p.reason);
+        std::string sep = " ";
+        for (const auto& [key, ls] : l.learned->shapes) {
+          c.summary += fmt::format("{}{} depth {}, {} at {:.2f} GiB/s ({})", sep, key, ls.shape.depth,
+                                   format_size(ls.shape.request_bytes), ls.gib_per_s, ls.updated);
+          sep = "; ";
+        }
+      } else if (!l.reason.empty() && l.reason != "nothing learned yet") {
+        c.summary += "; " + l.reason;
+      }
+      c.fix = "gdskit tune --path " + path + " measures this device and saves its profile.";
+    }
     out.checks.push_back(std::move(c));
   }
   return out;

@@ -44,6 +44,19 @@ io_shape adaptive_controller::shape() const {
   return current_;
 }
 
+void adaptive_controller::resume(double rate) {
+  std::lock_guard lock(mutex_);
+  if (!(rate > 0)) return;
+  best_rate_ = rate;
+  resumed_ = true;
+  enter(phase::hold);
+}
+
+bool adaptive_controller::resumed() const {
+  std::lock_guard lock(mutex_);
+  return resumed_;
+}
+
 bool adaptive_controller::converged() const {
   std::lock_guard lock(mutex_);
   return phase_ == phase::hold;
@@ -61,7 +74,8 @@ double adaptive_controller::converged_rate() const {
 
 std::string adaptive_controller::describe() const {
   std::lock_guard lock(mutex_);
-  std::string state = phase_ == phase::hold ? fmt::format("converged after {} probes", probes_)
+  std::string state = resumed_                ? std::string("holding the learned shape")
+                      : phase_ == phase::hold ? fmt::format("converged after {} probes", probes_)
                       : phase_ == phase::measure_start ? std::string("measuring")
                                                        : fmt::format("probing, {} probes", probes_);
   return fmt::format("depth {}, {}; adaptive ({})", best_.depth, format_size(best_.request_bytes), state);
@@ -183,6 +197,7 @@ void adaptive_controller::judge(double rate) {
     if (++drift_windows_ < 2) return;
     // The device changed under us (another tenant, its cache, a different region): the old comparisons are
     // stale, so the incumbent's rate is taken as measured now and the search starts again from it.
+    resumed_ = false;
     best_rate_ = rate;
     rounds_ = 0;
     size_moved_ = false;
@@ -220,7 +235,7 @@ void adaptive_controller::judge(double rate) {
 }
 
 std::shared_ptr<adaptive_controller> controller_for(dev_t device, io_dir dir, int client, io_shape start,
-                                                    const adaptive_limits& limits) {
+                                                    const adaptive_limits& limits, double resume_rate) {
   static std::mutex mutex;
   static std::map<std::tuple<dev_t, int, int, bool, bool, std::size_t>, std::shared_ptr<adaptive_controller>>
       controllers;
@@ -230,7 +245,10 @@ std::shared_ptr<adaptive_controller> controller_for(dev_t device, io_dir dir, in
   auto key = std::make_tuple(device, static_cast<int>(dir), client, limits.depth_fixed, limits.request_fixed,
                              limits.max_request_bytes);
   auto& c = controllers[key];
-  if (!c) c = std::make_shared<adaptive_controller>(start, limits);
+  if (!c) {
+    c = std::make_shared<adaptive_controller>(start, limits);
+    if (resume_rate > 0) c->resume(resume_rate);
+  }
   return c;
 }
 

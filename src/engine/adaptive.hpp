@@ -68,6 +68,12 @@ class adaptive_controller {
   /// that planned its requests before a size probe began cannot follow it).
   void complete(std::size_t nbytes, double now_s, std::size_t request_bytes = 0);
 
+  /// Holds the start shape as if it had converged at `rate` bytes per second (a learned profile): no probing
+  /// until two windows in a row differ from that rate by more than the drift margin. Call before first use.
+  void resume(double rate);
+  /// Whether it still holds a resumed shape without having searched since.
+  bool resumed() const;
+
   bool converged() const;
   /// Candidates measured so far (re-probes included).
   unsigned probes() const;
@@ -99,6 +105,7 @@ class adaptive_controller {
   unsigned probes_ = 0;
   unsigned drift_windows_ = 0;
   double converged_rate_ = 0;
+  bool resumed_ = false;
   // The window being measured.
   unsigned active_ = 0;         // probing transfers running
   double active_since_ = 0;     // when active_ went from 0 to 1
@@ -110,8 +117,9 @@ class adaptive_controller {
 /// The process-wide controller for (device, direction), created from `start` and `limits` on first use. Later
 /// calls return the same controller (its converged state survives between transfers and file handles).
 /// `client` separates users whose costs per request differ (see io_schedule.hpp).
+/// `resume_rate` > 0: a new controller holds `start` as converged at that rate (bytes per second).
 std::shared_ptr<adaptive_controller> controller_for(dev_t device, io_dir dir, int client, io_shape start,
-                                                    const adaptive_limits& limits);
+                                                    const adaptive_limits& limits, double resume_rate = 0);
 
 /// Rounds `v` down to a power of two within [lo, hi].
 std::size_t clamp_pow2(std::size_t v, std::size_t lo, std::size_t hi);

@@ -132,66 +132,94 @@ std::filesystem::path profile_path(const std::filesystem::path& dir, const devic
   return dir / fmt::format("profile-{}-{:016x}.json", name, fnv1a(id.key));
 }
 
-profile_result load_profile(const std::filesystem::path& file, const device_identity& id) {
-  profile_result out;
+namespace {
+
+// The JSON object of a profile file made for `id` (tuned or learned: both carry "version" and "device"), or
+// nothing with `why` set. Never throws.
+std::optional<nlohmann::json> read_profile_file(const std::filesystem::path& file, const device_identity& id,
+                                                int version, std::string& why) {
   struct stat st {};
   if (::lstat(file.c_str(), &st) != 0) {
-    out.reason = errno == ENOENT ? "no profile (run gdskit tune)" : fmt::format("profile unreadable: {}", std::strerror(errno));
-    return out;
+    why = errno == ENOENT ? "" : fmt::format("unreadable: {}", std::strerror(errno));
+    return std::nullopt;
   }
   if (S_ISLNK(st.st_mode)) {
-    out.reason = "profile ignored: a symbolic link";
-    return out;
+    why = "ignored: a symbolic link";
+    return std::nullopt;
   }
   if (!S_ISREG(st.st_mode)) {
-    out.reason = "profile ignored: not a regular file";
-    return out;
+    why = "ignored: not a regular file";
+    return std::nullopt;
   }
   if (static_cast<std::size_t>(st.st_size) > k_profile_max_bytes) {
-    out.reason = fmt::format("profile ignored: {} bytes, more than {}", st.st_size, k_profile_max_bytes);
-    return out;
+    why = fmt::format("ignored: {} bytes, more than {}", st.st_size, k_profile_max_bytes);
+    return std::nullopt;
   }
   std::error_code ec;
   // O_NOFOLLOW and O_NONBLOCK: the file may be swapped for a link or a FIFO after the lstat.
   posix::unique_fd fd(posix::open_retry(file.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0, ec));
   if (!fd) {
-    out.reason = "profile ignored: " + ec.message();
-    return out;
+    why = "ignored: " + ec.message();
+    return std::nullopt;
   }
   struct stat fst {};
   if (posix::sys().fstat(fd.get(), &fst) != 0 || !S_ISREG(fst.st_mode) ||
       static_cast<std::size_t>(fst.st_size) > k_profile_max_bytes) {
-    out.reason = "profile ignored: not a small regular file";
-    return out;
+    why = "ignored: not a small regular file";
+    return std::nullopt;
   }
   std::string text(static_cast<std::size_t>(fst.st_size), '\0');
   const std::size_t got = posix::pread_full(fd.get(), text.data(), text.size(), 0, ec);
   if (ec) {
-    out.reason = "profile ignored: " + ec.message();
-    return out;
+    why = "ignored: " + ec.message();
+    return std::nullopt;
   }
   text.resize(got);
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
-    out.reason = "profile ignored: not valid JSON";
-    return out;
+    why = "ignored: not valid JSON";
+    return std::nullopt;
   }
   auto v = j.find("version");
-  if (v == j.end() || !v->is_number_integer() || v->get<std::int64_t>() != device_profile::k_version) {
-    out.reason = fmt::format("profile ignored: version is not {}", device_profile::k_version);
-    return out;
+  if (v == j.end() || !v->is_number_integer() || v->get<std::int64_t>() != version) {
+    why = fmt::format("ignored: version is not {}", version);
+    return std::nullopt;
   }
   auto dev = j.find("device");
   if (dev == j.end() || !dev->is_object() || !dev->contains("key") || !(*dev)["key"].is_string() ||
       (*dev)["key"].get<std::string>() != id.key) {
-    out.reason = "profile ignored: made for another device";
+    why = "ignored: made for another device";
+    return std::nullopt;
+  }
+  return j;
+}
+
+nlohmann::json device_json(const device_identity& id) { return {{"key", id.key}, {"block", id.block}}; }
+
+}  // namespace
+
+std::string utc_now_iso() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm {};
+  ::gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+profile_result load_profile(const std::filesystem::path& file, const device_identity& id) {
+  profile_result out;
+  std::string why;
+  const auto j = read_profile_file(file, id, device_profile::k_version, why);
+  if (!j) {
+    out.reason = why.empty() ? "no profile (run gdskit tune)" : "profile " + why;
     return out;
   }
   device_profile p;
   p.device = id;
-  if (auto c = j.find("created"); c != j.end() && c->is_string()) p.created = c->get<std::string>().substr(0, 40);
-  std::string why = read_shape(j.value("read", nlohmann::json()), "read", p.read, p.read_gib_per_s);
-  if (why.empty()) why = read_shape(j.value("write", nlohmann::json()), "write", p.write, p.write_gib_per_s);
+  if (auto c = j->find("created"); c != j->end() && c->is_string()) p.created = c->get<std::string>().substr(0, 40);
+  why = read_shape(j->value("read", nlohmann::json()), "read", p.read, p.read_gib_per_s);
+  if (why.empty()) why = read_shape(j->value("write", nlohmann::json()), "write", p.write, p.write_gib_per_s);
   if (!why.empty()) {
     out.reason = "profile ignored: " + why;
     return out;
@@ -203,7 +231,7 @@ profile_result load_profile(const std::filesystem::path& file, const device_iden
 std::string profile_json(const device_profile& p) {
   nlohmann::json j;
   j["version"] = device_profile::k_version;
-  j["device"] = {{"key", p.device.key}, {"block", p.device.block}};
+  j["device"] = device_json(p.device);
   j["created"] = p.created;
   j["read"] = shape_json(p.read, p.read_gib_per_s);
   j["write"] = shape_json(p.write, p.write_gib_per_s);
@@ -241,6 +269,149 @@ const profile_result& profile_for_device(dev_t dev) {
     r = load_profile(profile_path(dir, id), id);
   }
   return cache.emplace(dev, std::move(r)).first->second;
+}
+
+// ---- Learned profiles ----
+
+std::filesystem::path learned_path(const std::filesystem::path& dir, const device_identity& id) {
+  auto p = profile_path(dir, id);
+  std::string name = p.filename().string();
+  name.replace(0, std::string_view("profile").size(), "learned");
+  return dir / name;
+}
+
+std::string learned_key(io_dir dir, bool staged) {
+  return fmt::format("{}-{}", staged ? "staged" : "host", dir_name(dir));
+}
+
+learned_result load_learned(const std::filesystem::path& file, const device_identity& id) {
+  learned_result out;
+  std::string why;
+  const auto j = read_profile_file(file, id, learned_profile::k_version, why);
+  if (!j) {
+    out.reason = why.empty() ? "nothing learned yet" : "learned profile " + why;
+    return out;
+  }
+  auto shapes = j->find("shapes");
+  if (shapes == j->end() || !shapes->is_object()) {
+    out.reason = "learned profile ignored: \"shapes\" missing";
+    return out;
+  }
+  learned_profile p;
+  p.device = id;
+  for (const auto& [key, value] : shapes->items()) {
+    // Only the four keys this library writes; anything else is someone else's and is dropped.
+    bool known = false;
+    for (bool staged : {false, true}) {
+      for (io_dir d : {io_dir::read, io_dir::write}) known = known || key == learned_key(d, staged);
+    }
+    if (!known) continue;
+    learned_shape ls;
+    why = read_shape(value, key.c_str(), ls.shape, ls.gib_per_s);
+    if (!why.empty()) {
+      out.reason = "learned profile ignored: " + why;
+      return out;
+    }
+    if (!(ls.gib_per_s > 0 && ls.gib_per_s < 1e4)) {
+      out.reason = fmt::format("learned profile ignored: {} has no plausible gib_per_s", key);
+      return out;
+    }
+    if (value.contains("updated") && value["updated"].is_string()) {
+      // Shown by doctor: only a timestamp's characters pass.
+      const std::string u = value["updated"].get<std::string>().substr(0, 40);
+      if (u.find_first_not_of("0123456789-:TZ") == std::string::npos) ls.updated = u;
+    }
+    p.shapes.emplace(key, std::move(ls));
+  }
+  out.learned = std::move(p);
+  return out;
+}
+
+std::string learned_json(const learned_profile& p) {
+  nlohmann::json j;
+  j["version"] = learned_profile::k_version;
+  j["device"] = device_json(p.device);
+  nlohmann::json shapes = nlohmann::json::object();
+  for (const auto& [key, ls] : p.shapes) {
+    auto e = shape_json(ls.shape, ls.gib_per_s);
+    e["updated"] = ls.updated;
+    shapes[key] = std::move(e);
+  }
+  j["shapes"] = std::move(shapes);
+  return json_text(j, 2) + "\n";
+}
+
+std::filesystem::path save_learned(const std::filesystem::path& dir, const learned_profile& p) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw error(ec, "create folder", dir.string(), -1, 0);
+  const auto file = learned_path(dir, p.device);
+  posix::atomic_write_file(file, learned_json(p), 0644, /*overwrite=*/true);
+  return file;
+}
+
+namespace {
+
+struct learned_cache_entry {
+  device_identity id;
+  learned_result result;
+};
+
+std::mutex learned_mutex;
+
+// The learned profile of `dev` as this process knows it: read once from the profile folder, then kept up to
+// date by remember_learned(). Called with learned_mutex held.
+learned_cache_entry& learned_entry(dev_t dev) {
+  static std::map<dev_t, learned_cache_entry> cache;
+  auto it = cache.find(dev);
+  if (it != cache.end()) return it->second;
+  learned_cache_entry e;
+  e.id = identify_device("/", dev);
+  const auto dir = profile_dir();
+  if (dir.empty()) {
+    e.result.reason = "no profile folder (neither XDG_CACHE_HOME nor HOME is set)";
+  } else {
+    e.result = load_learned(learned_path(dir, e.id), e.id);
+  }
+  return cache.emplace(dev, std::move(e)).first->second;
+}
+
+}  // namespace
+
+std::optional<learned_shape> learned_for_device(dev_t dev, const std::string& key) {
+  std::lock_guard lock(learned_mutex);
+  const learned_cache_entry& e = learned_entry(dev);
+  if (!e.result.learned) return std::nullopt;
+  auto it = e.result.learned->shapes.find(key);
+  if (it == e.result.learned->shapes.end()) return std::nullopt;
+  return it->second;
+}
+
+learned_result learned_profile_for_device(dev_t dev) {
+  std::lock_guard lock(learned_mutex);
+  return learned_entry(dev).result;
+}
+
+bool remember_learned(dev_t dev, const std::string& key, learned_shape shape) noexcept {
+  try {
+    std::lock_guard lock(learned_mutex);
+    learned_cache_entry& e = learned_entry(dev);
+    const auto dir = profile_dir();
+    if (dir.empty()) return false;
+    // Merge with what other processes wrote since: the file's other shapes are theirs to keep.
+    learned_result now = load_learned(learned_path(dir, e.id), e.id);
+    learned_profile p = now.learned ? std::move(*now.learned) : learned_profile{};
+    p.device = e.id;
+    if (shape.updated.empty()) shape.updated = utc_now_iso();
+    p.shapes[key] = shape;
+    save_learned(dir, p);
+    if (!e.result.learned) e.result.learned = learned_profile{e.id, {}};
+    e.result.learned->shapes[key] = std::move(shape);
+    e.result.reason.clear();
+    return true;
+  } catch (...) {
+    return false;  // a read-only or full cache folder costs the next process its head start, nothing more
+  }
 }
 
 }  // namespace gdskit::engine

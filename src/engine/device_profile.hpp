@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -66,5 +67,48 @@ std::filesystem::path save_profile(const std::filesystem::path& dir, const devic
 
 /// The profile for device `dev` of this process (looked up once per device in profile_dir(); cached).
 const profile_result& profile_for_device(dev_t dev);
+
+/// "2026-12-01T13:20:11Z".
+std::string utc_now_iso();
+
+// Learned profiles: the shapes the adaptive controller converged to on a device, written by the library itself
+// (learned-<device>-<hash>.json beside the profile) so that the next process starts where the last one ended,
+// as TCP keeps a route's metrics. A tuned profile wins over them. Same checks as a tuned profile on reading.
+
+/// One converged shape and the rate it held.
+struct learned_shape {
+  io_shape shape;
+  double gib_per_s = 0;
+  std::string updated;  ///< ISO 8601 UTC
+};
+
+struct learned_profile {
+  static constexpr int k_version = 1;
+  device_identity device;
+  std::map<std::string, learned_shape> shapes;  ///< by learned_key()
+};
+
+/// "staged-read", "host-write", ...: which client and direction a learned shape is for.
+std::string learned_key(io_dir dir, bool staged);
+
+struct learned_result {
+  std::optional<learned_profile> learned;
+  std::string reason;  ///< why none is used (empty when one was loaded)
+};
+
+std::filesystem::path learned_path(const std::filesystem::path& dir, const device_identity& id);
+/// Reads and checks `file` as the learned profile of `id`; entries under unknown keys are dropped. Never throws.
+learned_result load_learned(const std::filesystem::path& file, const device_identity& id);
+std::string learned_json(const learned_profile& p);
+/// Writes atomically into `dir` (created). Throws gdskit::error.
+std::filesystem::path save_learned(const std::filesystem::path& dir, const learned_profile& p);
+
+/// The learned shape for `key` on device `dev`, as this process knows it (the file is read once per device).
+std::optional<learned_shape> learned_for_device(dev_t dev, const std::string& key);
+/// The whole learned profile of `dev` (for doctor).
+learned_result learned_profile_for_device(dev_t dev);
+/// Records `shape` for `key` on `dev`: merged into the device's learned file (re-read first, so shapes other
+/// processes wrote are kept) and into this process's copy. False when it could not be written. Never throws.
+bool remember_learned(dev_t dev, const std::string& key, learned_shape shape) noexcept;
 
 }  // namespace gdskit::engine

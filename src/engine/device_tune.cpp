@@ -34,15 +34,6 @@ struct removed_file {
   ~removed_file() { ::unlink(path.c_str()); }
 };
 
-std::string utc_now() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  ::gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 settings fixed(unsigned depth, std::size_t request) {
   settings s = default_settings();
   s.adaptive = false;
@@ -76,7 +67,7 @@ device_profile tune_device(const tune_options& o) {
     f.pwrite(buf.p, n, 0);  // the file every read measurement reads
     f.sync();
   }
-  prof.created = utc_now();
+  prof.created = utc_now_iso();
   auto measure = [&](io_dir dir, unsigned depth, std::size_t req) {
     const settings s = fixed(depth, req);
     double seconds = 0;

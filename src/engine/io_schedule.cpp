@@ -1,6 +1,8 @@
 #include "engine/io_schedule.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -17,7 +19,10 @@ struct setup {
   io_shape start;
   io_shape fixed;        // used when not adaptive
   std::string source;    // where the start came from
+  double resume_rate = 0;  // bytes per second of a learned shape held from the start (0: search from start)
 };
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 setup make_setup(const settings& c, dev_t dev, io_dir dir, io_client client) {
   setup s;
@@ -35,29 +40,42 @@ setup make_setup(const settings& c, dev_t dev, io_dir dir, io_client client) {
   s.limits.min_request_bytes = std::min<std::size_t>(kMiB, s.limits.max_request_bytes);
   s.start = {k_start_shape.depth, std::min(k_start_shape.request_bytes, s.limits.max_request_bytes)};
   const profile_result& p = profile_for_device(dev);
+  std::optional<learned_shape> learned;
   if (p.profile) {
     s.start = dir == io_dir::read ? p.profile->read : p.profile->write;
     s.source = fmt::format("device profile {}", p.profile->device.block.empty() ? p.profile->device.key
                                                                                  : p.profile->device.block);
+  } else if (c.learn && (learned = learned_for_device(dev, learned_key(dir, staged)))) {
+    s.start = learned->shape;
+    const device_identity id = identify_device("/", dev);
+    s.source = fmt::format("learned profile {} ({})", id.block.empty() ? id.key : id.block,
+                           p.reason.rfind("no profile (", 0) == 0 ? "no tuned profile: run gdskit tune" : p.reason);
   } else {
     s.source = p.reason;
   }
   if (s.limits.depth_fixed) s.start.depth = s.fixed.depth;
   if (s.limits.request_fixed) s.start.request_bytes = request;
+  // A learned shape is held only as it was learned: a pinned coordinate that moved it, or limits that cut it,
+  // make it a plain starting point.
+  if (learned && s.start == learned->shape && s.start.depth <= s.limits.max_depth &&
+      s.start.request_bytes <= s.limits.max_request_bytes &&
+      s.start.request_bytes >= s.limits.min_request_bytes) {
+    s.resume_rate = learned->gib_per_s * kGiB;
+  }
   s.limits.max_depth = std::max(s.limits.max_depth, s.start.depth);
   s.limits.max_request_bytes = std::max(s.limits.max_request_bytes, s.start.request_bytes);
   return s;
 }
 
 std::shared_ptr<adaptive_controller> controller(const setup& s, dev_t dev, io_dir dir, io_client client) {
-  return controller_for(dev, dir, static_cast<int>(client), s.start, s.limits);
+  return controller_for(dev, dir, static_cast<int>(client), s.start, s.limits, s.resume_rate);
 }
 
 }  // namespace
 
 scheduled_transfer::scheduled_transfer(const settings& config, dev_t device, io_dir dir, io_client client,
                                        std::size_t nbytes)
-    : nbytes_(nbytes) {
+    : nbytes_(nbytes), device_(device), dir_(dir), client_(client), learn_(config.learn) {
   setup s = make_setup(config, device, dir, client);
   fixed_ = max_ = s.fixed;
   if (!s.adaptive) return;
@@ -72,7 +90,22 @@ void scheduled_transfer::start(std::size_t direct_bytes) {
 }
 
 scheduled_transfer::~scheduled_transfer() {
-  if (ctl_) ctl_->end(probing_, steady_now_s());
+  if (!ctl_) return;
+  ctl_->end(probing_, steady_now_s());
+  if (probing_ && learn_) remember();
+}
+
+void scheduled_transfer::remember() const noexcept {
+  // Written when the controller holds a shape that differs from the one remembered, or at a rate that has
+  // moved past the drift margin: a few times in a process's life, not per transfer.
+  if (!ctl_->converged()) return;
+  const io_shape best = ctl_->best();
+  const double gib = ctl_->converged_rate() / kGiB;
+  if (!(gib > 0)) return;
+  const std::string key = learned_key(dir_, client_ == io_client::staged);
+  const std::optional<learned_shape> known = learned_for_device(device_, key);
+  if (known && known->shape == best && known->gib_per_s > 0 && std::fabs(gib / known->gib_per_s - 1.0) <= 0.3) return;
+  remember_learned(device_, key, learned_shape{best, gib, {}});
 }
 
 io_shape scheduled_transfer::shape() const {

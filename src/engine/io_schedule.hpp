@@ -39,6 +39,8 @@ class scheduled_transfer {
   void complete(std::size_t nbytes, std::size_t request_bytes = 0);
 
  private:
+  void remember() const noexcept;
+
   std::shared_ptr<adaptive_controller> ctl_;
   io_shape fixed_;
   io_shape max_;
@@ -46,6 +48,10 @@ class scheduled_transfer {
   std::size_t planned_request_ = 0;
   bool eligible_ = false;  // large enough to probe
   bool probing_ = false;
+  dev_t device_ = 0;
+  io_dir dir_ = io_dir::read;
+  io_client client_ = io_client::host;
+  bool learn_ = true;
 };
 
 /// The line the plan's reasons carry: "device profile nvme0n1: depth 32, 4.00 MiB; adaptive (...)",

@@ -1,4 +1,7 @@
 // device_buffer, pinned_buffer, cufile_registration and pointer classification over the driver shim.
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -10,6 +13,7 @@
 #include "gpu/buffers.hpp"
 #include "gpu/cuda_raii.hpp"
 #include "gdskit/error.hpp"
+#include "posix/anon_memory.hpp"
 #include "shim/cuda_driver.hpp"
 #include "shim/cufile.hpp"
 
@@ -143,6 +147,15 @@ void device_buffer::fill(unsigned char value) {
 pinned_buffer::pinned_buffer(std::size_t nbytes, int device) : nbytes_(nbytes), device_(device) {
   const cuda_api& a = cuda_or_throw();
   gpu::context_guard ctx(device);
+  posix::anon_memory m(nbytes);
+  const CUresult r = a.cuMemHostRegister(m.data(), m.size(), MEMHOSTREGISTER_PORTABLE);
+  if (r == CUDA_SUCCESS) {
+    mapped_ = m.size();
+    ptr_ = m.release();
+    return;
+  }
+  // Some drivers and sandboxes refuse to register (pinned-memory limits): the driver's own allocator then
+  // (huge_page_bytes() says 0 for it).
   void* p = nullptr;
   check_cuda(a.cuMemHostAlloc(&p, nbytes == 0 ? 1 : nbytes, MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc");
   ptr_ = p;
@@ -151,11 +164,23 @@ pinned_buffer::pinned_buffer(std::size_t nbytes, int device) : nbytes_(nbytes), 
 pinned_buffer::~pinned_buffer() {
   if (ptr_ == nullptr) return;
   void* p = ptr_;
-  gpu::release_in_context(device_, "cuMemFreeHost", [p] { return cuda()->cuMemFreeHost(p); });
+  if (mapped_ == 0) {
+    gpu::release_in_context(device_, "cuMemFreeHost", [p] { return cuda()->cuMemFreeHost(p); });
+    return;
+  }
+  gpu::release_in_context(device_, "cuMemHostUnregister", [p] { return cuda()->cuMemHostUnregister(p); });
+  ::munmap(p, mapped_);
+}
+
+std::size_t pinned_buffer::huge_page_bytes() const noexcept {
+  return mapped_ == 0 ? 0 : std::min(posix::huge_page_bytes(ptr_), mapped_);
 }
 
 pinned_buffer::pinned_buffer(pinned_buffer&& o) noexcept
-    : ptr_(std::exchange(o.ptr_, nullptr)), nbytes_(std::exchange(o.nbytes_, 0)), device_(std::exchange(o.device_, -1)) {}
+    : ptr_(std::exchange(o.ptr_, nullptr)),
+      nbytes_(std::exchange(o.nbytes_, 0)),
+      device_(std::exchange(o.device_, -1)),
+      mapped_(std::exchange(o.mapped_, 0)) {}
 
 pinned_buffer& pinned_buffer::operator=(pinned_buffer&& o) noexcept {
   if (this != &o) {
@@ -163,6 +188,7 @@ pinned_buffer& pinned_buffer::operator=(pinned_buffer&& o) noexcept {
     ptr_ = std::exchange(o.ptr_, nullptr);
     nbytes_ = std::exchange(o.nbytes_, 0);
     device_ = std::exchange(o.device_, -1);
+    mapped_ = std::exchange(o.mapped_, 0);
   }
   return *this;
 }

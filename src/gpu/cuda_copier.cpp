@@ -12,7 +12,7 @@ namespace gdskit::gpu {
 using namespace shim;
 
 staging_lane::staging_lane(int dev, unsigned nslots, std::size_t bytes)
-    // cuMemHostAlloc returns pinned, resident pages: nothing to fault in later.
+    // Pinned, resident pages (huge pages where the kernel gives them): nothing to fault in later.
     : device(dev), slots(nslots), slot_bytes(bytes), pinned(static_cast<std::size_t>(nslots) * bytes, dev),
       stream(dev, CU_STREAM_NON_BLOCKING) {
   events.reserve(slots);

@@ -21,6 +21,7 @@ inline constexpr CUresult CUDA_SUCCESS = 0;
 inline constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
 inline constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 inline constexpr unsigned MEMHOSTALLOC_PORTABLE = 0x01;
+inline constexpr unsigned MEMHOSTREGISTER_PORTABLE = 0x01;
 inline constexpr unsigned CU_EVENT_BLOCKING_SYNC = 0x1;
 inline constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
 inline constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;

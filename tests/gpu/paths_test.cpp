@@ -169,6 +169,30 @@ TEST(gpu_buffers, foreign_and_bad_pointers) {
   EXPECT_THROW(f.read_exact(d.view(), 1000, 0), short_read_error);
 }
 
+// Pinned memory is registered anonymous memory on huge pages where the kernel gives them; O_DIRECT reads into
+// it and the copies from it are byte-exact.
+TEST(gpu_buffers, pinned_memory_on_huge_pages) {
+  REQUIRE_GPU();
+  pinned_buffer pin(16u << 20);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(pin.data()) % (2u << 20), 0u);
+  EXPECT_EQ(describe_pointer(pin.data(), pin.size()).kind, memory_kind::pinned);
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode;
+  std::getline(thp, mode);
+  if (mode.find("[never]") == std::string::npos && !mode.empty()) {
+    EXPECT_GT(pin.huge_page_bytes(), 0u) << "THP is " << mode;
+  }
+  temp_dir dir(test::direct_capable_parent());
+  auto data = random_bytes((12u << 20) + 4097, 61);
+  test::write_file(dir / "h", data);
+  file_handle f(dir / "h", open_mode::read);
+  EXPECT_EQ(f.read(pin.view(), data.size(), 0), data.size());
+  EXPECT_EQ(std::memcmp(pin.data(), data.data(), data.size()), 0);
+  device_buffer d(data.size());
+  d.copy_from_host(pin.data(), data.size());
+  EXPECT_EQ(device_to_host(d, data.size()), data);
+}
+
 shim::CUcontext current_context() {
   shim::CUcontext c = nullptr;
   shim::cuda()->cuCtxGetCurrent(&c);

@@ -1,0 +1,190 @@
+// Learned profiles: the shape the controller converged to is remembered in the profile folder and the next
+// process holds it from its first transfer; bad files are ignored with a reason; GDSKIT_LEARN=off neither reads
+// nor writes them. (Each test runs in its own process, so the per-process caches start empty.)
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/device_profile.hpp"
+#include "engine/io_schedule.hpp"
+#include "test_support.hpp"
+
+namespace gdskit::engine {
+namespace {
+
+using test::temp_dir;
+namespace fs = std::filesystem;
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+void put(const fs::path& p, const std::string& text) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p) << text;
+}
+
+learned_profile sample(const device_identity& id) {
+  learned_profile p;
+  p.device = id;
+  p.shapes["staged-read"] = {{4, 2 * kMiB}, 3.5, "2026-12-01T09:00:00Z"};
+  p.shapes["host-write"] = {{8, 8 * kMiB}, 1.25, "2026-12-01T09:00:01Z"};
+  return p;
+}
+
+TEST(learned_profile, saved_shapes_load_back_beside_the_tuned_profile) {
+  temp_dir t;
+  const device_identity id{"nvme0n1", "wwid=eui.1234"};
+  const fs::path dir = t.path() / "cache/gdskit";
+  const fs::path file = save_learned(dir, sample(id));
+  EXPECT_EQ(file, learned_path(dir, id));
+  EXPECT_EQ(file.parent_path(), profile_path(dir, id).parent_path());
+  EXPECT_NE(file, profile_path(dir, id));
+  const auto r = load_learned(file, id);
+  ASSERT_TRUE(r.learned) << r.reason;
+  ASSERT_EQ(r.learned->shapes.size(), 2u);
+  EXPECT_EQ(r.learned->shapes.at("staged-read").shape, (io_shape{4, 2 * kMiB}));
+  EXPECT_DOUBLE_EQ(r.learned->shapes.at("host-write").gib_per_s, 1.25);
+  EXPECT_EQ(r.learned->shapes.at("host-write").updated, "2026-12-01T09:00:01Z");
+  EXPECT_EQ(learned_key(io_dir::read, true), "staged-read");
+  EXPECT_EQ(learned_key(io_dir::write, false), "host-write");
+}
+
+TEST(learned_profile, bad_files_are_ignored_with_a_reason_and_foreign_text_is_dropped) {
+  temp_dir t;
+  const device_identity id{"nvme0n1", "wwid=eui.1234"};
+  const nlohmann::json good = nlohmann::json::parse(learned_json(sample(id)));
+  auto edit = [&](auto f) {
+    nlohmann::json j = good;
+    f(j);
+    return j.dump();
+  };
+  const std::vector<std::pair<const char*, std::string>> bad = {
+      {"unparsable", "{\"version\": 1, \"shapes\": "},
+      {"wrong version", edit([](auto& j) { j["version"] = 7; })},
+      {"another device", edit([](auto& j) { j["device"]["key"] = "wwid=other"; })},
+      {"no shapes", edit([](auto& j) { j.erase("shapes"); })},
+      {"shapes not an object", edit([](auto& j) { j["shapes"] = "x"; })},
+      {"depth zero", edit([](auto& j) { j["shapes"]["staged-read"]["depth"] = 0; })},
+      {"request not aligned", edit([](auto& j) { j["shapes"]["host-write"]["request_bytes"] = 12345; })},
+      {"rate missing", edit([](auto& j) { j["shapes"]["staged-read"].erase("gib_per_s"); })},
+      {"rate absurd", edit([](auto& j) { j["shapes"]["staged-read"]["gib_per_s"] = 1e9; })},
+      {"too large", good.dump() + std::string(k_profile_max_bytes, ' ')},
+  };
+  for (const auto& [what, text] : bad) {
+    SCOPED_TRACE(what);
+    put(t.path() / "l.json", text);
+    const auto r = load_learned(t.path() / "l.json", id);
+    EXPECT_FALSE(r.learned);
+    EXPECT_NE(r.reason.find("learned profile"), std::string::npos) << r.reason;
+  }
+  fs::create_symlink(t.path() / "l.json", t.path() / "link.json");
+  EXPECT_FALSE(load_learned(t.path() / "link.json", id).learned);
+  EXPECT_EQ(load_learned(t.path() / "missing.json", id).reason, "nothing learned yet");
+
+  // Unknown keys are dropped; a timestamp with control characters is not kept (doctor prints it).
+  put(t.path() / "odd.json", edit([](auto& j) {
+        j["shapes"]["rm -rf"] = j["shapes"]["staged-read"];
+        j["shapes"]["staged-read"]["updated"] = "2026\x1b[31m";
+      }));
+  const auto r = load_learned(t.path() / "odd.json", id);
+  ASSERT_TRUE(r.learned) << r.reason;
+  EXPECT_EQ(r.learned->shapes.size(), 2u);
+  EXPECT_EQ(r.learned->shapes.at("staged-read").updated, "");
+}
+
+// The folder of a real file in a private cache folder, so the test writes nothing into the user's cache.
+struct cache_env {
+  temp_dir t{test::direct_capable_parent()};
+  dev_t dev = 0;
+  cache_env() {
+    ::setenv("XDG_CACHE_HOME", (t.path() / "cache").c_str(), 1);
+    struct stat st {};
+    EXPECT_EQ(::stat(t.path().c_str(), &st), 0);
+    dev = st.st_dev;
+  }
+  fs::path learned_file() const { return learned_path(t.path() / "cache/gdskit", identify_device("/", dev)); }
+};
+
+TEST(learned_profile, the_next_process_holds_the_learned_shape_from_its_first_transfer) {
+  cache_env env;
+  learned_profile p;
+  p.device = identify_device("/", env.dev);
+  p.shapes["staged-read"] = {{4, 2 * kMiB}, 3.0, "2026-12-01T09:00:00Z"};
+  save_learned(env.t.path() / "cache/gdskit", p);
+  settings cfg;
+  scheduled_transfer s(cfg, env.dev, io_dir::read, io_client::staged, std::size_t{1} << 30);
+  EXPECT_EQ(s.shape(), (io_shape{4, 2 * kMiB}));
+  const std::string why = schedule_reason(cfg, env.dev, io_dir::read, io_client::staged);
+  EXPECT_NE(why.find("learned profile"), std::string::npos) << why;
+  EXPECT_NE(why.find("holding the learned shape"), std::string::npos) << why;
+  // Writes on the same device were not learned: they start from the default.
+  const std::string w = schedule_reason(cfg, env.dev, io_dir::write, io_client::staged);
+  EXPECT_EQ(w.find("learned profile"), std::string::npos) << w;
+}
+
+TEST(learned_profile, off_means_neither_read_nor_written) {
+  cache_env env;
+  learned_profile p;
+  p.device = identify_device("/", env.dev);
+  p.shapes["host-read"] = {{8, 2 * kMiB}, 3.0, ""};
+  save_learned(env.t.path() / "cache/gdskit", p);
+  settings cfg;
+  cfg.learn = false;
+  scheduled_transfer s(cfg, env.dev, io_dir::read, io_client::host, std::size_t{1} << 30);
+  EXPECT_EQ(s.shape(), k_start_shape);
+  EXPECT_EQ(schedule_reason(cfg, env.dev, io_dir::read, io_client::host).find("learned"), std::string::npos);
+}
+
+// Feeds a probing transfer windows of equal rate until its controller converges; the transfer ends with it.
+void converge(scheduled_transfer& s, const settings& cfg, dev_t dev, io_dir dir) {
+  s.start(std::size_t{1} << 40);
+  for (int i = 0; i < 400; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(12));  // each window lasts its minimum time
+    s.complete(std::size_t{4} << 30, s.shape().request_bytes);
+    if (schedule_reason(cfg, dev, dir, io_client::host).find("converged") != std::string::npos) return;
+  }
+}
+
+TEST(learned_profile, a_converged_shape_is_remembered_once_and_only_when_learning_is_on) {
+  cache_env env;
+  settings off;
+  off.learn = false;
+  {
+    scheduled_transfer s(off, env.dev, io_dir::write, io_client::host, std::size_t{1} << 40);
+    converge(s, off, env.dev, io_dir::write);
+  }
+  EXPECT_FALSE(fs::exists(env.learned_file())) << "GDSKIT_LEARN=off wrote a learned profile";
+
+  // The learning run uses another direction, so that its controller is a fresh one.
+  settings on;
+  {
+    scheduled_transfer s(on, env.dev, io_dir::read, io_client::host, std::size_t{1} << 40);
+    converge(s, on, env.dev, io_dir::read);
+    ASSERT_NE(schedule_reason(on, env.dev, io_dir::read, io_client::host).find("converged"), std::string::npos);
+    EXPECT_FALSE(fs::exists(env.learned_file())) << "written before the transfer ended";
+  }
+  const auto r = load_learned(env.learned_file(), identify_device("/", env.dev));
+  ASSERT_TRUE(r.learned) << r.reason;
+  ASSERT_EQ(r.learned->shapes.count("host-read"), 1u);
+  const learned_shape& got = r.learned->shapes.at("host-read");
+  EXPECT_GT(got.gib_per_s, 0);
+  EXPECT_FALSE(got.updated.empty());
+  EXPECT_EQ(r.learned->shapes.count("host-write"), 0u);
+
+  // Another transfer that ends at the same shape and rate does not write again.
+  const auto before = fs::last_write_time(env.learned_file());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  {
+    scheduled_transfer s(on, env.dev, io_dir::read, io_client::host, std::size_t{1} << 40);
+    s.start(std::size_t{1} << 40);
+  }
+  EXPECT_EQ(fs::last_write_time(env.learned_file()), before);
+}
+
+}  // namespace
+}  // namespace gdskit::engine
