@@ -57,6 +57,12 @@ bool adaptive_controller::resumed() const {
   return resumed_;
 }
 
+unsigned adaptive_controller::depth_share(unsigned depth) const {
+  std::lock_guard lock(mutex_);
+  const unsigned n = std::max(active_, 1u);
+  return std::max(1u, (depth + n - 1) / n);
+}
+
 bool adaptive_controller::converged() const {
   std::lock_guard lock(mutex_);
   return phase_ == phase::hold;

@@ -74,6 +74,10 @@ class adaptive_controller {
   /// Whether it still holds a resumed shape without having searched since.
   bool resumed() const;
 
+  /// The in-flight requests one of the probing transfers running now may use: `depth` shared among them
+  /// (rounded up, at least 1), so that the depth measured is the device's, however many transfers share it.
+  unsigned depth_share(unsigned depth) const;
+
   bool converged() const;
   /// Candidates measured so far (re-probes included).
   unsigned probes() const;

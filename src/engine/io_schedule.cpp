@@ -110,7 +110,10 @@ void scheduled_transfer::remember() const noexcept {
 
 io_shape scheduled_transfer::shape() const {
   if (!ctl_) return fixed_;
-  return probing_ || eligible_ ? ctl_->shape() : ctl_->best();
+  io_shape s = probing_ || eligible_ ? ctl_->shape() : ctl_->best();
+  // Concurrent probing transfers (a loader reading two segments at once) share the device's depth.
+  if (probing_) s.depth = ctl_->depth_share(s.depth);
+  return s;
 }
 
 void scheduled_transfer::complete(std::size_t nbytes, std::size_t request_bytes) {

@@ -28,7 +28,8 @@ class scheduled_transfer {
   scheduled_transfer(const scheduled_transfer&) = delete;
   scheduled_transfer& operator=(const scheduled_transfer&) = delete;
 
-  /// The shape to use now (it may change during a probing transfer).
+  /// The shape to use now (it may change during a probing transfer). The depth of a probing transfer is its
+  /// share of the device's: probing transfers running at the same time divide it among them.
   io_shape shape() const;
   /// The largest depth and request size this transfer may be asked to use.
   io_shape max_shape() const { return max_; }

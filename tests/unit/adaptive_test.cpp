@@ -210,3 +210,26 @@ TEST(adaptive, start_shape_is_clamped_to_the_grid) {
 
 }  // namespace
 }  // namespace gdskit::engine
+
+namespace gdskit::engine {
+namespace {
+
+// Probing transfers that run at the same time share the device's depth, so that what is measured and
+// remembered is the depth the device saw.
+TEST(adaptive, concurrent_probing_transfers_share_the_depth) {
+  adaptive_controller c({8, 4 * kMiB});
+  EXPECT_EQ(c.depth_share(8), 8u);
+  ASSERT_TRUE(c.begin(std::size_t{1} << 30, 0.0));
+  EXPECT_EQ(c.depth_share(8), 8u);
+  ASSERT_TRUE(c.begin(std::size_t{1} << 30, 0.0));
+  EXPECT_EQ(c.depth_share(8), 4u);
+  EXPECT_EQ(c.depth_share(5), 3u);
+  EXPECT_EQ(c.depth_share(1), 1u);
+  c.end(true, 1.0);
+  EXPECT_EQ(c.depth_share(8), 8u);
+  c.end(true, 2.0);
+  EXPECT_EQ(c.depth_share(8), 8u);
+}
+
+}  // namespace
+}  // namespace gdskit::engine
