@@ -370,8 +370,9 @@ def measure_disk(r, a, disk, folder, gpu_ok, gpu_why):
         kv_file = data if size % GIB == 0 else os.path.join(folder, "kvikio.dat")
         rc, out = r.run(disk, "kvikio", [kv, kv_file, str(max(1, size // GIB)), "16", "4"],
                         env={"BENCH_RUNS": str(a.runs), "BENCH_MODES": "on"})
-        for what in ("read_cold_on", "read_cold_directio_compat_on", "read_warm_on", "write_on"):
-            r.put(disk, f"kvikio {what}", first_float(rf"^kvikio {what} ([0-9.]+)", out))
+        # Every row it prints (the names carry its settings: compat_on, directio_compat_on, ...).
+        for what, value in re.findall(r"^kvikio (\S+) ([0-9.]+)", out, re.M):
+            r.put(disk, f"kvikio {what}", float(value))
     fst = os.path.join(peers, "fastsafetensors")
     if not peer_blocked("fastsafetensors", "fst", fst):
         site = "/tmp/gdskit-compare-fst"
