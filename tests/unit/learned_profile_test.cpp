@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "doctor/checks.hpp"
+#include "doctor/system_root.hpp"
 #include "engine/device_profile.hpp"
 #include "engine/io_schedule.hpp"
 #include "test_support.hpp"
@@ -184,6 +186,27 @@ TEST(learned_profile, a_converged_shape_is_remembered_once_and_only_when_learnin
     s.start(std::size_t{1} << 40);
   }
   EXPECT_EQ(fs::last_write_time(env.learned_file()), before);
+}
+
+// doctor names the learned shapes of the device it checks; what it prints from the file is only what passed
+// the checks.
+TEST(learned_profile, doctor_lists_the_learned_shapes) {
+  cache_env env;
+  learned_profile p;
+  p.device = identify_device("/", env.dev);
+  p.shapes["staged-read"] = {{4, kMiB}, 5.83, "2026-12-01T16:18:15Z"};
+  save_learned(env.t.path() / "cache/gdskit", p);
+  auto root = doctor::system_root::live_system();
+  doctor::facts f;
+  const doctor::layer l = doctor::check_storage(root, f, env.t.path().string());
+  const doctor::check* c = nullptr;
+  for (const auto& k : l.checks) {
+    if (k.id == "storage.profile") c = &k;
+  }
+  ASSERT_NE(c, nullptr);
+  EXPECT_NE(c->summary.find("learned here: staged-read depth 4, 1.00 MiB at 5.83 GiB/s (2026-12-01T16:18:15Z)"),
+            std::string::npos)
+      << c->summary;
 }
 
 }  // namespace
