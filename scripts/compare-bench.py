@@ -12,8 +12,11 @@ checkpoint of --size-gib in --shards shards, then measures, cold (page cache dro
   ceilings   raw O_DIRECT read, best over threads 1,2,4,8,16 x requests 1,4,8,16 MiB (dd, one stream per
              thread, each its own slice); raw O_DIRECT write (the same grid, fresh file); host_read_bench's
              read into a file-sized destination; host->device pinned copy (gpu_compare_bench, GPU only)
-  gdskit     gdskit bench -x host / -x staged, read cold and warm, write; gdskit load (cold, warm); the same
-             load in-process (scripts/load-bench.py, timed as the fastsafetensors benchmark times its own)
+  gdskit     gdskit bench -x host / -x staged, read cold (twice: the first process on the disk learns its
+             shape, the second starts from the learned profile) and warm, write; gdskit load (cold, warm); the
+             same load in-process (scripts/load-bench.py, timed as the fastsafetensors benchmark times its
+             own); gpu_compare_bench's verdicts (one large transfer against ceilings in its own process).
+             gdskit's profile folder is OUT/<disk>/profiles (XDG_CACHE_HOME), empty at the start of each disk
   KvikIO     PEERS/kvikio/kvikio_bench FILE SIZE 16 4 (GPU only)
   fst        PEERS/fastsafetensors: build.sh + bench_fst.py on the shards (GPU only)
 
