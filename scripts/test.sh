@@ -11,7 +11,10 @@ scripts/setup.sh --tests
 
 jobs=$(nproc)
 work=
-trap '[ -z "$work" ] || rm -rf "$work"' EXIT
+# Device profiles that the tests tune or learn go here, never into the user's cache folder.
+profiles=$(mktemp -d "${TMPDIR:-/tmp}/gdskit-test-profiles.XXXXXX")
+export XDG_CACHE_HOME=$profiles
+trap '[ -z "$work" ] || rm -rf "$work"; rm -rf "$profiles"' EXIT
 stage_start=$SECONDS
 stage_done() { echo "== $1: done in $((SECONDS - stage_start)) s"; stage_start=$SECONDS; }
 
