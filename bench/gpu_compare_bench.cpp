@@ -22,6 +22,7 @@
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
 #include "gpu/cuda_raii.hpp"
+#include "posix/anon_memory.hpp"
 #include "shim/cuda_driver.hpp"
 #include "shim/cufile.hpp"
 
@@ -280,9 +281,7 @@ int main(int argc, char** argv) {
               format_size(default_settings().cached_slot_bytes).c_str());
   {
     const pinned_buffer probe(default_settings().staging_slot_bytes * default_settings().staging_slots, 0);
-    std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
-    std::string mode;
-    std::getline(thp, mode);
+    const std::string mode = posix::transparent_hugepage_mode();
     std::printf("pinned memory: %s of a %s lane on 2 MiB pages (transparent_hugepage: %s)\n",
                 format_size(probe.huge_page_bytes()).c_str(), format_size(probe.size()).c_str(),
                 mode.empty() ? "unknown" : mode.c_str());

@@ -52,11 +52,6 @@ void adaptive_controller::resume(double rate) {
   enter(phase::hold);
 }
 
-bool adaptive_controller::resumed() const {
-  std::lock_guard lock(mutex_);
-  return resumed_;
-}
-
 unsigned adaptive_controller::depth_share(unsigned depth) const {
   std::lock_guard lock(mutex_);
   const unsigned n = std::max(active_, 1u);

@@ -71,8 +71,6 @@ class adaptive_controller {
   /// Holds the start shape as if it had converged at `rate` bytes per second (a learned profile): no probing
   /// until two windows in a row differ from that rate by more than the drift margin. Call before first use.
   void resume(double rate);
-  /// Whether it still holds a resumed shape without having searched since.
-  bool resumed() const;
 
   /// The in-flight requests one of the probing transfers running now may use: `depth` shared among them
   /// (rounded up, at least 1), so that the depth measured is the device's, however many transfers share it.

@@ -124,12 +124,31 @@ std::filesystem::path profile_dir() {
   return {};
 }
 
-std::filesystem::path profile_path(const std::filesystem::path& dir, const device_identity& id) {
+namespace {
+
+// "<kind>-<block>-<hash of the identity>.json": the block name for people, the hash for uniqueness.
+std::filesystem::path profile_file(const std::filesystem::path& dir, std::string_view kind, const device_identity& id) {
   std::string name = id.block.empty() ? std::string("dev") : id.block;
   for (char& c : name) {
     if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   }
-  return dir / fmt::format("profile-{}-{:016x}.json", name, fnv1a(id.key));
+  return dir / fmt::format("{}-{}-{:016x}.json", kind, name, fnv1a(id.key));
+}
+
+// Writes a profile's text atomically (temp file + rename) as `file` inside `dir` (created).
+std::filesystem::path write_profile_file(const std::filesystem::path& dir, const std::filesystem::path& file,
+                                         const std::string& text) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw error(ec, "create folder", dir.string(), -1, 0);
+  posix::atomic_write_file(file, text, 0644, /*overwrite=*/true);
+  return file;
+}
+
+}  // namespace
+
+std::filesystem::path profile_path(const std::filesystem::path& dir, const device_identity& id) {
+  return profile_file(dir, "profile", id);
 }
 
 namespace {
@@ -246,12 +265,7 @@ std::string profile_json(const device_profile& p) {
 }
 
 std::filesystem::path save_profile(const std::filesystem::path& dir, const device_profile& p) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) throw error(ec, "create folder", dir.string(), -1, 0);
-  const auto file = profile_path(dir, p.device);
-  posix::atomic_write_file(file, profile_json(p), 0644, /*overwrite=*/true);
-  return file;
+  return write_profile_file(dir, profile_path(dir, p.device), profile_json(p));
 }
 
 const profile_result& profile_for_device(dev_t dev) {
@@ -274,10 +288,7 @@ const profile_result& profile_for_device(dev_t dev) {
 // ---- Learned profiles ----
 
 std::filesystem::path learned_path(const std::filesystem::path& dir, const device_identity& id) {
-  auto p = profile_path(dir, id);
-  std::string name = p.filename().string();
-  name.replace(0, std::string_view("profile").size(), "learned");
-  return dir / name;
+  return profile_file(dir, "learned", id);
 }
 
 std::string learned_key(io_dir dir, bool staged) {
@@ -342,12 +353,7 @@ std::string learned_json(const learned_profile& p) {
 }
 
 std::filesystem::path save_learned(const std::filesystem::path& dir, const learned_profile& p) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) throw error(ec, "create folder", dir.string(), -1, 0);
-  const auto file = learned_path(dir, p.device);
-  posix::atomic_write_file(file, learned_json(p), 0644, /*overwrite=*/true);
-  return file;
+  return write_profile_file(dir, learned_path(dir, p.device), learned_json(p));
 }
 
 namespace {
@@ -378,12 +384,13 @@ learned_cache_entry& learned_entry(dev_t dev) {
 
 }  // namespace
 
-std::optional<learned_shape> learned_for_device(dev_t dev, const std::string& key) {
+std::optional<learned_shape> learned_for_device(dev_t dev, const std::string& key, std::string* device_name) {
   std::lock_guard lock(learned_mutex);
   const learned_cache_entry& e = learned_entry(dev);
   if (!e.result.learned) return std::nullopt;
   auto it = e.result.learned->shapes.find(key);
   if (it == e.result.learned->shapes.end()) return std::nullopt;
+  if (device_name != nullptr) *device_name = e.id.block.empty() ? e.id.key : e.id.block;
   return it->second;
 }
 

@@ -103,8 +103,9 @@ std::string learned_json(const learned_profile& p);
 /// Writes atomically into `dir` (created). Throws gdskit::error.
 std::filesystem::path save_learned(const std::filesystem::path& dir, const learned_profile& p);
 
-/// The learned shape for `key` on device `dev`, as this process knows it (the file is read once per device).
-std::optional<learned_shape> learned_for_device(dev_t dev, const std::string& key);
+/// The learned shape for `key` on device `dev`, as this process knows it (the file is read once per device);
+/// `device_name`, when given, gets the device's block name (its identity key when it has none).
+std::optional<learned_shape> learned_for_device(dev_t dev, const std::string& key, std::string* device_name = nullptr);
 /// The whole learned profile of `dev` (for doctor).
 learned_result learned_profile_for_device(dev_t dev);
 /// Records `shape` for `key` on `dev`: merged into the device's learned file (re-read first, so shapes other

@@ -41,14 +41,14 @@ setup make_setup(const settings& c, dev_t dev, io_dir dir, io_client client) {
   s.start = {k_start_shape.depth, std::min(k_start_shape.request_bytes, s.limits.max_request_bytes)};
   const profile_result& p = profile_for_device(dev);
   std::optional<learned_shape> learned;
+  std::string learned_on;
   if (p.profile) {
     s.start = dir == io_dir::read ? p.profile->read : p.profile->write;
     s.source = fmt::format("device profile {}", p.profile->device.block.empty() ? p.profile->device.key
                                                                                  : p.profile->device.block);
-  } else if (c.learn && (learned = learned_for_device(dev, learned_key(dir, staged)))) {
+  } else if (c.learn && (learned = learned_for_device(dev, learned_key(dir, staged), &learned_on))) {
     s.start = learned->shape;
-    const device_identity id = identify_device("/", dev);
-    s.source = fmt::format("learned profile {} ({})", id.block.empty() ? id.key : id.block,
+    s.source = fmt::format("learned profile {} ({})", learned_on,
                            p.reason.rfind("no profile (", 0) == 0 ? "no tuned profile: run gdskit tune" : p.reason);
   } else {
     s.source = p.reason;

@@ -7,6 +7,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <utility>
 
 #include "gdskit/error.hpp"
@@ -72,6 +73,13 @@ anon_memory& anon_memory::operator=(anon_memory&& o) noexcept {
     nbytes_ = std::exchange(o.nbytes_, 0);
   }
   return *this;
+}
+
+std::string transparent_hugepage_mode() {
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  std::getline(in, line);
+  return line;
 }
 
 std::size_t huge_page_bytes(const void* p) noexcept {

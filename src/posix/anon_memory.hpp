@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 namespace gdskit::posix {
 
@@ -34,6 +35,10 @@ class anon_memory {
   void* ptr_ = nullptr;     // 2 MiB-aligned start inside it
   std::size_t nbytes_ = 0;
 };
+
+/// The line of /sys/kernel/mm/transparent_hugepage/enabled ("always [madvise] never"); empty when the kernel
+/// has no such file.
+std::string transparent_hugepage_mode();
 
 /// Bytes of the mapping that holds `p` that are backed by transparent huge pages (AnonHugePages in
 /// /proc/self/smaps); 0 when none or unknown.

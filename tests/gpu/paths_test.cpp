@@ -18,6 +18,7 @@
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
 #include "gpu/cuda_raii.hpp"
+#include "posix/anon_memory.hpp"
 #include "shim/cuda_driver.hpp"
 #include "shim/cufile.hpp"
 #include "test_support.hpp"
@@ -176,9 +177,7 @@ TEST(gpu_buffers, pinned_memory_on_huge_pages) {
   pinned_buffer pin(16u << 20);
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(pin.data()) % (2u << 20), 0u);
   EXPECT_EQ(describe_pointer(pin.data(), pin.size()).kind, memory_kind::pinned);
-  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
-  std::string mode;
-  std::getline(thp, mode);
+  const std::string mode = posix::transparent_hugepage_mode();
   if (mode.find("[never]") == std::string::npos && !mode.empty()) {
     EXPECT_GT(pin.huge_page_bytes(), 0u) << "THP is " << mode;
   }

@@ -46,6 +46,13 @@ void write_file(const std::filesystem::path& path, const std::vector<std::uint8_
   if (!f) throw std::runtime_error("cannot write " + path.string());
 }
 
+void write_text(const std::filesystem::path& path, const std::string& text) {
+  std::filesystem::create_directories(path.parent_path());
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << text;
+  if (!f) throw std::runtime_error("cannot write " + path.string());
+}
+
 std::vector<std::uint8_t> read_file(const std::filesystem::path& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw std::runtime_error("cannot open " + path.string());

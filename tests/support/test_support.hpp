@@ -31,6 +31,8 @@ class temp_dir {
 std::vector<std::uint8_t> random_bytes(std::size_t n, std::uint64_t seed);
 /// Writes `data` to `path` with plain stdio (the reference, independent of gdskit).
 void write_file(const std::filesystem::path& path, const std::vector<std::uint8_t>& data);
+/// Writes `text` to `path`, creating the folders above it.
+void write_text(const std::filesystem::path& path, const std::string& text);
 /// Reads the whole file with plain pread (the reference).
 std::vector<std::uint8_t> read_file(const std::filesystem::path& path);
 

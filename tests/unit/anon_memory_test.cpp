@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #include "posix/anon_memory.hpp"
@@ -14,13 +13,6 @@
 
 namespace gdskit::posix {
 namespace {
-
-std::string thp_mode() {
-  std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
 
 TEST(anon_memory, aligned_zeroed_and_rounded_to_pages) {
   anon_memory m(5 * 4096 + 1);
@@ -38,7 +30,7 @@ TEST(anon_memory, aligned_zeroed_and_rounded_to_pages) {
 }
 
 TEST(anon_memory, backed_by_huge_pages_unless_the_kernel_says_never) {
-  const std::string mode = thp_mode();
+  const std::string mode = transparent_hugepage_mode();
   if (mode.empty() || mode.find("[never]") != std::string::npos) {
     GTEST_SKIP() << "transparent huge pages are off here (" << (mode.empty() ? "no sysfs entry" : mode) << ")";
   }

@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -19,20 +18,15 @@ using test::temp_dir;
 namespace fs = std::filesystem;
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-void put(const fs::path& p, const std::string& text) {
-  fs::create_directories(p.parent_path());
-  std::ofstream(p) << text;
-}
-
 // sys/block/sda -> devices/.../sda, sys/dev/block/8:1 -> its partition, as on a live system.
 fs::path fake_root(const temp_dir& t, bool with_wwid, bool with_serial) {
   const fs::path root = t.path() / "root";
   const fs::path disk = root / "sys/devices/pci0000:00/block/sda";
-  put(disk / "sda1/partition", "1\n");
-  put(disk / "dev", "8:0\n");
-  if (with_wwid) put(disk / "wwid", "naa.5000c500a1b2c3d4\n");
-  put(disk / "device/model", "Fast SSD \x1b[31m 1TB  \n");
-  if (with_serial) put(disk / "device/serial", "S123\n");
+  test::write_text(disk / "sda1/partition", "1\n");
+  test::write_text(disk / "dev", "8:0\n");
+  if (with_wwid) test::write_text(disk / "wwid", "naa.5000c500a1b2c3d4\n");
+  test::write_text(disk / "device/model", "Fast SSD \x1b[31m 1TB  \n");
+  if (with_serial) test::write_text(disk / "device/serial", "S123\n");
   fs::create_directories(root / "sys/dev/block");
   fs::create_directories(root / "sys/block");
   fs::create_directory_symlink("../../devices/pci0000:00/block/sda/sda1", root / "sys/dev/block/8:1");
@@ -128,13 +122,13 @@ TEST(device_profile, bad_or_stale_files_are_ignored_with_a_reason) {
   for (const auto& [what, text] : bad) {
     SCOPED_TRACE(what);
     const fs::path f = t.path() / "p.json";
-    put(f, text);
+    test::write_text(f, text);
     auto r = load_profile(f, id);
     EXPECT_FALSE(r.profile);
     EXPECT_FALSE(r.reason.empty());
   }
   // The good text in a regular file loads: the cases above fail for their edit alone.
-  put(t.path() / "good.json", good.dump());
+  test::write_text(t.path() / "good.json", good.dump());
   EXPECT_TRUE(load_profile(t.path() / "good.json", id).profile);
 
   // A symbolic link to a good profile, a FIFO (which must not block the reader), a folder, nothing at all.

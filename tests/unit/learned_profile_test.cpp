@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <fstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -24,11 +23,6 @@ namespace {
 using test::temp_dir;
 namespace fs = std::filesystem;
 constexpr std::size_t kMiB = std::size_t{1} << 20;
-
-void put(const fs::path& p, const std::string& text) {
-  fs::create_directories(p.parent_path());
-  std::ofstream(p) << text;
-}
 
 learned_profile sample(const device_identity& id) {
   learned_profile p;
@@ -79,7 +73,7 @@ TEST(learned_profile, bad_files_are_ignored_with_a_reason_and_foreign_text_is_dr
   };
   for (const auto& [what, text] : bad) {
     SCOPED_TRACE(what);
-    put(t.path() / "l.json", text);
+    test::write_text(t.path() / "l.json", text);
     const auto r = load_learned(t.path() / "l.json", id);
     EXPECT_FALSE(r.learned);
     EXPECT_NE(r.reason.find("learned profile"), std::string::npos) << r.reason;
@@ -89,7 +83,7 @@ TEST(learned_profile, bad_files_are_ignored_with_a_reason_and_foreign_text_is_dr
   EXPECT_EQ(load_learned(t.path() / "missing.json", id).reason, "nothing learned yet");
 
   // Unknown keys are dropped; a timestamp with control characters is not kept (doctor prints it).
-  put(t.path() / "odd.json", edit([](auto& j) {
+  test::write_text(t.path() / "odd.json", edit([](auto& j) {
         j["shapes"]["rm -rf"] = j["shapes"]["staged-read"];
         j["shapes"]["staged-read"]["updated"] = "2026\x1b[31m";
       }));
@@ -110,14 +104,18 @@ struct cache_env {
     dev = st.st_dev;
   }
   fs::path learned_file() const { return learned_path(t.path() / "cache/gdskit", identify_device("/", dev)); }
+  // A learned profile of this device with one shape, as an earlier process would have left it.
+  void learn(const std::string& key, const learned_shape& shape) const {
+    learned_profile p;
+    p.device = identify_device("/", dev);
+    p.shapes[key] = shape;
+    save_learned(t.path() / "cache/gdskit", p);
+  }
 };
 
 TEST(learned_profile, the_next_process_holds_the_learned_shape_from_its_first_transfer) {
   cache_env env;
-  learned_profile p;
-  p.device = identify_device("/", env.dev);
-  p.shapes["staged-read"] = {{4, 2 * kMiB}, 3.0, "2026-12-01T09:00:00Z"};
-  save_learned(env.t.path() / "cache/gdskit", p);
+  env.learn("staged-read", {{4, 2 * kMiB}, 3.0, "2026-12-01T09:00:00Z"});
   settings cfg;
   scheduled_transfer s(cfg, env.dev, io_dir::read, io_client::staged, std::size_t{1} << 30);
   EXPECT_EQ(s.shape(), (io_shape{4, 2 * kMiB}));
@@ -131,10 +129,7 @@ TEST(learned_profile, the_next_process_holds_the_learned_shape_from_its_first_tr
 
 TEST(learned_profile, off_means_neither_read_nor_written) {
   cache_env env;
-  learned_profile p;
-  p.device = identify_device("/", env.dev);
-  p.shapes["host-read"] = {{8, 2 * kMiB}, 3.0, ""};
-  save_learned(env.t.path() / "cache/gdskit", p);
+  env.learn("host-read", {{8, 2 * kMiB}, 3.0, ""});
   settings cfg;
   cfg.learn = false;
   scheduled_transfer s(cfg, env.dev, io_dir::read, io_client::host, std::size_t{1} << 30);
@@ -192,10 +187,7 @@ TEST(learned_profile, a_converged_shape_is_remembered_once_and_only_when_learnin
 // the checks.
 TEST(learned_profile, doctor_lists_the_learned_shapes) {
   cache_env env;
-  learned_profile p;
-  p.device = identify_device("/", env.dev);
-  p.shapes["staged-read"] = {{4, kMiB}, 5.83, "2026-12-01T16:18:15Z"};
-  save_learned(env.t.path() / "cache/gdskit", p);
+  env.learn("staged-read", {{4, kMiB}, 5.83, "2026-12-01T16:18:15Z"});
   auto root = doctor::system_root::live_system();
   doctor::facts f;
   const doctor::layer l = doctor::check_storage(root, f, env.t.path().string());
