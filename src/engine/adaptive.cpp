@@ -32,6 +32,9 @@ adaptive_controller::adaptive_controller(io_shape start, adaptive_limits limits)
   start.depth = static_cast<unsigned>(clamp_pow2(start.depth, limits_.min_depth, limits_.max_depth));
   start.request_bytes = clamp_pow2(start.request_bytes, limits_.min_request_bytes, limits_.max_request_bytes);
   best_ = current_ = start;
+  // The first requests of a controller's life measure the device's start-up (metadata read after a cache drop,
+  // queues filling, threads starting), not the start shape.
+  settle_ = static_cast<std::size_t>(start.depth) * start.request_bytes;
 }
 
 io_shape adaptive_controller::best() const {
@@ -93,36 +96,114 @@ void adaptive_controller::end(bool probing, double now_s) {
   if (!probing) return;
   std::lock_guard lock(mutex_);
   if (active_ == 0) return;
-  if (--active_ == 0) window_s_ += now_s - active_since_;
+  if (--active_ == 0) {
+    window_s_ += now_s - active_since_;
+    if (closing_) close_window();
+  }
 }
 
 std::size_t adaptive_controller::window_bytes() const {
-  return std::max(limits_.min_window_bytes, 2 * static_cast<std::size_t>(current_.depth) * current_.request_bytes);
+  const std::size_t full =
+      std::max(limits_.min_window_bytes, 2 * static_cast<std::size_t>(current_.depth) * current_.request_bytes);
+  // The start is measured in two half windows (one window's bytes in all): the pair is also a noise sample.
+  return phase_ == phase::measure_start ? full / 2 : full;
+}
+
+double adaptive_controller::margin() const {
+  // Twice the measured noise (the mean relative gap between two windows of one shape), and never less than the
+  // configured gain: on a quiet machine 5% decides, on a loaded one only a difference the noise cannot make.
+  // Few samples say little: they are weighed against a prior of half the gain, as two samples would be.
+  const double prior = (limits_.gain - 1.0) / 2;
+  const double n = std::min(noise_samples_, 8u);
+  const double noise = (n * noise_ + 2 * prior) / (n + 2);
+  return std::max(limits_.gain, 1.0 + 2.0 * noise);
+}
+
+double adaptive_controller::batch_gap(double mean_interval) const {
+  // Completions are reaped in batches, stamped microseconds apart: a completion that follows the last one by
+  // less than a quarter of the mean interval between completions (and at most 25 us) is of the same batch.
+  return std::max(25e-6, mean_interval / 4);
 }
 
 void adaptive_controller::complete(std::size_t nbytes, double now_s, std::size_t request_bytes) {
   std::lock_guard lock(mutex_);
-  if (request_bytes != 0 && request_bytes != current_.request_bytes) {
+  const auto of_measured_size = [&] { return request_bytes == 0 || request_bytes == current_.request_bytes; };
+  if (closing_) {
+    // A window ends after the last completion of the batch that filled it, or its end would be off by part of a
+    // batch (up to the bytes in flight).
+    if (of_measured_size() && batch_left_ > 0 &&
+        now_s - close_at_ <= batch_gap(close_s_ / static_cast<double>(std::max<std::size_t>(window_count_, 1)))) {
+      --batch_left_;
+      window_bytes_ += nbytes;
+      ++window_count_;
+      close_s_ += now_s - close_at_;
+      close_at_ = now_s;
+      return;
+    }
+    close_window();
+    if (!(current_ == measured_) && settle_ == 0) {
+      // The window just closed moved the shape: this completion, and its batch, were issued under the old one.
+      stale_ = true;
+    }
+  }
+  if (settle_ > 0) {
+    // Requests issued under the previous shape are still completing: they measure neither shape.
+    settle_ -= std::min(settle_, nbytes);
+    if (settle_ == 0) stale_ = true;
+    return;
+  }
+  if (!of_measured_size()) {  // (the window just closed may have changed the size)
     stale_ = true;
     return;
   }
   if (stale_) {
-    // The time so far went to requests of another size: measure from here.
+    // The time so far went to requests of another size or shape: the next window starts after this completion's
+    // batch (a window that started inside it would count the rest of the batch in no time).
     stale_ = false;
-    window_bytes_ = 0;
-    window_s_ = 0;
-    active_since_ = now_s;
+    restarting_ = true;
+    restart_at_ = now_s;
+    batch_left_ = std::max(current_.depth, measured_.depth);  // requests of the last shape may still be in flight
     return;
   }
+  if (restarting_) {
+    if (batch_left_ > 0 && now_s - restart_at_ <= batch_gap(last_interval_)) {
+      --batch_left_;
+      restart_at_ = now_s;
+      return;
+    }
+    restarting_ = false;
+    window_bytes_ = 0;
+    window_count_ = 0;
+    window_s_ = 0;
+    // A transfer that began after the restart point starts the time (idle time between transfers never counts).
+    active_since_ = std::max(active_since_, restart_at_);
+  }
   window_bytes_ += nbytes;
+  ++window_count_;
   if (window_bytes_ < window_bytes()) return;
   const double seconds = window_s_ + (active_ > 0 ? now_s - active_since_ : 0.0);
   if (seconds < limits_.min_window_s || seconds <= 0) return;
-  const double rate = static_cast<double>(window_bytes_) / seconds;
+  closing_ = true;
+  close_at_ = now_s;
+  close_s_ = seconds;
+  batch_left_ = current_.depth;  // a batch holds at most the requests in flight
+}
+
+void adaptive_controller::close_window() {
+  closing_ = false;
+  const double rate = static_cast<double>(window_bytes_) / close_s_;
+  last_interval_ = close_s_ / static_cast<double>(std::max<std::size_t>(window_count_, 1));
   window_bytes_ = 0;
+  window_count_ = 0;
   window_s_ = 0;
-  active_since_ = now_s;
+  active_since_ = close_at_;
+  const io_shape before = current_;
   judge(rate);
+  // After a cut in depth the queue drains to the new depth first: the completions of the requests above it ran
+  // at the old depth. (A deeper queue fills at once; requests of another size are skipped as stale.)
+  if (current_.request_bytes == before.request_bytes && current_.depth < before.depth) {
+    settle_ = static_cast<std::size_t>(before.depth - current_.depth) * before.request_bytes;
+  }
 }
 
 bool adaptive_controller::candidate(phase p, io_shape& out) const {
@@ -167,6 +248,7 @@ void adaptive_controller::enter(phase p) {
     moved_ = false;
     from_ = best_;
     ties_ = 0;
+    confirming_ = false;
     if (p == phase::hold) {
       current_ = best_;
       converged_rate_ = best_rate_;
@@ -175,8 +257,17 @@ void adaptive_controller::enter(phase p) {
     }
     io_shape cand;
     if (candidate(p, cand)) {
-      current_ = cand;
       ++probes_;
+      if (measured_ == best_ || close_at_ - best_at_ <= 3 * close_s_) {
+        current_ = cand;
+      } else {
+        // The incumbent was last measured more than a few windows ago (a walk over ties since): it is measured
+        // again first, so the next candidate is compared with a rate of the same moment, not one from before the
+        // device wandered.
+        current_ = best_;
+        next_ = cand;
+        reference_ = true;
+      }
       return;
     }
     p = after(p, false);
@@ -184,13 +275,33 @@ void adaptive_controller::enter(phase p) {
 }
 
 void adaptive_controller::judge(double rate) {
+  const bool incumbent_just_measured = measured_ == best_;
+  const double prev_rate = last_rate_;
+  if (measured_ == current_ && last_rate_ > 0) {
+    // Two windows in a row of one shape: how far apart they are is the machine's noise (an average over such
+    // pairs), which sets the margin a candidate must win by.
+    const double d = std::fabs(rate - last_rate_) / ((rate + last_rate_) / 2);
+    noise_ = noise_samples_++ == 0 ? d : 0.75 * noise_ + 0.25 * d;
+  }
+  last_rate_ = rate;
+  measured_ = current_;
+  if (current_ == best_) best_at_ = close_at_;
   if (phase_ == phase::measure_start) {
-    best_rate_ = rate;
+    // Two windows (after the start-up, see the constructor): their mean is the start rate, their difference the
+    // first noise sample.
+    if (noise_samples_ == 0) return;
+    best_rate_ = (rate + prev_rate) / 2;
     enter(after(phase_, false));
     return;
   }
+  if (reference_) {
+    reference_ = false;
+    best_rate_ = rate;
+    current_ = next_;
+    return;
+  }
   if (phase_ == phase::hold) {
-    if (std::fabs(rate / converged_rate_ - 1.0) <= limits_.drift) {
+    if (std::fabs(rate / converged_rate_ - 1.0) <= std::max(limits_.drift, 3 * noise_)) {
       drift_windows_ = 0;
       converged_rate_ = 0.8 * converged_rate_ + 0.2 * rate;
       return;
@@ -205,10 +316,38 @@ void adaptive_controller::judge(double rate) {
     enter(phase::depth_up);
     return;
   }
-  io_shape cand;
-  if (rate > best_rate_ * limits_.gain) {
-    best_ = from_ = current_;
+  if (confirming_) {
+    // This window measured the incumbent again, after the candidate: the candidate must beat the better of the
+    // incumbent's windows before and after it, so a rate that only rose with time (or a slow start) does not
+    // pass for a better shape.
+    confirming_ = false;
+    const double before = best_rate_;
     best_rate_ = rate;
+    decide(first_rate_, std::max(before, rate), next_);
+    return;
+  }
+  // A candidate whose window beats the incumbent could have been lucky or carried by a rising rate: unless it
+  // wins by the margin twice over against an incumbent measured in the window just before, the incumbent is
+  // measured once more before the verdict.
+  const double m = margin();
+  const bool clear = rate > best_rate_ * m * m && incumbent_just_measured;
+  if (rate > best_rate_ * m && !clear) {
+    confirming_ = true;
+    first_rate_ = rate;
+    next_ = current_;
+    current_ = best_;
+    return;
+  }
+  decide(rate, best_rate_, current_);
+}
+
+void adaptive_controller::decide(double rate, double incumbent_rate, io_shape cand_shape) {
+  io_shape cand;
+  const double m = margin();
+  if (rate > incumbent_rate * m) {
+    best_ = from_ = cand_shape;
+    best_rate_ = rate;
+    best_at_ = close_at_;
     ties_ = 0;
     moved_ = true;
     if (phase_ == phase::size_up || phase_ == phase::size_down) size_moved_ = true;
@@ -222,8 +361,8 @@ void adaptive_controller::judge(double rate) {
   }
   // A tie (within the margin) may hide a step beyond it, as a cache-footprint cliff behind a plateau does: walk
   // on a little from the candidate, keeping the incumbent as the best measured.
-  if (rate * limits_.gain >= best_rate_ && ties_ < kMaxTies) {
-    from_ = current_;
+  if (rate * m >= incumbent_rate && ties_ < kMaxTies) {
+    from_ = cand_shape;
     ++ties_;
     if (candidate(phase_, cand)) {
       current_ = cand;

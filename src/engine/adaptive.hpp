@@ -3,9 +3,10 @@
 // for a shape and report completed bytes; a device profile (device_profile.hpp) is its starting point.
 //
 // The search is a hill climb over powers of two, one coordinate at a time (depth, then request size, then depth
-// again if the size moved): a candidate replaces the incumbent only when a measurement window shows it faster by
-// a margin, so noise cannot walk the shape far from the best. Once converged the controller holds the shape and
-// re-probes when the measured rate drifts away from the converged one.
+// again if the size moved): a candidate replaces the incumbent only when two measurement windows show it faster by
+// a margin, against the incumbent measured again just before it, so neither noise nor a device whose rate wanders
+// can walk the shape far from the best. Once converged the controller holds the shape and re-probes when the
+// measured rate drifts away from the converged one.
 #pragma once
 
 #include <sys/types.h>
@@ -88,10 +89,15 @@ class adaptive_controller {
   enum class phase { measure_start, depth_up, depth_down, size_up, size_down, hold };
   // All called with the mutex held.
   void judge(double rate);
+  // The verdict on candidate `cand` measured at `rate` against the incumbent at `incumbent_rate`.
+  void decide(double rate, double incumbent_rate, io_shape cand);
   bool candidate(phase p, io_shape& out) const;
   phase after(phase p, bool moved);
   void enter(phase p);
   std::size_t window_bytes() const;
+  void close_window();
+  double batch_gap(double mean_interval) const;
+  double margin() const;
 
   mutable std::mutex mutex_;
   adaptive_limits limits_;
@@ -108,12 +114,30 @@ class adaptive_controller {
   unsigned drift_windows_ = 0;
   double converged_rate_ = 0;
   bool resumed_ = false;
+  double last_rate_ = 0;       // the last window's rate (0: none to compare with)
+  double noise_ = 0;           // mean relative difference between consecutive windows of one shape
+  unsigned noise_samples_ = 0;
+  io_shape measured_;          // the shape the last judged window measured
+  double best_at_ = 0;         // when the incumbent's rate was last measured (end of its window)
+  bool reference_ = false;     // the window being measured is the incumbent's, taken again before next_
+  io_shape next_;
+  bool confirming_ = false;    // the window being measured is the incumbent's, taken again after candidate next_
+  double first_rate_ = 0;      // (whose rate this is)
   // The window being measured.
   unsigned active_ = 0;         // probing transfers running
   double active_since_ = 0;     // when active_ went from 0 to 1
   double window_s_ = 0;         // active seconds accumulated
   std::size_t window_bytes_ = 0;
   bool stale_ = false;          // completions of another request size arrived since the window began
+  std::size_t window_count_ = 0;  // completions counted in the window
+  bool closing_ = false;        // the window is full; it closes after the batch of completions it is in
+  double close_at_ = 0;         // the last completion of that batch
+  double close_s_ = 0;          // the window's active seconds up to close_at_
+  std::size_t settle_ = 0;      // bytes still to complete above a depth that was just cut (not measured)
+  bool restarting_ = false;     // the next window starts after the batch of completions that ends at restart_at_
+  double restart_at_ = 0;
+  double last_interval_ = 0;    // mean seconds between completions in the last window
+  unsigned batch_left_ = 0;     // completions that may still join the batch being closed or restarted after
 };
 
 /// The process-wide controller for (device, direction), created from `start` and `limits` on first use. Later

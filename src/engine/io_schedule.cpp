@@ -80,6 +80,8 @@ scheduled_transfer::scheduled_transfer(const settings& config, dev_t device, io_
   fixed_ = max_ = s.fixed;
   if (!s.adaptive) return;
   ctl_ = controller(s, device, dir, client);
+  // A shape found with a coordinate pinned by a setting is that setting's, not the device's: never remembered.
+  if (s.limits.depth_fixed || s.limits.request_fixed) learn_ = false;
   max_ = {s.limits.max_depth, s.limits.max_request_bytes};
   eligible_ = nbytes >= s.limits.min_probe_transfer_bytes;
   planned_request_ = shape().request_bytes;

@@ -183,6 +183,31 @@ TEST(learned_profile, a_converged_shape_is_remembered_once_and_only_when_learnin
   EXPECT_EQ(fs::last_write_time(env.learned_file()), before);
 }
 
+// A shape found while a setting pinned the depth or the request size is that setting's answer, not the
+// device's: the next process without the setting must not start from it.
+TEST(learned_profile, shapes_found_with_a_pinned_coordinate_are_not_remembered) {
+  cache_env env;
+  settings depth_pinned;
+  depth_pinned.direct_depth = 1;
+  depth_pinned.direct_depth_set = true;
+  {
+    scheduled_transfer s(depth_pinned, env.dev, io_dir::read, io_client::host, std::size_t{1} << 40);
+    converge(s, depth_pinned, env.dev, io_dir::read);
+    ASSERT_NE(schedule_reason(depth_pinned, env.dev, io_dir::read, io_client::host).find("converged"),
+              std::string::npos);
+  }
+  settings size_pinned;
+  size_pinned.chunk_bytes = kMiB;
+  size_pinned.chunk_bytes_set = true;
+  {
+    scheduled_transfer s(size_pinned, env.dev, io_dir::write, io_client::host, std::size_t{1} << 40);
+    converge(s, size_pinned, env.dev, io_dir::write);
+    ASSERT_NE(schedule_reason(size_pinned, env.dev, io_dir::write, io_client::host).find("converged"),
+              std::string::npos);
+  }
+  EXPECT_FALSE(fs::exists(env.learned_file())) << "a pinned search was remembered as the device's shape";
+}
+
 // doctor names the learned shapes of the device it checks; what it prints from the file is only what passed
 // the checks.
 TEST(learned_profile, doctor_lists_the_learned_shapes) {
