@@ -9,8 +9,9 @@ the timing ratios; exit status 0 when every check passed, 77 when no GPU or torc
    loaded tensors against the single-process save, file for file.
 2. gloo, 2 ranks, CPU tensors and (where this gloo build broadcasts CUDA tensors) CUDA tensors on the one GPU:
    column/row/replicated slices against the single-process load; the node reads each byte once; the save.
-3. Distributed Checkpoint (torch >= 2.1), NCCL, one rank: save and load of a state dict of CUDA tensors with
-   torch's FileSystemWriter/Reader and with gdskit.torch's, both with sync_files=True; prints seconds and ratios.
+3. Distributed Checkpoint (torch >= 2.1): save and load of a state dict with torch's FileSystemWriter/Reader and
+   with gdskit.torch's, both with sync_files=True, NCCL with one rank and CUDA tensors, then gloo with two ranks
+   and CPU DTensors sharded by rows; prints seconds (the slowest rank's) and ratios.
 --only load runs 1 and 2, --only dcp runs 3. Sizes scale with --gib (checkpoint and state dict bytes); the default run takes well under 3 minutes.
 """
 import argparse
@@ -169,48 +170,85 @@ def drop_folder_cache(folder):
                 os.close(fd)
 
 
-def check_dcp(args):
-    import torch
-    import torch.distributed.checkpoint as dcp
-    import gdskit.torch as gt
-    init(args, "nccl")
-    torch.cuda.set_device(0)
+def dcp_state(args, torch, mesh):
+    """The state dict the DCP check saves: 16 bf16 matrices and a step counter. With one rank, CUDA tensors; with
+    a device mesh of several ranks, CPU DTensors sharded by rows (FSDP-style: each rank holds and writes its
+    share)."""
     n = 16
     numel = int(args["gib"] * (1 << 30) // 2 // n)
-    g = torch.Generator(device="cuda").manual_seed(3)
-    src = {f"layer{i}.w": torch.randn(numel // 1024, 1024, device="cuda", generator=g).to(torch.bfloat16)
-           for i in range(n)}
+    if mesh is None:
+        g = torch.Generator(device="cuda").manual_seed(3)
+        src = {f"layer{i}.w": torch.randn(numel // 1024, 1024, device="cuda", generator=g).to(torch.bfloat16)
+               for i in range(n)}
+    else:
+        from torch.distributed.tensor import Shard, distribute_tensor
+        g = torch.Generator().manual_seed(3)
+        src = {f"layer{i}.w": distribute_tensor(torch.randn(numel // 1024, 1024, generator=g).to(torch.bfloat16),
+                                                mesh, [Shard(0)]) for i in range(n)}
     src["step"] = 1000
-    nbytes = sum(v.numel() * v.element_size() for v in src.values() if isinstance(v, torch.Tensor))
-    res = {"bytes": nbytes, "bad": []}
+    return src
+
+
+def check_dcp(args):
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    import gdskit.torch as gt
+    sharded = args["world"] > 1
+    init(args, "gloo" if sharded else "nccl")
+    mesh = None
+    if sharded:
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (args["world"],))
+    else:
+        torch.cuda.set_device(0)
+    src = dcp_state(args, torch, mesh)
+
+    def local(v):
+        return v.to_local() if hasattr(v, "to_local") else v
+
+    def same(a, b):
+        return torch.equal(local(a), local(b)) if isinstance(a, torch.Tensor) else a == b
+
+    def sync():
+        if sharded:
+            dist.barrier()
+        else:
+            torch.cuda.synchronize()
+
+    nbytes = sum(local(v).numel() * v.element_size() for v in src.values() if isinstance(v, torch.Tensor))
+    res = {"rank": args["rank"], "bytes": nbytes, "bad": []}  # this rank's share
     for kind in ("torch", "gdskit", "torch", "gdskit"):  # twice each, alternating; the second pair is reported
         folder = os.path.join(args["folder"], f"dcp-{kind}")
-        shutil.rmtree(folder, ignore_errors=True)
+        if args["rank"] == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+        sync()
         w = dcp.FileSystemWriter(folder, sync_files=True) if kind == "torch" else \
             gt.FileSystemWriter(folder, sync_files=True)
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         dcp.save(src, storage_writer=w)
+        sync()
         res[f"{kind}_save_s"] = time.perf_counter() - t0
         # Cold: torch's writer leaves its files in the page cache, gdskit's O_DIRECT writes do not; both are
         # evicted before the first load. The second load is warm for whatever that load left cached.
-        drop_folder_cache(folder)
+        if args["rank"] == 0:
+            drop_folder_cache(folder)
         for temp in ("load", "warm_load"):
             dst = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in src.items()}
             r = dcp.FileSystemReader(folder) if kind == "torch" else gt.FileSystemReader(folder)
-            torch.cuda.synchronize()
+            sync()
             t0 = time.perf_counter()
             dcp.load(dst, storage_reader=r)
-            torch.cuda.synchronize()
+            sync()
             res[f"{kind}_{temp}_s"] = time.perf_counter() - t0
             for k, v in src.items():
-                ok = torch.equal(v, dst[k]) if isinstance(v, torch.Tensor) else v == dst[k]
-                if not ok:
+                if not same(v, dst[k]):
                     res["bad"].append(f"{kind} {temp}: {k}")
     # gdskit's reader on torch's checkpoint (handed to torch's reader item by item).
     dst = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in src.items()}
     dcp.load(dst, storage_reader=gt.FileSystemReader(os.path.join(args["folder"], "dcp-torch")))
-    if not all(torch.equal(v, dst[k]) if isinstance(v, torch.Tensor) else v == dst[k] for k, v in src.items()):
+    if not all(same(v, dst[k]) for k, v in src.items()):
         res["bad"].append("gdskit reader on torch's checkpoint")
     import inspect
     from torch.distributed.checkpoint import filesystem as fs
@@ -219,7 +257,6 @@ def check_dcp(args):
                          f"({'yes' if 'os.fsync(stream.fileno())' in text else 'not found'}), .metadata fsync'd "
                          f"and renamed ({'yes' if 'os.fsync(metadata_file.fileno())' in text else 'not found'}), "
                          f"folder fsync ({'yes' if 'O_DIRECTORY' in text else 'no'})")
-    import torch.distributed as dist
     dist.destroy_process_group()
     return res
 
@@ -332,18 +369,28 @@ def main():
             except ImportError as e:
                 print(f"SKIP dcp: {e}")
         if dcp:
-            (res,) = launch("dcp", 1, common)
-            good = not res["bad"]
-            failed += not good
-            if "torch_save_s" in res:
-                gb = res["bytes"] / 2**30
-                print(f"  dcp save {gb:.2f} GiB: torch {res['torch_save_s']:.2f} s, gdskit {res['gdskit_save_s']:.2f} s"
-                      f" -> gdskit {res['torch_save_s'] / res['gdskit_save_s']:.2f}x as fast")
-                for temp, what in (("load", "cold"), ("warm_load", "warm")):
-                    t, g = res[f"torch_{temp}_s"], res[f"gdskit_{temp}_s"]
-                    print(f"  dcp load {what} {gb:.2f} GiB: torch {t:.2f} s, gdskit {g:.2f} s -> gdskit {t / g:.2f}x as fast")
-                print(f"  {res['torch_sync']}; gdskit: fdatasync per data file, folder fsync, then torch's .metadata")
-            print(f"{'PASS' if good else 'FAIL'} dcp" + (f": {res['bad'][:5]}" if res["bad"] else ""))
+            for label, world in (("dcp", 1), ("dcp-sharded", 2)):
+                res_all = launch("dcp", world, common)
+                bad = [b for r in res_all for b in r["bad"]]
+                failed += bool(bad)
+                if all("torch_save_s" in r for r in res_all):
+                    # The job's time is its slowest rank's.
+                    res = {k: max(r[k] for r in res_all) for k in res_all[0] if k.endswith("_s")}
+                    gb = sum(r["bytes"] for r in res_all) / 2**30
+                    what = ("one rank, CUDA tensors" if world == 1 else
+                            f"{world} ranks (gloo), CPU DTensors sharded by rows, slowest rank")
+                    print(f"  {label} {what}")
+                    print(f"  {label} save {gb:.2f} GiB: torch {res['torch_save_s']:.2f} s, gdskit "
+                          f"{res['gdskit_save_s']:.2f} s -> gdskit {res['torch_save_s'] / res['gdskit_save_s']:.2f}x "
+                          f"as fast")
+                    for temp, cw in (("load", "cold"), ("warm_load", "warm")):
+                        t, g = res[f"torch_{temp}_s"], res[f"gdskit_{temp}_s"]
+                        print(f"  {label} load {cw} {gb:.2f} GiB: torch {t:.2f} s, gdskit {g:.2f} s -> gdskit "
+                              f"{t / g:.2f}x as fast")
+                    if world == 1:
+                        print(f"  {res_all[0]['torch_sync']}; gdskit: fdatasync per data file, folder fsync, then "
+                              f"torch's .metadata")
+                print(f"{'PASS' if not bad else 'FAIL'} {label}" + (f": {bad[:5]}" if bad else ""))
     finally:
         shutil.rmtree(a.folder, ignore_errors=True)
     return 1 if failed else 0
