@@ -101,10 +101,12 @@ def _write_ranges(path, ranges):
         f.close()
 
 
-def _read_all(reads, workers=8):
+def _read_all(reads, workers=4):
     """Reads every (path, (address, nbytes, file offset, device)) in full, up to `workers` at once (one gdskit
     handle per file, shared by the reads of that file); returns the bytes read. The first failure is raised
-    after every started read has finished."""
+    after every started read has finished. Each read is itself parallel (the device's schedule, shared among
+    the reads in flight), so a few at once keep the device busy; eight ran slower than four on the GPU machine
+    (docs/performance.md)."""
     handles = {}
     try:
         for path, _ in reads:
@@ -255,7 +257,7 @@ class FileSystemReader(_fs.FileSystemReader):
         total = 0
         cuda_synced = False
         # The planner runs on this thread: targets are resolved and their reads planned first, then every read
-        # of every file runs on a pool (items in parallel, largest first), then the items are committed here.
+        # of every file runs on a pool (four items at a time, largest first), then the items are committed here.
         reads, after = [], []
         for rel, reqs in per_file.items():
             path = os.path.join(str(self.path), rel)
