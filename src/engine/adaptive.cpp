@@ -119,9 +119,16 @@ double adaptive_controller::margin() const {
   return std::max(limits_.gain, 1.0 + 2.0 * noise);
 }
 
+double adaptive_controller::drift_tolerance() const {
+  // The drift margin, or twice the measured noise where that is larger, but never more than half the rate: a
+  // device that halves its rate is always noticed.
+  return std::max(limits_.drift, std::min(2 * noise_, 0.5));
+}
+
 double adaptive_controller::batch_gap(double mean_interval) const {
   // Completions are reaped in batches, stamped microseconds apart: a completion that follows the last one by
-  // less than a quarter of the mean interval between completions (and at most 25 us) is of the same batch.
+  // less than a quarter of the mean interval between completions (and never less than 25 us) is of the same
+  // batch.
   return std::max(25e-6, mean_interval / 4);
 }
 
@@ -201,7 +208,7 @@ void adaptive_controller::close_window() {
   judge(rate);
   // After a cut in depth the queue drains to the new depth first: the completions of the requests above it ran
   // at the old depth. (A deeper queue fills at once; requests of another size are skipped as stale.)
-  if (current_.request_bytes == before.request_bytes && current_.depth < before.depth) {
+  if (active_ > 0 && current_.request_bytes == before.request_bytes && current_.depth < before.depth) {
     settle_ = static_cast<std::size_t>(before.depth - current_.depth) * before.request_bytes;
   }
 }
@@ -249,6 +256,7 @@ void adaptive_controller::enter(phase p) {
     from_ = best_;
     ties_ = 0;
     confirming_ = false;
+    reference_ = false;
     if (p == phase::hold) {
       current_ = best_;
       converged_rate_ = best_rate_;
@@ -277,7 +285,14 @@ void adaptive_controller::enter(phase p) {
 void adaptive_controller::judge(double rate) {
   const bool incumbent_just_measured = measured_ == best_;
   const double prev_rate = last_rate_;
-  if (measured_ == current_ && last_rate_ > 0) {
+  // A held shape tests each window against the noise known before it: a step in the device's rate must not
+  // first raise the noise and so hide itself. Windows that drift do not count as noise samples.
+  // The held rate is compared with the mean of the last two windows of the shape, so noise that alternates
+  // window by window neither triggers a search nor hides a step.
+  const bool pair = phase_ == phase::hold && measured_ == current_ && last_rate_ > 0;
+  const double held = pair ? (rate + last_rate_) / 2 : rate;
+  const bool drifted = phase_ == phase::hold && std::fabs(held / converged_rate_ - 1.0) > drift_tolerance();
+  if (measured_ == current_ && last_rate_ > 0 && !drifted) {
     // Two windows in a row of one shape: how far apart they are is the machine's noise (an average over such
     // pairs), which sets the margin a candidate must win by.
     const double d = std::fabs(rate - last_rate_) / ((rate + last_rate_) / 2);
@@ -301,9 +316,9 @@ void adaptive_controller::judge(double rate) {
     return;
   }
   if (phase_ == phase::hold) {
-    if (std::fabs(rate / converged_rate_ - 1.0) <= std::max(limits_.drift, 3 * noise_)) {
+    if (!drifted) {
       drift_windows_ = 0;
-      converged_rate_ = 0.8 * converged_rate_ + 0.2 * rate;
+      converged_rate_ = 0.9 * converged_rate_ + 0.1 * rate;
       return;
     }
     if (++drift_windows_ < 2) return;

@@ -98,6 +98,7 @@ class adaptive_controller {
   void close_window();
   double batch_gap(double mean_interval) const;
   double margin() const;
+  double drift_tolerance() const;
 
   mutable std::mutex mutex_;
   adaptive_limits limits_;

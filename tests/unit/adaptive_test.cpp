@@ -270,6 +270,32 @@ TEST(adaptive, drifting_device_is_re_probed_and_followed) {
   EXPECT_GE(c.best().depth, 16u) << c.describe();
 }
 
+// A held shape on a machine with some noise still notices the device slowing down: the step itself must not
+// count as noise (and so widen the tolerance until it hides), and a rate that halves is always a change.
+TEST(adaptive, a_held_shape_notices_a_slowdown_through_noise) {
+  for (double drop : {0.65, 0.6, 0.3}) {
+    SCOPED_TRACE(fmt::format("drop to {}", drop));
+    adaptive_controller c({4, 4 * kMiB});
+    c.resume(kGiB);
+    ASSERT_TRUE(c.begin(std::size_t{1} << 40, 0.0));
+    double now = 0;
+    // Windows of 32 MiB (8 completions of 4 MiB), evenly spaced, at `rate` GiB/s.
+    auto window = [&](double rate) {
+      for (int i = 0; i < 8; ++i) {
+        now += 4.0 * kMiB / (rate * kGiB);
+        c.complete(4 * kMiB, now, 4 * kMiB);
+      }
+    };
+    for (int w = 0; w < 40; ++w) window(w % 2 ? 1.08 : 0.92);
+    ASSERT_TRUE(c.converged()) << c.describe();
+    ASSERT_EQ(c.probes(), 0u);
+    int windows = 0;
+    for (; windows < 50 && c.probes() == 0; ++windows) window(drop * (windows % 2 ? 1.08 : 0.92));
+    EXPECT_LE(windows, 4) << "the slowdown went unnoticed: " << c.describe();
+    c.end(true, now);
+  }
+}
+
 TEST(adaptive, pinned_coordinates_do_not_move) {
   adaptive_limits lim;
   lim.depth_fixed = true;
