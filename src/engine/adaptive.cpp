@@ -138,13 +138,15 @@ void adaptive_controller::complete(std::size_t nbytes, double now_s, std::size_t
   if (closing_) {
     // A window ends after the last completion of the batch that filled it, or its end would be off by part of a
     // batch (up to the bytes in flight).
+    // (A completion stamped before the last one, by a thread that then waited for the lock, adds no time.)
+    const double gap = std::max(0.0, now_s - close_at_);
     if (of_measured_size() && batch_left_ > 0 &&
-        now_s - close_at_ <= batch_gap(close_s_ / static_cast<double>(std::max<std::size_t>(window_count_, 1)))) {
+        gap <= batch_gap(close_s_ / static_cast<double>(std::max<std::size_t>(window_count_, 1)))) {
       --batch_left_;
       window_bytes_ += nbytes;
       ++window_count_;
-      close_s_ += now_s - close_at_;
-      close_at_ = now_s;
+      close_s_ += gap;
+      close_at_ += gap;
       return;
     }
     close_window();
@@ -175,7 +177,7 @@ void adaptive_controller::complete(std::size_t nbytes, double now_s, std::size_t
   if (restarting_) {
     if (batch_left_ > 0 && now_s - restart_at_ <= batch_gap(last_interval_)) {
       --batch_left_;
-      restart_at_ = now_s;
+      restart_at_ = std::max(restart_at_, now_s);
       return;
     }
     restarting_ = false;
