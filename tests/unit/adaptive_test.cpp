@@ -67,6 +67,11 @@ struct device_sim {
     c.end(probing, now);
     return now - t0;
   }
+
+  // Transfers of `nbytes` until the controller converges, at most `limit` of them.
+  void until_converged(adaptive_controller& c, std::size_t nbytes, int limit = 64) {
+    for (int i = 0; i < limit && !c.converged(); ++i) transfer(c, nbytes);
+  }
 };
 
 // The best fixed setting over the controller's grid.
@@ -121,11 +126,7 @@ TEST(adaptive, converges_near_the_best_fixed_setting_on_every_curve) {
     device_sim dev{k.f};
     dev.rng.seed(seed);
     // Transfers of 1 GiB until converged; a bounded number of probes and of data.
-    int transfers = 0;
-    while (!c.converged() && transfers < 64) {
-      dev.transfer(c, std::size_t{1} << 30);
-      ++transfers;
-    }
+    dev.until_converged(c, std::size_t{1} << 30);
     ASSERT_TRUE(c.converged()) << c.describe();
     EXPECT_LE(c.probes(), 30u);
     const io_shape b = c.best();
@@ -155,11 +156,7 @@ TEST(adaptive, bursty_completions_and_a_wandering_rate_do_not_mislead_it) {
       dev.batched = true;
       dev.wander = 0.25;
       dev.period = 4.0 + 0.5 * (seed % 8);
-      int transfers = 0;
-      while (!c.converged() && transfers < 64) {
-        dev.transfer(c, std::size_t{2} << 30);
-        ++transfers;
-      }
+      dev.until_converged(c, std::size_t{2} << 30);
       ASSERT_TRUE(c.converged()) << c.describe();
       const io_shape b = c.best();
       ++runs;
@@ -183,7 +180,7 @@ TEST(adaptive, noise_widens_the_margin_on_a_loaded_machine) {
     dev.batched = true;
     dev.stall_p = 0.05;
     dev.stall_s = 0.005;
-    for (int i = 0; i < 64 && !c.converged(); ++i) dev.transfer(c, std::size_t{2} << 30);
+    dev.until_converged(c, std::size_t{2} << 30);
     ASSERT_TRUE(c.converged()) << c.describe();
     const io_shape b = c.best();
     // One step from the start either way is within what noise can do; further is a walk.
