@@ -10,8 +10,11 @@ Run on the GPU machine (torch with CUDA, safetensors, gdskit built with -DGDSKIT
 It builds a Llama-shaped bf16 state dict of about --size-gib on the device (hidden 4096, MLP 11008, vocabulary
 32000, as many layers as fit), then times each writer end to end with the data on disk: gdskit syncs by design,
 and safetensors and torch.save are followed by fsync of the file they wrote, so every number includes the
-flush. The ceiling is a plain O_DIRECT writer (16 threads, 8 MiB aligned requests from host memory, then
-fdatasync) of the same byte count in the same folder, or `gdskit bench -I 1` when --cli is given. Prints, per
+flush. The ceiling is a plain O_DIRECT writer (aligned requests from host memory, then fdatasync) of the same
+byte count in the same folder, the best cell of a small grid of writer threads x request sizes, or
+`gdskit bench -I 1` when --cli is given. --precondition-gib N first writes N GiB to the folder once and deletes
+it: a RAM-backed loop device allocates its backing pages on a block's first write, a cost a real disk does not
+have, so measure such a device both fresh and preconditioned and report which. Prints, per
 writer, the best of --runs: seconds, GiB/s, ratio to the ceiling, CPU-s per GiB (getrusage of this process,
 all threads) and GPU memory the writer allocated beyond the state dict (torch.cuda.max_memory_allocated delta).
 Copy the table into docs/performance.md with the command, the machine and the date.
@@ -122,6 +125,8 @@ def main():
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--cli", help="gdskit binary: use `gdskit bench -I 1` for the ceiling")
     ap.add_argument("--skip", default="", help="comma-separated writers to skip (torch.save, ...)")
+    ap.add_argument("--precondition-gib", type=float, default=0,
+                    help="write and delete this many GiB in --dir before measuring (0: measure the disk as it is)")
     args = ap.parse_args()
     from safetensors.torch import save_file as st_save
 
@@ -131,6 +136,10 @@ def main():
     print(f"state dict: {len(sd)} bf16 tensors, {layers} layers, {gib:.2f} GiB on {args.device}")
     work = tempfile.mkdtemp(prefix="gdskit-perf-save.", dir=args.dir)
     try:
+        if args.precondition_gib > 0:
+            want = int(args.precondition_gib * 2**30)
+            dt, written = odirect_ceiling(work, want)
+            print(f"preconditioned: {written / 2**30:.1f} GiB written once and deleted, {written / 2**30 / dt:.2f} GiB/s")
         def out(name):
             p = os.path.join(work, name)
             if os.path.isdir(p):
@@ -184,9 +193,16 @@ def main():
             ceiling = json.loads(res.stdout)["results"][0]["throughput_gib_s"]
             how = "gdskit bench -I 1 -i 8M -w 16"
         else:
-            dt, written = min(odirect_ceiling(work, nbytes) for _ in range(args.runs))
-            ceiling = written / 2**30 / dt
-            how = "O_DIRECT, 16 threads x 8 MiB, fdatasync"
+            cells = {}
+            for _ in range(args.runs):
+                for threads in (2, 4, 16):
+                    for request in (4 << 20, 8 << 20):
+                        dt, written = odirect_ceiling(work, nbytes, threads, request)
+                        rate = written / 2**30 / dt
+                        cells[(threads, request)] = max(cells.get((threads, request), 0.0), rate)
+            (threads, request), ceiling = max(cells.items(), key=lambda kv: kv[1])
+            grid = ", ".join(f"{t}x{r >> 20}M {v:.2f}" for (t, r), v in sorted(cells.items()))
+            how = f"O_DIRECT, best of {grid}; fdatasync"
         print(f"\nraw write ceiling ({how}): {ceiling:.2f} GiB/s")
         print(f"{'writer':24} {'s':>7} {'GiB/s':>7} {'x ceil':>7} {'CPU-s/GiB':>10} {'GPU MiB extra':>14}")
         for name, (dt, cpu, extra) in best.items():
