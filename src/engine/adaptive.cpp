@@ -53,6 +53,7 @@ void adaptive_controller::resume(double rate) {
   best_rate_ = rate;
   resumed_ = true;
   enter(phase::hold);
+  if (limits_.recheck_windows > 0) recheck_due_ = std::max(1u, limits_.recheck_windows / 8);
 }
 
 unsigned adaptive_controller::depth_share(unsigned depth) const {
@@ -69,6 +70,16 @@ bool adaptive_controller::converged() const {
 unsigned adaptive_controller::probes() const {
   std::lock_guard lock(mutex_);
   return probes_;
+}
+
+unsigned adaptive_controller::drift_searches() const {
+  std::lock_guard lock(mutex_);
+  return drift_searches_;
+}
+
+unsigned adaptive_controller::rechecks() const {
+  std::lock_guard lock(mutex_);
+  return rechecks_;
 }
 
 double adaptive_controller::converged_rate() const {
@@ -263,6 +274,16 @@ void adaptive_controller::enter(phase p) {
       current_ = best_;
       converged_rate_ = best_rate_;
       drift_windows_ = 0;
+      held_windows_ = 0;
+      if (limits_.recheck_windows > 0) {
+        // A check that found nothing better makes the next one rarer; a shape that moved is checked as often
+        // as a new one.
+        const unsigned most = limits_.recheck_windows * 16;
+        recheck_due_ = rechecking_ && best_ == recheck_from_
+                           ? std::min(most, std::max(recheck_due_ * 2, limits_.recheck_windows))
+                           : limits_.recheck_windows;
+      }
+      rechecking_ = false;
       return;
     }
     io_shape cand;
@@ -321,16 +342,21 @@ void adaptive_controller::judge(double rate) {
     if (!drifted) {
       drift_windows_ = 0;
       converged_rate_ = 0.9 * converged_rate_ + 0.1 * rate;
+      if (recheck_due_ > 0 && ++held_windows_ >= recheck_due_) {
+        // The held shape's neighbours are measured again, against the held shape's last two windows.
+        ++rechecks_;
+        rechecking_ = true;
+        recheck_from_ = best_;
+        search_again(held);
+      }
       return;
     }
     if (++drift_windows_ < 2) return;
     // The device changed under us (another tenant, its cache, a different region): the old comparisons are
     // stale, so the incumbent's rate is taken as measured now and the search starts again from it.
-    resumed_ = false;
-    best_rate_ = rate;
-    rounds_ = 0;
-    size_moved_ = false;
-    enter(phase::depth_up);
+    ++drift_searches_;
+    rechecking_ = false;
+    search_again(rate);
     return;
   }
   if (confirming_) {
@@ -356,6 +382,15 @@ void adaptive_controller::judge(double rate) {
     return;
   }
   decide(rate, best_rate_, current_);
+}
+
+void adaptive_controller::search_again(double rate) {
+  resumed_ = false;
+  best_rate_ = rate;
+  best_at_ = close_at_;
+  rounds_ = 0;
+  size_moved_ = false;
+  enter(phase::depth_up);
 }
 
 void adaptive_controller::decide(double rate, double incumbent_rate, io_shape cand_shape) {

@@ -5,8 +5,10 @@
 // The search is a hill climb over powers of two, one coordinate at a time (depth, then request size, then depth
 // again if the size moved): a candidate replaces the incumbent only when two measurement windows show it faster by
 // a margin, against the incumbent measured again just before it, so neither noise nor a device whose rate wanders
-// can walk the shape far from the best. Once converged the controller holds the shape and re-probes when the
-// measured rate drifts away from the converged one.
+// can walk the shape far from the best. Once converged the controller holds the shape, searches again when the
+// measured rate drifts away from the converged one, and now and then measures the held shape's neighbours again
+// (a device's best shape can move without its rate at the held one moving: a shape learned while the device was
+// busy or still allocating its blocks).
 #pragma once
 
 #include <sys/types.h>
@@ -44,6 +46,10 @@ struct adaptive_limits {
   double gain = 1.05;
   /// Converged: re-probe after two windows in a row that differ from the converged rate by more than this.
   double drift = 0.3;
+  /// Converged: the neighbours of the held shape are measured again after this many windows held, twice as many
+  /// after each check that left the shape where it was (at most 16 x), and a learned shape after an eighth of it
+  /// (it was found in another process, maybe on a busier device). 0: never.
+  unsigned recheck_windows = 64;
   /// Transfers smaller than this never run a probe candidate (they use the incumbent and are not measured).
   std::size_t min_probe_transfer_bytes = std::size_t{64} << 20;
   /// Which coordinates may move (a GDSKIT_* setting pins one).
@@ -80,6 +86,10 @@ class adaptive_controller {
   bool converged() const;
   /// Candidates measured so far (re-probes included).
   unsigned probes() const;
+  /// Searches started from a held shape because its rate drifted (not counting the periodic re-checks).
+  unsigned drift_searches() const;
+  /// Periodic re-checks of a held shape's neighbours started so far.
+  unsigned rechecks() const;
   /// Last converged rate in bytes per second (0 before convergence).
   double converged_rate() const;
   /// "depth 2, 4.00 MiB; adaptive (converged after 5 probes)".
@@ -99,6 +109,8 @@ class adaptive_controller {
   double batch_gap(double mean_interval) const;
   double margin() const;
   double drift_tolerance() const;
+  // Starts a search from the held shape, whose rate is measured as `rate` now.
+  void search_again(double rate);
 
   mutable std::mutex mutex_;
   adaptive_limits limits_;
@@ -115,6 +127,12 @@ class adaptive_controller {
   unsigned drift_windows_ = 0;
   double converged_rate_ = 0;
   bool resumed_ = false;
+  unsigned drift_searches_ = 0;
+  unsigned held_windows_ = 0;  // windows judged in the current hold
+  unsigned recheck_due_ = 0;   // held windows before the next re-check (0: none)
+  unsigned rechecks_ = 0;
+  bool rechecking_ = false;    // the search under way is a re-check, begun from recheck_from_
+  io_shape recheck_from_;
   double last_rate_ = 0;       // the last window's rate (0: none to compare with)
   double noise_ = 0;           // mean relative difference between consecutive windows of one shape
   unsigned noise_samples_ = 0;
