@@ -108,6 +108,11 @@ class file_handle {
   std::uint64_t size() const;
   /// Sets the size of the file (ftruncate).
   void truncate(std::uint64_t nbytes) const;
+  /// Reserves disk space for the first `nbytes` of the file and makes it at least that long (fallocate), so
+  /// a disk too full for them fails here (ENOSPC) rather than part-way through writing, and file systems such
+  /// as ext4 run O_DIRECT writes into the reserved blocks in parallel (into a hole they take turns). Returns
+  /// false when the file system cannot reserve space (EOPNOTSUPP): the size is then set as truncate() does.
+  bool reserve(std::uint64_t nbytes) const;
   /// fdatasync.
   void sync() const;
   /// Drops this file's pages from the page cache (posix_fadvise DONTNEED). Dirty pages are written first

@@ -307,7 +307,8 @@ struct save_stats {
   std::size_t pieces = 0;          ///< write requests issued for tensor data
   double seconds = 0;              ///< wall time from opening the first file to the last rename
   double sync_seconds = 0;         ///< of which fdatasync and folder fsync
-  path_decision path;              ///< the planner's path for the first tensor's memory
+  path_decision path;              ///< the planner's path for the first tensor's memory, asked after the first
+                                   ///< file's data was written (its reasons give the shape its writes ended with)
   std::vector<std::filesystem::path> written;  ///< final names: shards in order, then the index if any
   double gib_per_s() const noexcept { return seconds > 0 ? static_cast<double>(tensor_bytes) / seconds / 1073741824.0 : 0; }
 };

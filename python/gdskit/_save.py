@@ -37,7 +37,8 @@ _SIZE_UNITS = {"TB": 10**12, "GB": 10**9, "MB": 10**6, "KB": 10**3}
 
 def last_save_stats() -> dict:
     """Statistics of the last save: seconds, sync_seconds, gib_per_s, tensor_bytes, file_bytes, files, pieces,
-    path (the data path for the tensors' memory), reasons, written (the final file names)."""
+    path (the data path for the tensors' memory), reasons (asked once the first file's data was written, so
+    they give the schedule its writes ended with), written (the final file names)."""
     return dict(_last_save_stats)
 
 

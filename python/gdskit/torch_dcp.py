@@ -90,9 +90,13 @@ def _sync_folder(path):
 
 def _write_ranges(path, ranges):
     """Creates (truncates) `path` and writes each (address, nbytes, file offset, device) range through one
-    gdskit file handle, one gathered write per device; returns the bytes written."""
+    gdskit file handle, one gathered write per device; returns the bytes written. The file's space is reserved
+    first, so a full disk fails before any byte is written."""
     f = _gdskit.FileHandle(path, "w")
     try:
+        end = max((r[2] + r[1] for r in ranges), default=0)
+        if end:
+            f.reserve(end)
         by_device = {}
         for r in ranges:
             by_device.setdefault(r[3], []).append(r)

@@ -490,6 +490,12 @@ PYBIND11_MODULE(_gdskit, m) {
            "overlaps); returns the bytes written.")
       .def("plan", [](const file_object& f, int device) { return plan_tuple(*f.get(), device); }, py::arg("device"))
       .def("size", [](const file_object& f) { return f.get()->size(); })
+      .def("reserve", [](const file_object& f, std::uint64_t nbytes) {
+             py::gil_scoped_release unlocked;
+             return f.get()->reserve(nbytes);
+           }, py::arg("nbytes"),
+           "Reserves disk space for the first nbytes and makes the file at least that long (fallocate); False "
+           "where the file system cannot reserve space (the size is set all the same).")
       .def("header", [](const file_object& f) { return header_tuple(st::read_header(*f.get())); },
            "The validated safetensors header of this file, as gdskit.header() gives it.")
       .def("close", [](file_object& f) { f.handle.reset(); })

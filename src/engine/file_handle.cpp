@@ -380,6 +380,23 @@ void file_handle::truncate(std::uint64_t nbytes) const {
   }
 }
 
+bool file_handle::reserve(std::uint64_t nbytes) const {
+  const impl& m = open_impl(impl_, "fallocate");
+  if (nbytes > engine::max_file_offset) {
+    throw error(errno_code(EINVAL), "fallocate", m.path.string(), -1, 0,
+                fmt::format("length {} is past the largest file size", nbytes));
+  }
+  if (nbytes > 0) {
+    if (posix::sys().fallocate(m.fd.get(), 0, 0, static_cast<off_t>(nbytes)) == 0) return true;
+    const int e = errno;
+    if (e != EOPNOTSUPP && e != ENOSYS) {
+      throw error(errno_code(e), "fallocate", m.path.string(), 0, nbytes);
+    }
+  }
+  truncate(std::max(nbytes, size()));
+  return false;
+}
+
 void file_handle::sync() const {
   const impl& m = open_impl(impl_, "fdatasync");
   if (posix::sys().fdatasync(m.fd.get()) != 0) throw error(errno_code(errno), "fdatasync", m.path.string(), -1, 0);

@@ -289,7 +289,8 @@ pending_file open_pending(const std::filesystem::path& path, std::vector<save_te
   // 0666 before the umask, as other programs create files.
   p.handle = file_handle(p.publish.temp_path(), open_mode::write, {.create = true, .exclusive = true, .permissions = 0666},
                          o.config);
-  p.handle.truncate(p.layout.file_nbytes());
+  // The whole file's space is reserved first: a disk too full for it fails before any byte is written.
+  p.handle.reserve(p.layout.file_nbytes());
   return p;
 }
 
@@ -423,9 +424,9 @@ save_stats save(const std::filesystem::path& path, const std::vector<save_tensor
   save_stats stats;
   const auto t0 = std::chrono::steady_clock::now();
   pending_file p = open_pending(path, tensors, metadata, options);
-  stats.path = plan_for(p.handle, p.tensors);
   std::atomic<std::uint64_t> done{0};
   write_file(p.handle, p.tensors, p.layout, options, done, p.layout.data_nbytes, stats);
+  stats.path = plan_for(p.handle, p.tensors);  // after the writes: the schedule they ended with
   const auto t_sync = std::chrono::steady_clock::now();
   p.publish.rename_and_sync_folder();
   stats.sync_seconds += seconds_since(t_sync);
@@ -547,8 +548,8 @@ save_stats save_sharded(const std::filesystem::path& folder, const std::vector<s
       for (std::size_t i : groups[k]) part.push_back(tensors[i]);
     }
     files.push_back(open_pending(targets[k], std::move(part), metadata, options));
-    if (k == 0) stats.path = plan_for(files[0].handle, files[0].tensors);
     write_file(files[k].handle, files[k].tensors, files[k].layout, options, done, total, stats);
+    if (k == 0) stats.path = plan_for(files[0].handle, files[0].tensors);  // the schedule the writes ended with
     files[k].handle = file_handle();  // synced: close it, thousands of shards need no thousands of descriptors
   }
   posix::atomic_publish index_file;

@@ -23,6 +23,7 @@ syscall_table make_real() {
   t.fstat = [](int fd, struct stat* st) { return ::fstat(fd, st); };
   t.fstatfs = [](int fd, struct statfs* st) { return ::fstatfs(fd, st); };
   t.ftruncate = [](int fd, off_t n) { return ::ftruncate(fd, n); };
+  t.fallocate = [](int fd, int mode, off_t o, off_t n) { return ::fallocate(fd, mode, o, n); };
   t.fdatasync = [](int fd) { return ::fdatasync(fd); };
   t.fadvise = [](int fd, off_t o, off_t n, int advice) { return ::posix_fadvise(fd, o, n, advice); };
   t.block_device_size = [](int fd, std::uint64_t* nbytes) { return ::ioctl(fd, BLKGETSIZE64, nbytes); };

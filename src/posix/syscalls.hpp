@@ -23,6 +23,8 @@ struct syscall_table {
   std::function<int(int, struct stat*)> fstat;
   std::function<int(int, struct statfs*)> fstatfs;
   std::function<int(int, off_t)> ftruncate;
+  /// fallocate(2): 0 or -1 with errno.
+  std::function<int(int fd, int mode, off_t offset, off_t nbytes)> fallocate;
   std::function<int(int)> fdatasync;
   std::function<int(int, off_t, off_t, int)> fadvise;
   /// Size in bytes of the block device open as `fd` (ioctl BLKGETSIZE64; st_size is 0 for block devices).

@@ -223,6 +223,7 @@ TEST_P(engine_variants, ranges_past_the_largest_offset_are_refused_before_any_io
   }
   EXPECT_EQ(code_of([&] { f.truncate(max + 1); }), einval);
   EXPECT_EQ(code_of([&] { f.truncate(~std::uint64_t{0}); }), einval);
+  EXPECT_EQ(code_of([&] { f.reserve(max + 1); }), einval);
   EXPECT_EQ(io_calls.load(), 0) << "a refused range reached the file";
   EXPECT_EQ(test::read_file(path), data);
   // The last byte of the range is still usable for a read (nothing is there).
@@ -490,6 +491,7 @@ TEST(file_handle, empty_handles_have_defined_behaviour) {
     EXPECT_TRUE(ebadf([&] { f.write_async(buffer_view::host(b, 8), 8, 0).get(); }));
     EXPECT_TRUE(ebadf([&] { f.size(); }));
     EXPECT_TRUE(ebadf([&] { f.truncate(0); }));
+    EXPECT_TRUE(ebadf([&] { f.reserve(8); }));
     EXPECT_TRUE(ebadf([&] { f.sync(); }));
     EXPECT_TRUE(ebadf([&] { f.drop_cache(); }));
   }
@@ -610,6 +612,48 @@ TEST(file_handle, loop_device_reads_whole) {
     std::vector<std::uint8_t> tail(5000);
     ASSERT_EQ(f.pread(tail.data(), tail.size(), data.size() - 1000), 1000u);
     EXPECT_EQ(0, std::memcmp(tail.data(), data.data() + data.size() - 1000, 1000));
+  }
+}
+
+}  // namespace
+}  // namespace gdskit
+
+namespace gdskit {
+namespace {
+
+// reserve() makes the file at least that long, never shorter, and says whether space was reserved; where the file
+// system cannot reserve (EOPNOTSUPP) it sizes the file anyway; other errors (ENOSPC) are errors.
+TEST(file_handle_reserve, sizes_the_file_and_falls_back_where_space_cannot_be_reserved) {
+  temp_dir dir;
+  const auto path = dir / "r.bin";
+  file_handle f(path, open_mode::read_write, {.create = true});
+  EXPECT_TRUE(f.reserve(1 << 20));
+  EXPECT_EQ(f.size(), 1u << 20);
+  std::vector<std::byte> zeros(1 << 20), got(1 << 20, std::byte{1});
+  EXPECT_EQ(f.pread(got.data(), got.size(), 0), got.size());
+  EXPECT_EQ(got, zeros);
+  EXPECT_TRUE(f.reserve(4096));
+  EXPECT_EQ(f.size(), 1u << 20) << "reserve never shrinks a file";
+  for (int err : {EOPNOTSUPP, ENOSPC}) {
+    posix::syscall_table t = posix::real_syscalls();
+    t.fallocate = [err](int, int, off_t, off_t) {
+      errno = err;
+      return -1;
+    };
+    posix::scoped_syscalls guard(t);
+    if (err == EOPNOTSUPP) {
+      EXPECT_FALSE(f.reserve(3 << 20));
+      EXPECT_EQ(f.size(), 3u << 20);
+    } else {
+      std::error_code ec;
+      try {
+        f.reserve(5 << 20);
+      } catch (const error& e) {
+        ec = e.code();
+      }
+      EXPECT_EQ(ec, std::error_code(ENOSPC, std::generic_category()));
+      EXPECT_EQ(f.size(), 3u << 20);
+    }
   }
 }
 

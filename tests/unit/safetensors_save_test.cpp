@@ -463,9 +463,9 @@ TEST(safetensors_save_shards, one_shard_over_a_sharded_checkpoint_removes_the_st
 
 // ---- faults at every stage -----------------------------------------------------------------------------
 
-// The syscall seam, failing one stage of a save with `err`: data writes, the header write (offset 0), the data
-// sync, the rename, the folder fsync, or any write to the index file.
-enum class stage { data_write, header_write, fdatasync, rename, folder_fsync, index_write };
+// The syscall seam, failing one stage of a save with `err`: reserving the file's space, data writes, the header
+// write (offset 0), the data sync, the rename, the folder fsync, or any write to the index file.
+enum class stage { reserve, data_write, header_write, fdatasync, rename, folder_fsync, index_write };
 
 struct stage_fault {
   stage where;
@@ -492,6 +492,9 @@ struct stage_fault {
       if (w == stage::data_write && o > 4096 && fd != idx->load()) return fail(e);
       return real_syscalls().pwrite(fd, b, n, o);
     };
+    t.fallocate = [=, w = where, e = err](int fd, int mode, off_t o, off_t n) {
+      return w == stage::reserve && fd != idx->load() ? fail(e) : real_syscalls().fallocate(fd, mode, o, n);
+    };
     t.fdatasync = [=, w = where, e = err](int fd) { return w == stage::fdatasync ? fail(e) : real_syscalls().fdatasync(fd); };
     t.rename = [=, w = where, e = err](const char* a, const char* b, unsigned f) {
       return w == stage::rename ? fail(e) : real_syscalls().rename(a, b, f);
@@ -503,6 +506,7 @@ struct stage_fault {
 
 const char* name_of(stage s) {
   switch (s) {
+    case stage::reserve: return "reserve";
     case stage::data_write: return "data write";
     case stage::header_write: return "header write";
     case stage::fdatasync: return "fdatasync";
@@ -515,7 +519,8 @@ const char* name_of(stage s) {
 
 TEST(safetensors_save_faults, single_file_every_stage_leaves_old_file_and_no_temporary) {
   for (int err : {ENOSPC, EIO}) {
-    for (stage s : {stage::data_write, stage::header_write, stage::fdatasync, stage::rename, stage::folder_fsync}) {
+    for (stage s : {stage::reserve, stage::data_write, stage::header_write, stage::fdatasync, stage::rename,
+                    stage::folder_fsync}) {
       SCOPED_TRACE(std::string(name_of(s)) + " " + std::strerror(err));
       temp_dir dir;
       const auto p = dir / "m.safetensors";
@@ -545,7 +550,7 @@ TEST(safetensors_save_faults, single_file_every_stage_leaves_old_file_and_no_tem
 
 TEST(safetensors_save_faults, sharded_every_stage_leaves_old_checkpoint_and_no_temporary) {
   for (int err : {ENOSPC, EIO}) {
-    for (stage s : {stage::data_write, stage::header_write, stage::fdatasync, stage::index_write}) {
+    for (stage s : {stage::reserve, stage::data_write, stage::header_write, stage::fdatasync, stage::index_write}) {
       SCOPED_TRACE(std::string(name_of(s)) + " " + std::strerror(err));
       temp_dir dir;
       std::vector<std::uint8_t> b_old, b_new;
@@ -569,6 +574,46 @@ TEST(safetensors_save_faults, sharded_every_stage_leaves_old_checkpoint_and_no_t
       for (const auto& e : fs::directory_iterator(dir.path())) after[e.path().filename()] = gdskit::test::read_file(e.path());
       EXPECT_EQ(after, before);
     }
+  }
+}
+
+// A disk too full for the file fails before any tensor byte is written; a file system that cannot reserve space
+// (EOPNOTSUPP) still gets the whole file.
+TEST(safetensors_save_faults, space_is_reserved_before_the_first_data_write) {
+  temp_dir dir;
+  const auto p = dir / "m.safetensors";
+  auto h = every_dtype();
+  auto writes = std::make_shared<std::atomic<int>>(0);
+  auto reserved = std::make_shared<std::atomic<std::int64_t>>(-1);
+  for (int err : {ENOSPC, EOPNOTSUPP}) {
+    SCOPED_TRACE(std::strerror(err));
+    writes->store(0);
+    reserved->store(-1);
+    syscall_table t = real_syscalls();
+    t.pwrite = [writes](int fd, const void* b, std::size_t n, off_t o) -> ssize_t {
+      ++*writes;
+      return real_syscalls().pwrite(fd, b, n, o);
+    };
+    t.fallocate = [writes, reserved, err](int, int, off_t, off_t n) {
+      if (writes->load() == 0) reserved->store(n);
+      errno = err;
+      return -1;
+    };
+    std::error_code ec;
+    {
+      scoped_syscalls guard(t);
+      ec = code_of([&] { st::save(p, h.tensors, std::nullopt, quiet(true)); });
+    }
+    EXPECT_EQ(reserved->load(), static_cast<std::int64_t>(st::plan_save(h.tensors, std::nullopt).file_nbytes()));
+    if (err == ENOSPC) {
+      EXPECT_EQ(ec, std::error_code(ENOSPC, std::generic_category()));
+      EXPECT_EQ(writes->load(), 0);
+      EXPECT_FALSE(fs::exists(p));
+    } else {
+      EXPECT_FALSE(ec) << ec.message();
+      expect_round_trip(p, h);
+    }
+    EXPECT_TRUE(leftovers(dir.path()).empty());
   }
 }
 
