@@ -11,7 +11,8 @@ It builds a Llama-shaped bf16 state dict of about --size-gib on the device (hidd
 32000, as many layers as fit), then times each writer end to end with the data on disk: gdskit syncs by design,
 and safetensors and torch.save are followed by fsync of the file they wrote, so every number includes the
 flush. The ceiling is a plain O_DIRECT writer (aligned requests from host memory, then fdatasync) of the same
-byte count in the same folder, the best cell of a small grid of writer threads x request sizes, or
+byte count in the same folder, the best cell of a small grid of writer threads x request sizes, into a file
+grown by the writes or one whose space was reserved first (fallocate, as gdskit's saves do), or
 `gdskit bench -I 1` when --cli is given. --precondition-gib N first writes N GiB to the folder once and deletes
 it: a RAM-backed loop device allocates its backing pages on a block's first write, a cost a real disk does not
 have, so measure such a device both fresh and preconditioned and report which. Prints, per
@@ -71,10 +72,14 @@ def fsync_path(path):
         os.close(fd)
 
 
-def odirect_ceiling(folder, nbytes, threads=16, request=8 << 20):
-    """Seconds for a plain O_DIRECT write of nbytes (aligned requests, `threads` writers), fdatasync included."""
+def odirect_ceiling(folder, nbytes, threads=16, request=8 << 20, reserve=False):
+    """Seconds for a plain O_DIRECT write of nbytes (aligned requests, `threads` writers), fdatasync included;
+    `reserve`: the file's space is reserved first (posix_fallocate, as gdskit's saves do)."""
     path = os.path.join(folder, "ceiling.bin")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+    t0 = time.perf_counter()
+    if reserve:
+        os.posix_fallocate(fd, 0, nbytes)
     bufs = [mmap.mmap(-1, request) for _ in range(threads)]
     for b in bufs:
         b.write(os.urandom(4096) * (request // 4096))
@@ -91,7 +96,6 @@ def odirect_ceiling(folder, nbytes, threads=16, request=8 << 20):
                 return
             os.pwrite(fd, buf, k * request)
 
-    t0 = time.perf_counter()
     ts = [threading.Thread(target=worker, args=(b,)) for b in bufs]
     for t in ts:
         t.start()
@@ -195,13 +199,15 @@ def main():
         else:
             cells = {}
             for _ in range(args.runs):
-                for threads in (2, 4, 16):
-                    for request in (4 << 20, 8 << 20):
-                        dt, written = odirect_ceiling(work, nbytes, threads, request)
-                        rate = written / 2**30 / dt
-                        cells[(threads, request)] = max(cells.get((threads, request), 0.0), rate)
-            (threads, request), ceiling = max(cells.items(), key=lambda kv: kv[1])
-            grid = ", ".join(f"{t}x{r >> 20}M {v:.2f}" for (t, r), v in sorted(cells.items()))
+                for reserve in (False, True):
+                    for threads in (2, 4, 16):
+                        for request in (4 << 20, 8 << 20):
+                            dt, written = odirect_ceiling(work, nbytes, threads, request, reserve)
+                            key = (reserve, threads, request)
+                            cells[key] = max(cells.get(key, 0.0), written / 2**30 / dt)
+            ceiling = max(cells.values())
+            grid = ", ".join(f"{'reserved ' if res else ''}{t}x{r >> 20}M {v:.2f}"
+                             for (res, t, r), v in sorted(cells.items()))
             how = f"O_DIRECT, best of {grid}; fdatasync"
         print(f"\nraw write ceiling ({how}): {ceiling:.2f} GiB/s")
         print(f"{'writer':24} {'s':>7} {'GiB/s':>7} {'x ceil':>7} {'CPU-s/GiB':>10} {'GPU MiB extra':>14}")
