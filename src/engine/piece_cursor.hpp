@@ -23,6 +23,9 @@ struct transfer_extent {
 /// Cuts the extents of a transfer into pieces, extent after extent in the order given. Each piece lies in
 /// one extent and ends at an absolute multiple of the request size asked for when it is taken, so its
 /// aligned cover never exceeds that size and pieces of different sizes tile each extent without gaps.
+/// Joined (`join_contiguous`), extents that follow one another in the file (each starts where the one before
+/// ends) are cut as one range: a piece may then span several of them (for_each_segment lists its parts), so a
+/// write of many small, unaligned, back-to-back extents still goes out in aligned requests.
 /// Thread-safe. Every extent must have been checked (check_file_range): offset + nbytes does not wrap.
 class piece_cursor {
  public:
@@ -31,14 +34,22 @@ class piece_cursor {
     std::size_t nbytes;
     std::size_t request_bytes;  ///< the size the piece was cut with
     std::uintptr_t far;         ///< memory address of the first byte
+    std::size_t extent = 0;     ///< the extent that holds the first byte
   };
 
   /// One range [offset, offset + nbytes) to or from `far`.
   piece_cursor(std::uint64_t offset, std::size_t nbytes, std::uintptr_t far = 0)
       : piece_cursor(std::vector<transfer_extent>{{offset, nbytes, far}}) {}
 
-  explicit piece_cursor(std::vector<transfer_extent> extents) : extents_(std::move(extents)) {
+  explicit piece_cursor(std::vector<transfer_extent> extents, bool join_contiguous = false)
+      : extents_(std::move(extents)) {
     std::erase_if(extents_, [](const transfer_extent& e) { return e.nbytes == 0; });
+    // run_end_[i]: where the range that extent i is cut in ends (its own end, or the joined run's).
+    run_end_.resize(extents_.size());
+    for (std::size_t i = extents_.size(); i-- > 0;) {
+      const std::uint64_t end = extents_[i].offset + extents_[i].nbytes;
+      run_end_[i] = join_contiguous && i + 1 < extents_.size() && extents_[i + 1].offset == end ? run_end_[i + 1] : end;
+    }
     if (!extents_.empty()) pos_ = extents_.front().offset;
     exhausted_.store(extents_.empty(), std::memory_order_relaxed);
   }
@@ -48,13 +59,33 @@ class piece_cursor {
     std::lock_guard lock(mutex_);
     if (index_ >= extents_.size()) return std::nullopt;
     const transfer_extent& e = extents_[index_];
-    const std::uint64_t end = e.offset + e.nbytes;
+    const std::uint64_t end = run_end_[index_];
     const std::uint64_t stop = std::min(end, pos_ / request_bytes * request_bytes + request_bytes);
-    piece p{pos_, static_cast<std::size_t>(stop - pos_), request_bytes, e.far + static_cast<std::uintptr_t>(pos_ - e.offset)};
+    piece p{pos_, static_cast<std::size_t>(stop - pos_), request_bytes, e.far + static_cast<std::uintptr_t>(pos_ - e.offset),
+            index_};
     pos_ = stop;
-    if (pos_ >= end && ++index_ < extents_.size()) pos_ = extents_[index_].offset;
+    // On past the extents this piece used up; a new run starts at its own offset.
+    while (index_ < extents_.size() && pos_ >= extents_[index_].offset + extents_[index_].nbytes) {
+      const bool last_of_run = run_end_[index_] == extents_[index_].offset + extents_[index_].nbytes;
+      if (++index_ < extents_.size() && last_of_run) pos_ = extents_[index_].offset;
+    }
     if (index_ >= extents_.size() && !exhausted_.exchange(true)) wake_all();
     return p;
+  }
+
+  /// Calls f(far, nbytes, at) for each extent's part of `p`, in file order (`at`: bytes from the piece's start).
+  /// One call unless the cursor joins extents.
+  template <class F>
+  void for_each_segment(const piece& p, F&& f) const {
+    std::uint64_t at = p.offset;
+    const std::uint64_t end = p.offset + p.nbytes;
+    for (std::size_t i = p.extent; at < end && i < extents_.size(); ++i) {
+      const transfer_extent& e = extents_[i];
+      const std::uint64_t stop = std::min(end, e.offset + e.nbytes);
+      f(e.far + static_cast<std::uintptr_t>(at - e.offset), static_cast<std::size_t>(stop - at),
+        static_cast<std::size_t>(at - p.offset));
+      at = stop;
+    }
   }
 
   /// Every piece has been handed out.
@@ -107,6 +138,7 @@ class piece_cursor {
 
  private:
   std::vector<transfer_extent> extents_;
+  std::vector<std::uint64_t> run_end_;
   std::mutex mutex_;
   std::size_t index_ = 0;
   std::uint64_t pos_ = 0;

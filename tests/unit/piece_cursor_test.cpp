@@ -2,6 +2,7 @@
 // depth keeps idle wait to be woken instead of polling.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -14,6 +15,63 @@ namespace {
 
 using namespace std::chrono_literals;
 using clock_type = std::chrono::steady_clock;
+
+// Joined, extents that meet in the file are cut as one range: pieces cross the joins (their segments give each
+// extent's part and address), stop at every gap, and still end at multiples of their request size.
+TEST(piece_cursor, joined_extents_are_cut_as_one_range_and_split_only_at_gaps) {
+  std::vector<transfer_extent> e;
+  std::uint64_t pos = 1000;
+  std::uintptr_t far = 1 << 24;
+  std::vector<std::uint64_t> gaps_at;
+  for (int i = 0; i < 60; ++i) {
+    const std::size_t n = 1 + (i * 7919u) % 20000;
+    e.push_back({pos, n, far});
+    pos += n;
+    far += n + 64;  // apart in memory
+    if (i % 17 == 16) {
+      gaps_at.push_back(pos);
+      pos += 333;
+    }
+  }
+  for (bool join : {false, true}) {
+    SCOPED_TRACE(join ? "joined" : "not joined");
+    piece_cursor c(e, join);
+    std::size_t sizes[] = {4096, 16384, 8192};
+    std::vector<std::uint8_t> seen(pos, 0);
+    std::size_t spanning = 0;
+    for (std::size_t k = 0;; ++k) {
+      auto p = c.take(sizes[k % 3]);
+      if (!p) break;
+      EXPECT_LE((p->offset % p->request_bytes) + p->nbytes, p->request_bytes);
+      for (std::uint64_t g : gaps_at) EXPECT_FALSE(p->offset < g && p->offset + p->nbytes > g) << "a piece crosses a gap";
+      std::size_t parts = 0, covered = 0;
+      c.for_each_segment(*p, [&](std::uintptr_t a, std::size_t n, std::size_t at) {
+        EXPECT_EQ(at, covered);
+        // The address of each part is that extent's address for this file offset.
+        const std::uint64_t off = p->offset + at;
+        const auto it = std::find_if(e.begin(), e.end(), [&](const transfer_extent& x) {
+          return off >= x.offset && off < x.offset + x.nbytes;
+        });
+        ASSERT_NE(it, e.end());
+        EXPECT_EQ(a, it->far + (off - it->offset));
+        EXPECT_LE(off + n, it->offset + it->nbytes) << "a part crosses into the next extent";
+        for (std::uint64_t b = off; b < off + n; ++b) ++seen[b];
+        covered += n;
+        ++parts;
+      });
+      EXPECT_EQ(covered, p->nbytes);
+      if (parts > 1) ++spanning;
+    }
+    for (const auto& x : e) {
+      for (std::uint64_t b = x.offset; b < x.offset + x.nbytes; ++b) ASSERT_EQ(seen[b], 1) << "byte " << b;
+    }
+    if (join) {
+      EXPECT_GT(spanning, 10u);
+    } else {
+      EXPECT_EQ(spanning, 0u);
+    }
+  }
+}
 
 TEST(piece_cursor, pieces_tile_extents_at_changing_sizes) {
   piece_cursor c({{4096 + 7, 3 * 4096, 1000}, {1 << 20, 5, 50000}});
