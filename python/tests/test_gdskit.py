@@ -706,6 +706,25 @@ def test_gpu_api():
     return None
 
 
+
+def test_file_handle_reserve_sizes_the_file():
+    """The binding behind the checkpoint writer's reservation: the file gets the size, reads as zeros, and is
+    never shortened."""
+    from gdskit import _gdskit
+
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "r.bin")
+        f = _gdskit.FileHandle(p, "w")
+        try:
+            assert isinstance(f.reserve(12345), bool)
+            assert f.size() == 12345
+            f.reserve(100)
+            assert f.size() == 12345
+        finally:
+            f.close()
+        with open(p, "rb") as back:
+            assert back.read() == bytes(12345)
+
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from runner import run_tests  # noqa: E402
