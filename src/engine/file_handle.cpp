@@ -387,11 +387,17 @@ bool file_handle::reserve(std::uint64_t nbytes) const {
                 fmt::format("length {} is past the largest file size", nbytes));
   }
   if (nbytes > 0) {
-    if (posix::sys().fallocate(m.fd.get(), 0, 0, static_cast<off_t>(nbytes)) == 0) return true;
+    int rc;
+    do {
+      rc = posix::sys().fallocate(m.fd.get(), 0, 0, static_cast<off_t>(nbytes));
+    } while (rc != 0 && errno == EINTR);  // tmpfs gives up on any pending signal
+    if (rc == 0) return true;
     const int e = errno;
-    if (e != EOPNOTSUPP && e != ENOSYS) {
-      throw error(errno_code(e), "fallocate", m.path.string(), 0, nbytes);
-    }
+    // (The arguments were checked: EINVAL from a regular file means the file system does not reserve.)
+    struct stat st {};
+    const bool regular = posix::sys().fstat(m.fd.get(), &st) == 0 && S_ISREG(st.st_mode);
+    const bool unsupported = e == EOPNOTSUPP || e == ENOSYS || (e == EINVAL && regular);
+    if (!unsupported) throw error(errno_code(e), "fallocate", m.path.string(), 0, nbytes);
   }
   truncate(std::max(nbytes, size()));
   return false;

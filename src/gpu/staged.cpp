@@ -234,10 +234,12 @@ void write_lane(transfer& t, unsigned lane) {
     const piece& p = *next;
     const unsigned s = k++ % nslots;
     // A piece may span back-to-back extents (a gathered write): one copy per part, into its place in the slot.
+    // The slot is pending from the first copy on, so that a copy that fails after others were queued still
+    // has them waited for before the lane goes back to the pool.
+    pending[s] = true;
     t.cursor.for_each_segment(p, [&](std::uintptr_t far, std::size_t n, std::size_t at) {
       cp.from_far(lane, s, p.offset % a + at, far, n);
     });
-    pending[s] = true;
     queue.push_back({p, s});
     return true;
   };
