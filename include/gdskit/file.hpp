@@ -111,7 +111,8 @@ class file_handle {
   /// Reserves disk space for the first `nbytes` of the file and makes it at least that long (fallocate), so
   /// a disk too full for them fails here (ENOSPC) rather than part-way through writing, and file systems such
   /// as ext4 run O_DIRECT writes into the reserved blocks in parallel (into a hole they take turns). Returns
-  /// false when the file system cannot reserve space (EOPNOTSUPP): the size is then set as truncate() does.
+  /// false when the file system cannot reserve space (EOPNOTSUPP, or EINVAL for a regular file): the size is
+  /// then set as truncate() does. EINTR is retried; other errors (ENOSPC, EIO) are thrown.
   bool reserve(std::uint64_t nbytes) const;
   /// fdatasync.
   void sync() const;
