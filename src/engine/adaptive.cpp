@@ -53,7 +53,7 @@ void adaptive_controller::resume(double rate) {
   best_rate_ = rate;
   resumed_ = true;
   enter(phase::hold);
-  if (limits_.recheck_windows > 0) recheck_due_ = std::max(1u, limits_.recheck_windows / 8);
+  if (limits_.recheck_windows > 0) recheck_due_ = std::max(1u, limits_.recheck_windows / 2);
 }
 
 unsigned adaptive_controller::depth_share(unsigned depth) const {

@@ -47,7 +47,7 @@ struct adaptive_limits {
   /// Converged: re-probe after two windows in a row that differ from the converged rate by more than this.
   double drift = 0.3;
   /// Converged: the neighbours of the held shape are measured again after this many windows held, twice as many
-  /// after each check that left the shape where it was (at most 16 x), and a learned shape after an eighth of it
+  /// after each check that left the shape where it was (at most 16 x), and a learned shape after half of it
   /// (it was found in another process, maybe on a busier device). 0: never.
   unsigned recheck_windows = 64;
   /// Transfers smaller than this never run a probe candidate (they use the incumbent and are not measured).

@@ -339,6 +339,25 @@ TEST(adaptive, checking_a_held_shape_again_costs_at_most_a_few_percent) {
     // (A neighbour within the noise of the best may win a check; one that is clearly worse may not.)
     EXPECT_GE(f(c.best().depth, c.best().request_bytes), 0.95 * best_fixed(f, lim)) << c.describe();
   }
+  // A learned shape is first checked after half the usual windows: a 2 GiB transfer (16 windows here, a cold
+  // checkpoint read) carries no check, an 8 GiB one carries one, and neither costs more than a few percent.
+  for (std::size_t gib : {2, 8}) {
+   for (unsigned seed = 1; seed <= 8; ++seed) {
+    SCOPED_TRACE(fmt::format("{} GiB, seed {}", gib, seed));
+    adaptive_controller c(best, lim);
+    c.resume(f(best.depth, best.request_bytes) * kGiB);
+    device_sim dev{f};
+    dev.rng.seed(seed);
+    const std::size_t total = gib << 30;
+    const double achieved = static_cast<double>(total) / kGiB / dev.transfer(c, total);
+    if (seed == 1) {
+      std::printf("held best shape, %zu GiB at %.3f of the best fixed setting, %u checks\n", gib,
+                  achieved / best_fixed(f, lim), c.rechecks());
+    }
+    EXPECT_EQ(c.rechecks(), gib == 2 ? 0u : 1u);
+    EXPECT_GE(achieved, 0.96 * best_fixed(f, lim)) << c.describe();
+   }
+  }
 }
 
 TEST(adaptive, pinned_coordinates_do_not_move) {
