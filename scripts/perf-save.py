@@ -22,15 +22,14 @@ Copy the table into docs/performance.md with the command, the machine and the da
 """
 
 import argparse
+import importlib.util
 import json
-import mmap
 import os
 import resource
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import torch
@@ -72,40 +71,13 @@ def fsync_path(path):
         os.close(fd)
 
 
-def odirect_ceiling(folder, nbytes, threads=16, request=8 << 20, reserve=False):
-    """Seconds for a plain O_DIRECT write of nbytes (aligned requests, `threads` writers), fdatasync included;
-    `reserve`: the file's space is reserved first (posix_fallocate, as gdskit's saves do)."""
-    path = os.path.join(folder, "ceiling.bin")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
-    t0 = time.perf_counter()
-    if reserve:
-        os.posix_fallocate(fd, 0, nbytes)
-    bufs = [mmap.mmap(-1, request) for _ in range(threads)]
-    for b in bufs:
-        b.write(os.urandom(4096) * (request // 4096))
-    nreq = (nbytes + request - 1) // request
-    next_req = [0]
-    lock = threading.Lock()
-
-    def worker(buf):
-        while True:
-            with lock:
-                k = next_req[0]
-                next_req[0] += 1
-            if k >= nreq:
-                return
-            os.pwrite(fd, buf, k * request)
-
-    ts = [threading.Thread(target=worker, args=(b,)) for b in bufs]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    os.fdatasync(fd)
-    dt = time.perf_counter() - t0
-    os.close(fd)
-    os.unlink(path)
-    return dt, nreq * request
+def raw_writer():
+    """scripts/reserve-bench.py, whose write_once is the raw O_DIRECT writer of the ceiling."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location("reserve_bench", os.path.join(here, "reserve-bench.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def measure(fn, device):
@@ -142,8 +114,8 @@ def main():
     try:
         if args.precondition_gib > 0:
             want = int(args.precondition_gib * 2**30)
-            dt, written = odirect_ceiling(work, want)
-            print(f"preconditioned: {written / 2**30:.1f} GiB written once and deleted, {written / 2**30 / dt:.2f} GiB/s")
+            rate = raw_writer().write_once(os.path.join(work, "ceiling.bin"), "grown", want, 16, 8 << 20)
+            print(f"preconditioned: {want / 2**30:.1f} GiB written once and deleted, {rate:.2f} GiB/s")
         def out(name):
             p = os.path.join(work, name)
             if os.path.isdir(p):
@@ -198,13 +170,15 @@ def main():
             how = "gdskit bench -I 1 -i 8M -w 16"
         else:
             cells = {}
+            writer = raw_writer()
             for _ in range(args.runs):
                 for reserve in (False, True):
                     for threads in (2, 4, 16):
                         for request in (4 << 20, 8 << 20):
-                            dt, written = odirect_ceiling(work, nbytes, threads, request, reserve)
+                            rate = writer.write_once(os.path.join(work, "ceiling.bin"),
+                                                     "fallocate" if reserve else "grown", nbytes, threads, request)
                             key = (reserve, threads, request)
-                            cells[key] = max(cells.get(key, 0.0), written / 2**30 / dt)
+                            cells[key] = max(cells.get(key, 0.0), rate)
             ceiling = max(cells.values())
             grid = ", ".join(f"{'reserved ' if res else ''}{t}x{r >> 20}M {v:.2f}"
                              for (res, t, r), v in sorted(cells.items()))

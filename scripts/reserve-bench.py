@@ -30,7 +30,7 @@ def write_once(path, prepare, nbytes, threads, request):
         buffers = [mmap.mmap(-1, request) for _ in range(threads)]
         for b in buffers:
             b.write(os.urandom(request))
-        count = nbytes // request
+        count = (nbytes + request - 1) // request
         taken = [0]
         lock = threading.Lock()
 

@@ -355,7 +355,6 @@ void adaptive_controller::judge(double rate) {
     // The device changed under us (another tenant, its cache, a different region): the old comparisons are
     // stale, so the incumbent's rate is taken as measured now and the search starts again from it.
     ++drift_searches_;
-    rechecking_ = false;
     search_again(rate);
     return;
   }
