@@ -23,12 +23,28 @@ staging_lane::staging_lane(int dev, unsigned nslots, std::size_t bytes)
   for (unsigned k = 0; k < slots; ++k) events.emplace_back(device, CU_EVENT_DISABLE_TIMING);
 }
 
-cuda_copier::cuda_copier(std::vector<std::unique_ptr<staging_lane>> lanes)
-    : lanes_(std::move(lanes)), lane_contexts_(lanes_.size()) {
-  if (lanes_.empty()) throw error(errno_code(EINVAL), "cuda_copier: no lanes");
+cuda_copier::cuda_copier(int device, unsigned slots_per_lane, std::size_t slot_bytes, unsigned count,
+                         std::vector<std::unique_ptr<staging_lane>> ready)
+    : device_(device), slots_(slots_per_lane), slot_bytes_(slot_bytes), lanes_(std::move(ready)) {
+  if (count == 0 || lanes_.size() > count) throw error(errno_code(EINVAL), "cuda_copier: bad lane count");
+  lanes_.resize(count);
+  lane_contexts_.resize(count);
 }
 
-void cuda_copier::begin_lane(unsigned lane) { lane_contexts_[lane] = std::make_unique<context_guard>(lanes_[lane]->device); }
+void cuda_copier::begin_lane(unsigned lane) {
+  auto guard = std::make_unique<context_guard>(device_);
+  if (!lanes_[lane]) lanes_[lane] = std::make_unique<staging_lane>(device_, slots_, slot_bytes_);
+  lane_contexts_[lane] = std::move(guard);
+}
+
+std::vector<std::unique_ptr<staging_lane>> cuda_copier::release() {
+  std::vector<std::unique_ptr<staging_lane>> out;
+  for (auto& l : lanes_) {
+    if (l) out.push_back(std::move(l));
+  }
+  lanes_.clear();
+  return out;
+}
 
 void cuda_copier::end_lane(unsigned lane) noexcept { lane_contexts_[lane].reset(); }
 
@@ -87,6 +103,7 @@ std::map<pool_key, std::vector<std::unique_ptr<staging_lane>>>& pool() {
 
 staging_lease::staging_lease(int device, unsigned lanes, unsigned slots_per_lane, std::size_t slot_bytes) {
   const pool_key key{device, slots_per_lane, slot_bytes};
+  lanes = std::max(lanes, 1u);
   std::vector<std::unique_ptr<staging_lane>> got;
   got.reserve(lanes);
   {
@@ -97,14 +114,8 @@ staging_lease::staging_lease(int device, unsigned lanes, unsigned slots_per_lane
       idle.pop_back();
     }
   }
-  try {
-    while (got.size() < std::max(lanes, 1u)) got.push_back(std::make_unique<staging_lane>(device, slots_per_lane, slot_bytes));
-  } catch (...) {
-    std::lock_guard lock(pool_mutex);
-    for (auto& l : got) pool()[key].push_back(std::move(l));
-    throw;
-  }
-  copier_ = std::make_unique<cuda_copier>(std::move(got));
+  // Lanes the pool lacks are created by the workers that use them (cuda_copier::begin_lane).
+  copier_ = std::make_unique<cuda_copier>(device, slots_per_lane, slot_bytes, lanes, std::move(got));
 }
 
 staging_lease::~staging_lease() {

@@ -25,16 +25,21 @@ struct staging_lane {
   std::vector<cuda_event> events;
 };
 
-/// A copier over a set of lanes of one shape.
+/// A copier over `count` lanes of one shape. Lanes given ready-made are used as they are; the others are
+/// created by begin_lane, on the worker thread that is about to use them, so a transfer's lanes are pinned in
+/// parallel while its first lanes already move data, instead of one after another before it starts.
 class cuda_copier final : public copier {
  public:
-  explicit cuda_copier(std::vector<std::unique_ptr<staging_lane>> lanes);
+  cuda_copier(int device, unsigned slots_per_lane, std::size_t slot_bytes, unsigned count,
+              std::vector<std::unique_ptr<staging_lane>> ready);
   cuda_copier(const cuda_copier&) = delete;
   cuda_copier& operator=(const cuda_copier&) = delete;
 
   unsigned lanes() const override { return static_cast<unsigned>(lanes_.size()); }
-  unsigned slots_per_lane() const override { return lanes_.front()->slots; }
-  std::size_t slot_bytes() const override { return lanes_.front()->slot_bytes; }
+  unsigned slots_per_lane() const override { return slots_; }
+  std::size_t slot_bytes() const override { return slot_bytes_; }
+  /// Makes the device's context current on this thread and creates the lane if it does not exist yet; throws
+  /// gdskit::error (pinning, stream or event creation) with the context restored.
   void begin_lane(unsigned lane) override;
   void end_lane(unsigned lane) noexcept override;
   std::byte* slot(unsigned lane, unsigned slot) override;
@@ -42,10 +47,14 @@ class cuda_copier final : public copier {
   void from_far(unsigned lane, unsigned slot, std::size_t slot_offset, std::uintptr_t far, std::size_t nbytes) override;
   void wait(unsigned lane, unsigned slot) override;
 
-  std::vector<std::unique_ptr<staging_lane>> release() { return std::move(lanes_); }
+  /// The lanes that exist (those given and those begin_lane created); the copier holds none afterwards.
+  std::vector<std::unique_ptr<staging_lane>> release();
 
  private:
-  std::vector<std::unique_ptr<staging_lane>> lanes_;
+  int device_;
+  unsigned slots_;
+  std::size_t slot_bytes_;
+  std::vector<std::unique_ptr<staging_lane>> lanes_;  // null until created
   std::vector<std::unique_ptr<context_guard>> lane_contexts_;  // held between begin_lane and end_lane
 };
 

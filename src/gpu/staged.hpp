@@ -21,7 +21,9 @@ class copier {
   virtual unsigned lanes() const = 0;
   virtual unsigned slots_per_lane() const = 0;
   virtual std::size_t slot_bytes() const = 0;
-  /// Called on the worker thread before it uses `lane` (the CUDA copier makes its context current here).
+  /// Called on the worker thread before it uses `lane` (the CUDA copier makes its context current here, and
+  /// creates the lane's pinned slots, stream and events when the lane has none yet). When it throws, the
+  /// transfer fails with that error and end_lane is not called for the lane.
   virtual void begin_lane(unsigned lane) = 0;
   /// Called on the same thread when it is done with `lane`, after its last wait, when begin_lane succeeded
   /// (the CUDA copier restores the thread's previous context here).

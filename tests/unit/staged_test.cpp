@@ -38,7 +38,10 @@ class deferred_copier final : public gpu::copier {
   unsigned lanes() const override { return lanes_; }
   unsigned slots_per_lane() const override { return slots_; }
   std::size_t slot_bytes() const override { return slot_bytes_; }
-  void begin_lane(unsigned) override { ++lanes_started; }
+  void begin_lane(unsigned lane) override {
+    if (static_cast<int>(lane) == fail_begin_lane) throw error(cuda_code(2), "cuMemHostRegister (injected)");
+    ++lanes_started;
+  }
   void end_lane(unsigned lane) noexcept override {
     for (unsigned s = 0; s < slots_; ++s) {
       EXPECT_TRUE(pending_[lane * slots_ + s].empty()) << "a lane ended with copies in flight";
@@ -87,6 +90,7 @@ class deferred_copier final : public gpu::copier {
   std::atomic<int> waits{0};
   std::atomic<int> copies{0};
   int fail_after = -1;
+  int fail_begin_lane = -1;  // begin_lane of this lane throws (its pinned slots could not be made)
 
  private:
   struct op {
@@ -349,6 +353,38 @@ TEST(staged_pipeline, a_failed_copy_inside_a_joined_piece_leaves_no_copy_in_flig
     EXPECT_EQ(ec, cuda_code(700));
     EXPECT_EQ(cp.still_pending(), 0u);
     EXPECT_EQ(cp.lanes_started.load(), cp.lanes_ended.load());
+  }
+}
+
+// Lanes are set up by the workers that use them; one that cannot be (no pinned memory left) fails the transfer
+// with its error, while the lanes that did start finish their copies and end.
+TEST(staged_pipeline, a_lane_that_cannot_be_set_up_fails_the_transfer_in_both_directions) {
+  temp_dir dir;
+  const auto data = random_bytes((2u << 20) + 123, 91);
+  test::write_file(dir / "r", data);
+  for (bool write : {false, true}) {
+    SCOPED_TRACE(write);
+    file_handle f(dir / (write ? "w" : "r"), write ? open_mode::write : open_mode::read,
+                  write ? open_options{.create = true, .truncate = true} : open_options{},
+                  test_settings(direct_mode::automatic));
+    deferred_copier cp(4, 2, 64 * 1024);
+    cp.fail_begin_lane = 2;
+    std::vector<std::uint8_t> mem(data);
+    const auto far = reinterpret_cast<std::uintptr_t>(mem.data());
+    std::error_code ec;
+    try {
+      if (write) {
+        gpu::staged_write(f, cp, far, mem.size(), 0);
+      } else {
+        gpu::staged_read(f, cp, far, mem.size(), 0);
+      }
+    } catch (const error& e) {
+      ec = e.code();
+    }
+    EXPECT_EQ(ec, cuda_code(2));
+    EXPECT_EQ(cp.still_pending(), 0u);
+    EXPECT_EQ(cp.lanes_started.load(), 3);
+    EXPECT_EQ(cp.lanes_ended.load(), 3);
   }
 }
 
