@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 
+from bench_common import cells_of
+
 MIB = 1 << 20
 GIB = 1 << 30
 
@@ -32,14 +34,6 @@ def compare_bench():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def cells_of(text):
-    out = []
-    for c in filter(None, text.split(",")):
-        t, r = c.lower().split("x")
-        out.append((int(t), int(r)))
-    return out
 
 
 def main():

@@ -22,7 +22,6 @@ Copy the table into docs/performance.md with the command, the machine and the da
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import resource
@@ -35,49 +34,7 @@ import time
 import torch
 
 import gdskit
-
-
-def llama_state(size_gib, device):
-    hidden, inter, vocab = 4096, 11008, 32000
-    per_layer = (4 * hidden * hidden + 3 * hidden * inter + 2 * hidden) * 2
-    fixed = (2 * vocab * hidden + hidden) * 2
-    layers = max(1, round((size_gib * 2**30 - fixed) / per_layer))
-    g = torch.Generator(device=device).manual_seed(0)
-
-    def w(*shape):
-        return torch.randn(*shape, generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
-
-    sd = {"model.embed_tokens.weight": w(vocab, hidden)}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            sd[p + f"self_attn.{n}.weight"] = w(hidden, hidden)
-        sd[p + "mlp.gate_proj.weight"] = w(inter, hidden)
-        sd[p + "mlp.up_proj.weight"] = w(inter, hidden)
-        sd[p + "mlp.down_proj.weight"] = w(hidden, inter)
-        sd[p + "input_layernorm.weight"] = w(hidden)
-        sd[p + "post_attention_layernorm.weight"] = w(hidden)
-    sd["model.norm.weight"] = w(hidden)
-    sd["lm_head.weight"] = w(vocab, hidden)
-    torch.cuda.synchronize(device)
-    return sd, layers
-
-
-def fsync_path(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def raw_writer():
-    """scripts/reserve-bench.py, whose write_once is the raw O_DIRECT writer of the ceiling."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    spec = importlib.util.spec_from_file_location("reserve_bench", os.path.join(here, "reserve-bench.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from bench_common import fsync_path, llama_state, write_once
 
 
 def measure(fn, device):
@@ -114,7 +71,7 @@ def main():
     try:
         if args.precondition_gib > 0:
             want = int(args.precondition_gib * 2**30)
-            rate = raw_writer().write_once(os.path.join(work, "ceiling.bin"), "grown", want, 16, 8 << 20)
+            rate = write_once(os.path.join(work, "ceiling.bin"), "grown", want, 16, 8 << 20)
             print(f"preconditioned: {want / 2**30:.1f} GiB written once and deleted, {rate:.2f} GiB/s")
         def out(name):
             p = os.path.join(work, name)
@@ -170,12 +127,11 @@ def main():
             how = "gdskit bench -I 1 -i 8M -w 16"
         else:
             cells = {}
-            writer = raw_writer()
             for _ in range(args.runs):
                 for reserve in (False, True):
                     for threads in (2, 4, 16):
                         for request in (4 << 20, 8 << 20):
-                            rate = writer.write_once(os.path.join(work, "ceiling.bin"),
+                            rate = write_once(os.path.join(work, "ceiling.bin"),
                                                      "fallocate" if reserve else "grown", nbytes, threads, request)
                             key = (reserve, threads, request)
                             cells[key] = max(cells.get(key, 0.0), rate)

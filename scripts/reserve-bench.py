@@ -10,49 +10,10 @@ pass on a fresh RAM-backed loop device also pays for allocating its backing page
 """
 
 import argparse
-import mmap
 import os
 import sys
-import threading
-import time
 
-
-def write_once(path, prepare, nbytes, threads, request):
-    if os.path.exists(path):
-        os.unlink(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
-    try:
-        t0 = time.perf_counter()
-        if prepare == "fallocate":
-            os.posix_fallocate(fd, 0, nbytes)
-        elif prepare == "ftruncate":
-            os.ftruncate(fd, nbytes)
-        buffers = [mmap.mmap(-1, request) for _ in range(threads)]
-        for b in buffers:
-            b.write(os.urandom(request))
-        count = (nbytes + request - 1) // request
-        taken = [0]
-        lock = threading.Lock()
-
-        def writer(buf):
-            while True:
-                with lock:
-                    k = taken[0]
-                    taken[0] += 1
-                if k >= count:
-                    return
-                os.pwrite(fd, buf, k * request)
-
-        pool = [threading.Thread(target=writer, args=(b,)) for b in buffers]
-        for t in pool:
-            t.start()
-        for t in pool:
-            t.join()
-        os.fdatasync(fd)
-        return count * request / (time.perf_counter() - t0) / 2**30
-    finally:
-        os.close(fd)
-        os.unlink(path)
+from bench_common import write_once
 
 
 def main():
