@@ -229,9 +229,16 @@ std::vector<st::save_tensor> to_save_tensors(const std::vector<save_entry>& entr
                            : view_for(ptr, nbytes, device);
     } else {
       t.data = {nullptr, nbytes, device < 0 ? gdskit::memory_kind::host : gdskit::memory_kind::device, device};
-      t.source = [source, device](std::uint64_t offset) {
+      // The save copies its tensors (and so this function) on its own thread, without the GIL: the Python
+      // object is shared through a pointer whose copies touch no reference count, and it is released under the
+      // GIL by whichever copy goes last.
+      std::shared_ptr<py::object> callable(new py::object(source), [](py::object* o) {
         py::gil_scoped_acquire locked;
-        auto r = source(offset).cast<std::pair<std::uintptr_t, std::size_t>>();
+        delete o;
+      });
+      t.source = [callable, device](std::uint64_t offset) {
+        py::gil_scoped_acquire locked;
+        auto r = (*callable)(offset).cast<std::pair<std::uintptr_t, std::size_t>>();
         return view_for(r.first, r.second, device);
       };
     }
