@@ -50,7 +50,8 @@ struct write_extent {
 struct gather_options {
   /// Called, from any of the transfer's threads, with the bytes of each request as it completes.
   std::function<void(std::size_t)> progress;
-  /// Checked between requests; once it returns true the write stops and throws ECANCELED.
+  /// Checked between requests, from any of the transfer's threads; once it returns true the write stops and
+  /// throws ECANCELED.
   std::function<bool()> cancelled;
 };
 
@@ -89,7 +90,9 @@ class file_handle {
   /// Writes from host or GPU memory; returns nbytes or throws.
   std::size_t write(buffer_view src, std::size_t nbytes, std::uint64_t offset_bytes) const;
   /// Writes many ranges (a checkpoint's tensors) as one transfer: one schedule for the device and, for GPU
-  /// memory on the staged path, one pipeline, so the write stays at full depth however small each range is.
+  /// memory on the staged path or host memory with O_DIRECT, one pipeline through aligned slots, so the write
+  /// stays at full depth however small each range is and ranges that follow one another in the file go out as
+  /// one (their joins inside aligned requests).
   /// Every extent's memory must be of one kind (host and pinned count as one) and one device; ranges must not
   /// overlap in the file. Returns the bytes written or throws (EINVAL for bad extents before any I/O;
   /// ENOSPC included: a full device is never a short success).

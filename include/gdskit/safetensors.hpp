@@ -281,12 +281,6 @@ struct save_options {
   /// Replace existing files. Without it an existing file (any shard or the index for a sharded save) is EEXIST
   /// and nothing is written.
   bool overwrite = false;
-  /// Host-memory tensors: pieces written at once (tensors, or pieces of large tensors), each through
-  /// file_handle::write. GPU tensors go out as one gathered write per device and file (file_handle::write_gather).
-  unsigned in_flight = 4;
-  /// Host-memory tensors larger than this are split into pieces of this size (at file offsets that are multiples
-  /// of it, so O_DIRECT bodies stay aligned). A multiple of 4 KiB, at least 1 MiB.
-  std::size_t piece_bytes = std::size_t{64} << 20;
   /// Sharded saves: the largest tensor bytes per shard, split the way huggingface_hub splits (in the given
   /// order; a shard is closed when the next tensor would tip it over; a tensor larger than the limit gets a
   /// shard of its own). 5 GB (decimal) as there.
@@ -304,7 +298,7 @@ struct save_stats {
   std::uint64_t tensor_bytes = 0;  ///< bytes of tensor data written
   std::uint64_t file_bytes = 0;    ///< bytes of all files, headers included (index excluded)
   std::size_t files = 0;           ///< safetensors files written
-  std::size_t pieces = 0;          ///< write requests issued for tensor data
+  std::size_t pieces = 0;          ///< tensors handed to gathered writes, plus the views of tensors with a source
   double seconds = 0;              ///< wall time from opening the first file to the last rename
   double sync_seconds = 0;         ///< of which fdatasync and folder fsync
   path_decision path;              ///< the planner's path for the first tensor's memory, asked after the first

@@ -268,13 +268,11 @@ void add_save_functions(py::module_& m) {
   m.def(
       "save",
       [](const std::filesystem::path& path, const std::vector<save_entry>& entries,
-         std::optional<st::metadata_entries> metadata, bool overwrite, bool sharded, std::uint64_t max_shard_bytes,
-         unsigned in_flight) {
+         std::optional<st::metadata_entries> metadata, bool overwrite, bool sharded, std::uint64_t max_shard_bytes) {
         auto tensors = to_save_tensors(entries);
         st::save_options o;
         o.overwrite = overwrite;
         o.max_shard_bytes = max_shard_bytes;
-        o.in_flight = in_flight;
         // Signal handlers run only on the main thread: it waits here and checks them, so Ctrl-C stops the save
         // between pieces (nothing is published) and raises KeyboardInterrupt.
         std::atomic<bool> stop{false}, finished{false}, interrupted{false};
@@ -310,7 +308,7 @@ void add_save_functions(py::module_& m) {
         return save_stats_dict(s);
       },
       py::arg("path"), py::arg("tensors"), py::arg("metadata"), py::arg("overwrite"), py::arg("sharded"),
-      py::arg("max_shard_bytes"), py::arg("in_flight") = 4,
+      py::arg("max_shard_bytes"),
       "Saves [(name, dtype, shape, address, nbytes, device, source)] to a file (or a sharded folder); returns stats.");
 
   m.def(

@@ -448,6 +448,12 @@ path_decision file_handle::plan(buffer_view buf) const {
     }
     if (f.mode != open_mode::read) {
       d.reasons.push_back(engine::schedule_reason(f.config, f.st_dev, engine::io_dir::write, client));
+      // write_gather of several host ranges runs the staged pipeline (aligned slots) on the staged schedule.
+      if (client == engine::io_client::host) {
+        std::string r = engine::schedule_reason(f.config, f.st_dev, engine::io_dir::write, engine::io_client::staged);
+        r.replace(0, std::string_view("O_DIRECT staged writes").size(), "gathered host writes (through aligned slots)");
+        d.reasons.push_back(std::move(r));
+      }
     }
   }
   return d;
@@ -521,7 +527,11 @@ std::size_t file_handle::write_gather(std::span<const write_extent> extents, con
                 sorted.front().src.nbytes, "file opened for reading only");
   }
   if (!host) return gpu::device_write_gather(*this, sorted, options);
-  // Host memory: extent after extent, each through the engine at full depth.
+  // Host memory, several extents, O_DIRECT: one pipeline through aligned slots, so that the joins between
+  // extents fall inside aligned requests (a buffered write of a partial block waits on ext4 for every O_DIRECT
+  // write in flight) and the device stays at its depth across small extents.
+  if (sorted.size() > 1 && m.choice.direct) return gpu::host_write_gather(*this, sorted, options);
+  // Otherwise extent after extent, each through the engine at full depth.
   std::size_t done = 0;
   for (const auto& e : sorted) {
     if (options.cancelled && options.cancelled()) {

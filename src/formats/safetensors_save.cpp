@@ -8,9 +8,7 @@
 #include <exception>
 #include <fstream>
 #include <map>
-#include <mutex>
 #include <set>
-#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -129,39 +127,6 @@ std::uint64_t expected_nbytes(const save_tensor& t) {
   return numel * bits / 8;
 }
 
-std::uint64_t round_down(std::uint64_t v, std::uint64_t a) { return v / a * a; }
-
-// One write request: a piece of one tensor.
-struct piece {
-  const save_tensor* tensor = nullptr;
-  std::uint64_t tensor_offset = 0;
-  std::uint64_t nbytes = 0;
-  std::uint64_t file_offset = 0;
-};
-
-// GPU tensors are written together, one gathered write per device (see write_gathered).
-bool gathered(const save_tensor& t) {
-  return !t.source && (t.data.kind == memory_kind::device || t.data.kind == memory_kind::managed);
-}
-
-std::vector<piece> split_pieces(const std::vector<save_tensor>& tensors, const save_layout& layout,
-                                std::uint64_t piece_bytes) {
-  std::vector<piece> out;
-  const std::uint64_t base = layout.header.size();
-  for (std::size_t i : layout.order) {
-    const auto& t = tensors[i];
-    if (t.source || gathered(t)) continue;  // written by write_sourced / write_gathered
-    const std::uint64_t begin = base + layout.begin_bytes[i];
-    const std::uint64_t end = begin + t.data.nbytes;
-    for (std::uint64_t pos = begin; pos < end;) {
-      const std::uint64_t stop = std::min(end, round_down(pos, piece_bytes) + piece_bytes);
-      out.push_back({&t, pos - begin, stop - pos, pos});
-      pos = stop;
-    }
-  }
-  return out;
-}
-
 void check_cancel(const file_handle& f, const save_options& o) {
   if (o.cancelled && o.cancelled()) {
     throw error(errno_code(ECANCELED), "safetensors save", f.path().string(), -1, 0, "cancelled");
@@ -191,15 +156,17 @@ void write_sourced(const file_handle& f, const std::vector<save_tensor>& tensors
   }
 }
 
-// GPU tensors: every tensor of one device in one gathered write, so the file is written as one transfer at the
-// depth the device wants however small its tensors are.
+// Tensors in memory: every tensor of one memory (host, or one GPU) in one gathered write, so the file is written
+// as one transfer at the depth the device wants however small its tensors are, and the joins between tensors
+// fall inside aligned requests.
 void write_gathered(const file_handle& f, const std::vector<save_tensor>& tensors, const save_layout& layout,
                     const save_options& o, std::atomic<std::uint64_t>& done, std::uint64_t total, save_stats& stats) {
-  std::map<int, std::vector<write_extent>> by_device;
+  std::map<int, std::vector<write_extent>> by_memory;  // -1: host and pinned memory, else the GPU
   for (std::size_t i : layout.order) {
     const auto& t = tensors[i];
-    if (!gathered(t) || t.data.nbytes == 0) continue;
-    by_device[t.data.device].push_back({t.data, layout.header.size() + layout.begin_bytes[i]});
+    if (t.source || t.data.nbytes == 0) continue;
+    const bool host = t.data.kind == memory_kind::host || t.data.kind == memory_kind::pinned;
+    by_memory[host ? -1 : t.data.device].push_back({t.data, layout.header.size() + layout.begin_bytes[i]});
   }
   gather_options g;
   g.cancelled = o.cancelled;
@@ -207,50 +174,16 @@ void write_gathered(const file_handle& f, const std::vector<save_tensor>& tensor
     const std::uint64_t now = done.fetch_add(n) + n;
     if (o.progress) o.progress(now, total);
   };
-  for (const auto& [device, extents] : by_device) {
+  for (const auto& [memory, extents] : by_memory) {
     check_cancel(f, o);
     f.write_gather(extents, g);
     stats.pieces += extents.size();
   }
 }
 
-// Writes one file's tensor data with `in_flight` workers, then its header, then syncs it; the caller publishes.
+// Writes one file's tensor data, then its header, then syncs it; the caller publishes.
 void write_file(const file_handle& f, const std::vector<save_tensor>& tensors, const save_layout& layout,
                 const save_options& o, std::atomic<std::uint64_t>& done, std::uint64_t total, save_stats& stats) {
-  const auto pieces = split_pieces(tensors, layout, o.piece_bytes);
-  std::atomic<std::size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr first_error;
-  std::mutex error_mutex;
-  auto worker = [&] {
-    for (;;) {
-      if (failed.load(std::memory_order_relaxed)) return;
-      const std::size_t k = next.fetch_add(1);
-      if (k >= pieces.size()) return;
-      try {
-        check_cancel(f, o);
-        const piece& p = pieces[k];
-        f.write(p.tensor->data.sub(p.tensor_offset, p.nbytes), p.nbytes, p.file_offset);
-        const std::uint64_t now = done.fetch_add(p.nbytes) + p.nbytes;
-        if (o.progress) o.progress(now, total);
-      } catch (...) {
-        std::lock_guard lock(error_mutex);
-        if (!first_error) first_error = std::current_exception();
-        failed = true;
-        return;
-      }
-    }
-  };
-  const unsigned n = static_cast<unsigned>(std::min<std::size_t>(std::max(1u, o.in_flight), std::max<std::size_t>(1, pieces.size())));
-  if (n <= 1) {
-    worker();
-  } else {
-    std::vector<std::thread> threads;
-    threads.reserve(n);
-    for (unsigned i = 0; i < n; ++i) threads.emplace_back(worker);
-    for (auto& t : threads) t.join();
-  }
-  if (first_error) std::rethrow_exception(first_error);
   write_gathered(f, tensors, layout, o, done, total, stats);
   write_sourced(f, tensors, layout, o, done, total, stats);
   check_cancel(f, o);
@@ -259,16 +192,12 @@ void write_file(const file_handle& f, const std::vector<save_tensor>& tensors, c
   const auto t_sync = std::chrono::steady_clock::now();
   f.sync();
   stats.sync_seconds += seconds_since(t_sync);
-  stats.pieces += pieces.size();
   stats.tensor_bytes += layout.data_nbytes;
   stats.file_bytes += layout.file_nbytes();
   ++stats.files;
 }
 
 void check_options(const save_options& o) {
-  if (o.piece_bytes < (std::size_t{1} << 20) || o.piece_bytes % 4096 != 0) {
-    invalid(fmt::format("piece_bytes {} is not a multiple of 4 KiB of at least 1 MiB", o.piece_bytes));
-  }
   if (o.max_shard_bytes == 0) invalid("max_shard_bytes is 0");
 }
 

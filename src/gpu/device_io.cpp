@@ -13,6 +13,7 @@
 #include "gdskit/file.hpp"
 #include "gpu/cuda_copier.hpp"
 #include "gpu/cufile_path.hpp"
+#include "gpu/host_copier.hpp"
 #include "gpu/staged.hpp"
 #include "shim/cufile.hpp"
 
@@ -53,16 +54,17 @@ void require_gpu(const file_handle::impl& f, const char* op, std::uint64_t offse
   }
 }
 
-// The staged path for one transfer of `nbytes` in total: lanes and piece sizes from the device's scheduler when
-// the bytes come from or go to storage, every worker when they come from the page cache.
+// One pipelined transfer of `nbytes` in total: lanes and piece sizes from the device's scheduler (of `client`)
+// when the bytes come from or go to storage, every worker when they come from the page cache. Calls
+// run(lanes, slot_bytes, options) with the lanes the copier should have and the slot size.
 template <typename Run>
-std::size_t staged(const file_handle::impl& f, bool write, bool from_cache, int device, std::uint64_t first_offset,
-                   std::size_t nbytes, gpu::staged_options options, Run&& run) {
+std::size_t pipelined(const file_handle::impl& f, bool write, bool from_cache, engine::io_client client,
+                      std::uint64_t first_offset, std::size_t nbytes, gpu::staged_options options, Run&& run) {
   const bool scheduled = f.choice.direct && !from_cache;
   // A probing transfer leases lanes for the deepest shape it may be asked for and parks the ones the current
   // depth does not use; the others lease what the scheduler's best shape uses.
-  engine::scheduled_transfer sched(f.config, f.st_dev, write ? engine::io_dir::write : engine::io_dir::read,
-                                   engine::io_client::staged, scheduled ? nbytes : 0);
+  engine::scheduled_transfer sched(f.config, f.st_dev, write ? engine::io_dir::write : engine::io_dir::read, client,
+                                   scheduled ? nbytes : 0);
   unsigned want = from_cache ? f.config.threads : std::min(f.config.threads, f.config.direct_depth);
   const std::size_t slot = from_cache ? f.config.cached_slot_bytes : f.config.staging_slot_bytes;
   std::size_t piece = slot;
@@ -81,8 +83,32 @@ std::size_t staged(const file_handle::impl& f, bool write, bool from_cache, int 
     options.on_direct_bytes = [&sched](std::size_t n, std::size_t request) { sched.complete(n, request); };
   }
   const auto lanes = static_cast<unsigned>(std::min<std::size_t>(want, gpu::piece_count(first_offset, nbytes, piece)));
-  gpu::staging_lease lease(device, std::max(1u, lanes), f.config.staging_slots, slot);
-  return run(lease.get(), options);
+  return run(std::max(1u, lanes), slot, static_cast<const staged_options&>(options));
+}
+
+// The staged path: pinned lanes of `device` from the process-wide pool.
+template <typename Run>
+std::size_t staged(const file_handle::impl& f, bool write, bool from_cache, int device, std::uint64_t first_offset,
+                   std::size_t nbytes, gpu::staged_options options, Run&& run) {
+  return pipelined(f, write, from_cache, engine::io_client::staged, first_offset, nbytes, std::move(options),
+                   [&](unsigned lanes, std::size_t slot, const staged_options& o) {
+                     gpu::staging_lease lease(device, lanes, f.config.staging_slots, slot);
+                     return run(lease.get(), o);
+                   });
+}
+
+std::vector<gpu::staged_extent> staged_extents(std::span<const write_extent> extents) {
+  std::vector<gpu::staged_extent> cut;
+  cut.reserve(extents.size());
+  for (const auto& e : extents) cut.push_back({reinterpret_cast<std::uintptr_t>(e.src.data), e.offset_bytes, e.src.nbytes});
+  return cut;
+}
+
+gpu::staged_options gather_staged_options(const gather_options& options) {
+  gpu::staged_options o;
+  o.cancelled = options.cancelled;
+  o.on_bytes = options.progress;
+  return o;
 }
 
 }  // namespace
@@ -128,16 +154,26 @@ std::size_t device_write_gather(const file_handle& file, std::span<const write_e
     }
     return done;
   }
-  std::vector<gpu::staged_extent> cut;
-  cut.reserve(extents.size());
-  for (const auto& e : extents) cut.push_back({reinterpret_cast<std::uintptr_t>(e.src.data), e.offset_bytes, e.src.nbytes});
-  gpu::staged_options o;
-  o.cancelled = options.cancelled;
-  o.on_bytes = options.progress;
+  const auto cut = staged_extents(extents);
   const int device = first.device < 0 ? 0 : first.device;
-  return staged(f, true, false, device, cut.front().offset, total, std::move(o), [&](copier& cp, const staged_options& so) {
-    return gpu::staged_write_extents(file, cp, cut, so);
-  });
+  return staged(f, true, false, device, cut.front().offset, total, gather_staged_options(options),
+                [&](copier& cp, const staged_options& so) { return gpu::staged_write_extents(file, cp, cut, so); });
+}
+
+std::size_t host_write_gather(const file_handle& file, std::span<const write_extent> extents,
+                              const gather_options& options) {
+  const file_handle::impl& f = file_access::open_impl(file, "pwrite");
+  std::size_t total = 0;
+  for (const auto& e : extents) total += e.src.nbytes;
+  if (total == 0) return 0;
+  const auto cut = staged_extents(extents);
+  // The staged pipeline's schedule and limits (slot-sized requests, at most 16 lanes): each piece is copied into
+  // a slot and written from there, as a GPU write's pieces are.
+  return pipelined(f, true, false, engine::io_client::staged, cut.front().offset, total, gather_staged_options(options),
+                   [&](unsigned lanes, std::size_t slot, const staged_options& o) {
+                     host_copier cp(lanes, f.config.staging_slots, slot);
+                     return gpu::staged_write_extents(file, cp, cut, o);
+                   });
 }
 
 }  // namespace gpu

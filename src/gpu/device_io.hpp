@@ -21,4 +21,11 @@ std::size_t device_transfer(const file_handle& file, bool write, buffer_view buf
 std::size_t device_write_gather(const file_handle& file, std::span<const write_extent> extents,
                                 const gather_options& options);
 
+/// Writes every extent (host memory, checked by the caller, sorted by file offset, on a file opened with
+/// O_DIRECT) through the staged pipeline with memory copies into aligned slots: extents that follow one another
+/// in the file are written as one range, so their joins fall inside aligned O_DIRECT requests instead of small
+/// buffered writes, at the staged path's scheduled depth and request size. Returns the bytes written or throws.
+std::size_t host_write_gather(const file_handle& file, std::span<const write_extent> extents,
+                              const gather_options& options);
+
 }  // namespace gdskit::gpu

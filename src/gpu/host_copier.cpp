@@ -1,0 +1,33 @@
+#include "gpu/host_copier.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+#include "gdskit/error.hpp"
+
+namespace gdskit::gpu {
+
+host_copier::host_copier(unsigned lanes, unsigned slots_per_lane, std::size_t slot_bytes)
+    : slots_(slots_per_lane), slot_bytes_(slot_bytes), memory_(lanes) {
+  if (lanes == 0 || slots_per_lane == 0 || slot_bytes == 0 || slot_bytes % 4096 != 0) {
+    throw error(errno_code(EINVAL), "host_copier: bad lane shape");
+  }
+}
+
+void host_copier::begin_lane(unsigned lane) {
+  if (memory_[lane].data() == nullptr) memory_[lane] = posix::anon_memory(static_cast<std::size_t>(slots_) * slot_bytes_);
+}
+
+std::byte* host_copier::slot(unsigned lane, unsigned s) {
+  return static_cast<std::byte*>(memory_[lane].data()) + static_cast<std::size_t>(s) * slot_bytes_;
+}
+
+void host_copier::to_far(unsigned lane, unsigned s, std::size_t slot_offset, std::uintptr_t far, std::size_t nbytes) {
+  std::memcpy(reinterpret_cast<void*>(far), slot(lane, s) + slot_offset, nbytes);
+}
+
+void host_copier::from_far(unsigned lane, unsigned s, std::size_t slot_offset, std::uintptr_t far, std::size_t nbytes) {
+  std::memcpy(slot(lane, s) + slot_offset, reinterpret_cast<const void*>(far), nbytes);
+}
+
+}  // namespace gdskit::gpu
