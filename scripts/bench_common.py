@@ -29,7 +29,7 @@ def fsync_path(path):
 
 
 def llama_state(size_gib, device):
-    """A Llama-shaped bf16 state dict of about size_gib on `device` (hidden 4096, MLP 11008, vocabulary 32000, as
+    """A Llama-shaped bf16 state dict of about size_gib on `device` ("cpu" or a CUDA device; hidden 4096, MLP 11008, vocabulary 32000, as
     many layers as fit), random and reproducible. Returns (state dict, layers)."""
     import torch  # noqa: PLC0415
     hidden, inter, vocab = 4096, 11008, 32000
@@ -53,7 +53,8 @@ def llama_state(size_gib, device):
         sd[p + "post_attention_layernorm.weight"] = w(hidden)
     sd["model.norm.weight"] = w(hidden)
     sd["lm_head.weight"] = w(vocab, hidden)
-    torch.cuda.synchronize(device)
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
     return sd, layers
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Saves from GPU memory in alternating rounds: raw O_DIRECT writers and gdskit variants measured one after
-another, so a disk whose rate wanders is seen by all of them alike, with medians instead of best samples.
+"""Saves from GPU (or CPU) memory in alternating rounds: raw O_DIRECT writers and gdskit variants measured one
+after another, so a disk whose rate wanders is seen by all of them alike, with medians instead of best samples.
 
     python3 scripts/save-rounds.py --dir DIR [--size-gib 8] [--rounds 3] [--cells 2x8,4x4,4x8,8x4]
         [--source-cells 4x8] [--pinned 4x8,2x4] [--precondition-gib 0] [--device cuda:0] [--profiles PROFILES]
@@ -11,8 +11,8 @@ fdatasync, into a new file in DIR that is deleted afterwards:
                   each thread writing one reused buffer (the source stays in the CPU's cache);
   raw source TxM  the same, writing from a 1 GiB host buffer walked in order (a source the cache cannot hold,
                   as data copied from a GPU is);
-  gdskit ...      a child process per variant (its own settings) that builds a Llama-shaped bf16 state dict on the
-                  device and measures gdskit.save_file twice (the first save of a process also pins its staging
+  gdskit ...      a child process per variant (its own settings) that builds a Llama-shaped bf16 state dict on
+                  --device (cuda:N, or cpu for host memory) and measures gdskit.save_file twice (the first save of a process also pins its staging
                   lanes and starts the scheduler), then one single extent of the same size (FileHandle.write of
                   one device buffer into a reserved file): the gathered write's cost against one transfer's.
   peers           a child process that times safetensors.torch.save_file and torch.save of the same state
@@ -44,17 +44,20 @@ def raw_write(path, nbytes, threads, request, source_bytes=0):
 
 
 def timed(fn, torch, device):
-    """Seconds, CPU seconds (this process, all threads) and GPU bytes allocated beyond what was there."""
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
+    """Seconds, CPU seconds (this process, all threads) and GPU bytes allocated beyond what was there (0 for the
+    CPU)."""
+    gpu = torch.device(device).type == "cuda"
+    if gpu:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     fn()
     dt = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    return dt, cpu, torch.cuda.max_memory_allocated(device) - base
+    return dt, cpu, torch.cuda.max_memory_allocated(device) - base if gpu else 0
 
 
 def peers_child(a, torch, gdskit, sd, nbytes):
@@ -87,8 +90,11 @@ def child(a):
         return peers_child(a, torch, gdskit, sd, nbytes)
     flat = torch.empty(nbytes, dtype=torch.uint8, device=a.device)
     flat.random_(0, 256)
-    torch.cuda.synchronize(a.device)
-    dev = torch.device(a.device).index or 0
+    if torch.device(a.device).type == "cuda":
+        torch.cuda.synchronize(a.device)
+        dev = torch.device(a.device).index or 0
+    else:
+        dev = -1
     out = {"bytes": nbytes, "cpu": 0.0, "gpu_extra": 0}
     path = os.path.join(a.dir, f"save-rounds.{os.getpid()}.safetensors")
     for key in ("first_save", "save"):
@@ -124,7 +130,7 @@ def main():
     ap.add_argument("--source-cells", default="4x8", help="raw cells writing from a 1 GiB source, THREADSxMIB")
     ap.add_argument("--pinned", default="4x8,2x4", help="gdskit shapes to pin, DEPTHxMIB")
     ap.add_argument("--precondition-gib", type=float, default=0)
-    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--device", default="cuda:0", help="where the state dict lives: cuda:N or cpu")
     ap.add_argument("--profiles", help="profile folder of the default row (default: a new temporary one)")
     ap.add_argument("--peers", default="safetensors,torch", help="'none' leaves the peers out")
     ap.add_argument("--child", help=argparse.SUPPRESS)
