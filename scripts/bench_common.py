@@ -36,10 +36,21 @@ def llama_state(size_gib, device):
     per_layer = (4 * hidden * hidden + 3 * hidden * inter + 2 * hidden) * 2
     fixed = (2 * vocab * hidden + hidden) * 2
     layers = max(1, round((size_gib * GIB - fixed) / per_layer))
-    g = torch.Generator(device=device).manual_seed(0)
+    if torch.device(device).type == "cuda":
+        g = torch.Generator(device=device).manual_seed(0)
 
-    def w(*shape):
-        return torch.randn(*shape, generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
+        def w(*shape):
+            return torch.randn(*shape, generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
+    else:
+        # The CPU's generator fills a few hundred MB/s: random bytes copied from one block, at another start in
+        # each tensor (the bytes are written, never computed with).
+        made = [0]
+
+        def w(*shape):
+            t = torch.empty(*shape, dtype=torch.bfloat16)
+            fill_random(t, made[0])
+            made[0] += 1
+            return t
 
     sd = {"model.embed_tokens.weight": w(vocab, hidden)}
     for i in range(layers):
@@ -56,6 +67,25 @@ def llama_state(size_gib, device):
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
     return sd, layers
+
+
+_BLOCK = None
+
+
+def fill_random(t, seed=0):
+    """Fills the CPU tensor `t` with random bytes at memory-copy speed: 64 MiB of os.urandom copied over it, from
+    a start that depends on `seed`."""
+    import torch  # noqa: PLC0415
+    global _BLOCK
+    if _BLOCK is None:
+        b = torch.frombuffer(bytearray(os.urandom(64 * MIB)), dtype=torch.uint8)
+        _BLOCK = torch.cat([b, b])
+    k = 64 * MIB
+    start = (seed * 1048573) % k
+    flat = t.view(-1).view(torch.uint8)
+    for off in range(0, flat.numel(), k):
+        m = min(k, flat.numel() - off)
+        flat[off:off + m].copy_(_BLOCK[start:start + m])
 
 
 def write_once(path, prepare, nbytes, threads, request, source_bytes=0):

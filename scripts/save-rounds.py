@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 
-from bench_common import GIB, MIB, cells_of, fsync_path, llama_state, write_once
+from bench_common import GIB, MIB, cells_of, fill_random, fsync_path, llama_state, write_once
 
 
 def raw_write(path, nbytes, threads, request, source_bytes=0):
@@ -89,7 +89,10 @@ def child(a):
     if a.child == "peers":
         return peers_child(a, torch, gdskit, sd, nbytes)
     flat = torch.empty(nbytes, dtype=torch.uint8, device=a.device)
-    flat.random_(0, 256)
+    if torch.device(a.device).type == "cuda":
+        flat.random_(0, 256)
+    else:
+        fill_random(flat, 12345)
     if torch.device(a.device).type == "cuda":
         torch.cuda.synchronize(a.device)
         dev = torch.device(a.device).index or 0
@@ -104,7 +107,9 @@ def child(a):
         out["cpu"] = max(out["cpu"], cpu / (nbytes / GIB))
         out["gpu_extra"] = max(out["gpu_extra"], extra)
         out[key + "_split"] = {"total": dt, "library": st["seconds"], "sync": st["sync_seconds"]}
-        out["reasons"] = [r for r in st["reasons"] if "O_DIRECT" in r or "adaptive" in r][-1:]
+        # The schedule the save's writes ran on: the gathered host writes' for host tensors.
+        sched = [r for r in st["reasons"] if r.startswith("gathered host writes")]
+        out["reasons"] = sched or [r for r in st["reasons"] if "O_DIRECT" in r or "adaptive" in r][-1:]
         os.unlink(path)
     one = os.path.join(a.dir, f"save-rounds.{os.getpid()}.bin")
     t0 = time.perf_counter()
