@@ -529,8 +529,13 @@ std::size_t file_handle::write_gather(std::span<const write_extent> extents, con
   if (!host) return gpu::device_write_gather(*this, sorted, options);
   // Host memory, several extents, O_DIRECT: one pipeline through aligned slots, so that the joins between
   // extents fall inside aligned requests (a buffered write of a partial block waits on ext4 for every O_DIRECT
-  // write in flight) and the device stays at its depth across small extents.
-  if (sorted.size() > 1 && m.choice.direct) return gpu::host_write_gather(*this, sorted, options);
+  // write in flight) and the device stays at its depth across small extents. A gather no larger than an inline
+  // request is not worth the slots' memory.
+  std::size_t total = 0;
+  for (const auto& e : sorted) total += e.src.nbytes;
+  if (sorted.size() > 1 && m.choice.direct && total > m.config.inline_bytes) {
+    return gpu::host_write_gather(*this, sorted, options);
+  }
   // Otherwise extent after extent, each through the engine at full depth.
   std::size_t done = 0;
   for (const auto& e : sorted) {
