@@ -17,6 +17,7 @@
 
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
+#include "gpu/host_copier.hpp"
 #include "gpu/staged.hpp"
 #include "posix/syscalls.hpp"
 #include "test_support.hpp"
@@ -386,6 +387,39 @@ TEST(staged_pipeline, a_lane_that_cannot_be_set_up_fails_the_transfer_in_both_di
     EXPECT_EQ(cp.lanes_started.load(), 3);
     EXPECT_EQ(cp.lanes_ended.load(), 3);
   }
+}
+
+// The host copier moves bytes both ways at any offset in a slot, and a later copier of the same lane size gets
+// the lanes an earlier one gave back instead of mapping new memory.
+TEST(host_copier, copies_both_ways_and_reuses_idle_lanes) {
+  const std::size_t slot = 7 * 3 * 4096;  // a size no other test uses: the pool is the process's
+  std::set<std::byte*> first;
+  {
+    gpu::host_copier cp(2, 2, slot);
+    const auto src = random_bytes(5000, 3);
+    std::vector<std::uint8_t> back(5000, 0);
+    for (unsigned lane = 0; lane < 2; ++lane) {
+      cp.begin_lane(lane);
+      for (unsigned s = 0; s < 2; ++s) {
+        ASSERT_EQ(reinterpret_cast<std::uintptr_t>(cp.slot(lane, s)) % 4096, 0u);
+        first.insert(cp.slot(lane, s));
+        cp.from_far(lane, s, 123, reinterpret_cast<std::uintptr_t>(src.data()), src.size());
+        cp.wait(lane, s);
+        EXPECT_EQ(std::memcmp(cp.slot(lane, s) + 123, src.data(), src.size()), 0);
+        cp.to_far(lane, s, 123, reinterpret_cast<std::uintptr_t>(back.data()), back.size());
+        EXPECT_EQ(back, src);
+        std::fill(back.begin(), back.end(), 0);
+      }
+      cp.end_lane(lane);
+    }
+  }
+  gpu::host_copier again(2, 2, slot);
+  for (unsigned lane = 0; lane < 2; ++lane) {
+    again.begin_lane(lane);
+    for (unsigned s = 0; s < 2; ++s) EXPECT_EQ(first.count(again.slot(lane, s)), 1u) << "lane " << lane;
+    again.end_lane(lane);
+  }
+  EXPECT_THROW(gpu::host_copier(1, 2, 4095), error);
 }
 
 TEST(staged_pipeline, gathered_write_cancels_with_ecanceled) {
