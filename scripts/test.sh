@@ -39,7 +39,10 @@ python_package() {
   work=$(mktemp -d "${TMPDIR:-/tmp}/gdskit-pytest.XXXXXX")
   # --system-site-packages: the tests use Debian's numpy and torch (and pytest) where they are installed.
   "$py" -m venv --system-site-packages "$work/venv"
-  PIP_DISABLE_PIP_VERSION_CHECK=1 "$work/venv/bin/pip" install "$src"
+  # With pybind11's GIL assertions: the extension's threads (saves, loads) must never touch a Python reference
+  # count without the GIL, and with them on a test that does so fails instead of racing.
+  GDSKIT_CMAKE_ARGS="${GDSKIT_CMAKE_ARGS:-} -DGDSKIT_PYTHON_GIL_CHECKS=ON" \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 "$work/venv/bin/pip" install "$src"
   local vpy=$work/venv/bin/python
   cd "$work"
   "$vpy" -c 'import gdskit, sys; f = gdskit.__file__; print("gdskit", gdskit.__version__, "from", f);
