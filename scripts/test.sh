@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test: the ci preset (optimised), the Python package as users get it
-# (`pip install .` into a fresh virtual environment, its tests run against the installed package), then
+# (`pip install .` into a fresh virtual environment, its tests run against the installed package; built with
+# pybind11's GIL assertions, GDSKIT_PYTHON_GIL_CHECKS=ON), then
 # AddressSanitizer+UBSan and ThreadSanitizer builds. GPU tests skip with their reason on a machine without a GPU.
 #   GDSKIT_SKIP_SANITIZERS=1   only the ci preset and the Python package
 #   GDSKIT_PYTHON=/path/python the interpreter of the virtual environment (default: /usr/bin/python3)
