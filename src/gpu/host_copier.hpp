@@ -12,10 +12,10 @@
 namespace gdskit::gpu {
 
 /// `lanes` lanes of `slots_per_lane` slots of `slot_bytes` (a multiple of 4 KiB) in anonymous memory. A lane's
-/// memory comes from a process-wide pool of idle lanes of that size, else is mapped by begin_lane on the worker
-/// that uses it; the destructor gives it back (the pool keeps at most 1 GiB of idle lanes per size, the rest is
-/// unmapped). Copies run at once on the calling thread, so wait() has nothing to wait for. begin_lane throws
-/// gdskit::error (ENOMEM) when the memory cannot be mapped.
+/// memory comes from a process-wide pool of idle lanes of that size, else is mapped when the lane's worker first
+/// asks for a slot; the destructor gives it back (the pool keeps at most 1 GiB of idle lanes per size, the rest
+/// is unmapped). Copies run at once on the calling thread, so wait() has nothing to wait for. slot() and the
+/// copies throw gdskit::error (ENOMEM) when the memory cannot be mapped.
 class host_copier final : public copier {
  public:
   host_copier(unsigned lanes, unsigned slots_per_lane, std::size_t slot_bytes);
