@@ -4,6 +4,7 @@ directly (their folder is first on sys.path)."""
 
 import mmap
 import os
+import resource
 import threading
 import time
 
@@ -26,6 +27,24 @@ def fsync_path(path):
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def timed(fn, device):
+    """Runs fn(): seconds, CPU seconds of this process (all threads) and the bytes fn allocated on `device` beyond
+    what was there (0 on the CPU)."""
+    import torch  # noqa: PLC0415
+    gpu = torch.device(device).type == "cuda"
+    if gpu:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    fn()
+    dt = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return dt, cpu, torch.cuda.max_memory_allocated(device) - base if gpu else 0
 
 
 def llama_state(size_gib, device):

@@ -24,30 +24,15 @@ Copy the table into docs/performance.md with the command, the machine and the da
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 
 import gdskit
-from bench_common import fsync_path, llama_state, write_once
-
-
-def measure(fn, device):
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
-    r0 = resource.getrusage(resource.RUSAGE_SELF)
-    t0 = time.perf_counter()
-    fn()
-    dt = time.perf_counter() - t0
-    r1 = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    return dt, cpu, torch.cuda.max_memory_allocated(device) - base
+from bench_common import fsync_path, llama_state, timed, write_once
 
 
 def main():
@@ -105,7 +90,7 @@ def main():
             for name, fn in writers:
                 if name in skip:
                     continue
-                r = measure(fn, args.device)
+                r = timed(fn, args.device)
                 if name not in best or r[0] < best[name][0]:
                     best[name] = r
                 if name == "gdskit.save_file":

@@ -28,36 +28,18 @@ import argparse
 import filecmp
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-from bench_common import GIB, MIB, cells_of, fill_random, fsync_path, llama_state, write_once
+from bench_common import GIB, MIB, cells_of, fill_random, fsync_path, llama_state, timed, write_once
 
 
 def raw_write(path, nbytes, threads, request, source_bytes=0):
     """The raw writer into a reserved file (fallocate, as gdskit's saves do); GiB/s."""
     return write_once(path, "fallocate", nbytes, threads, request, source_bytes)
-
-
-def timed(fn, torch, device):
-    """Seconds, CPU seconds (this process, all threads) and GPU bytes allocated beyond what was there (0 for the
-    CPU)."""
-    gpu = torch.device(device).type == "cuda"
-    if gpu:
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-    r0 = resource.getrusage(resource.RUSAGE_SELF)
-    t0 = time.perf_counter()
-    fn()
-    dt = time.perf_counter() - t0
-    r1 = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    return dt, cpu, torch.cuda.max_memory_allocated(device) - base if gpu else 0
 
 
 def peers_child(a, torch, gdskit, sd, nbytes):
@@ -66,9 +48,9 @@ def peers_child(a, torch, gdskit, sd, nbytes):
     s_path = os.path.join(a.dir, f"save-rounds.{os.getpid()}.s.safetensors")
     t_path = os.path.join(a.dir, f"save-rounds.{os.getpid()}.t.pt")
     g_path = os.path.join(a.dir, f"save-rounds.{os.getpid()}.g.safetensors")
-    dt, cpu, _ = timed(lambda: (st_save(sd, s_path), fsync_path(s_path)), torch, a.device)
+    dt, cpu, _ = timed(lambda: (st_save(sd, s_path), fsync_path(s_path)), a.device)
     out["safetensors.save_file"], out["safetensors_cpu"] = nbytes / dt / GIB, cpu / (nbytes / GIB)
-    dt, cpu, _ = timed(lambda: (torch.save(sd, t_path), fsync_path(t_path)), torch, a.device)
+    dt, cpu, _ = timed(lambda: (torch.save(sd, t_path), fsync_path(t_path)), a.device)
     out["torch.save"], out["torch_cpu"] = nbytes / dt / GIB, cpu / (nbytes / GIB)
     os.unlink(t_path)
     gdskit.save_file(sd, g_path)
@@ -101,7 +83,7 @@ def child(a):
     out = {"bytes": nbytes, "cpu": 0.0, "gpu_extra": 0}
     path = os.path.join(a.dir, f"save-rounds.{os.getpid()}.safetensors")
     for key in ("first_save", "save"):
-        dt, cpu, extra = timed(lambda: gdskit.save_file(sd, path), torch, a.device)
+        dt, cpu, extra = timed(lambda: gdskit.save_file(sd, path), a.device)
         st = gdskit.last_save_stats()
         out[key] = nbytes / dt / GIB
         out["cpu"] = max(out["cpu"], cpu / (nbytes / GIB))
