@@ -450,9 +450,8 @@ path_decision file_handle::plan(buffer_view buf) const {
       d.reasons.push_back(engine::schedule_reason(f.config, f.st_dev, engine::io_dir::write, client));
       // write_gather of several host ranges runs the staged pipeline (aligned slots) on the staged schedule.
       if (client == engine::io_client::host) {
-        std::string r = engine::schedule_reason(f.config, f.st_dev, engine::io_dir::write, engine::io_client::staged);
-        r.replace(0, std::string_view("O_DIRECT staged writes").size(), "gathered host writes (through aligned slots)");
-        d.reasons.push_back(std::move(r));
+        d.reasons.push_back(engine::schedule_reason(f.config, f.st_dev, engine::io_dir::write, engine::io_client::staged,
+                                                    "gathered host writes (through aligned slots)"));
       }
     }
   }

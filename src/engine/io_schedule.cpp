@@ -122,12 +122,14 @@ void scheduled_transfer::complete(std::size_t nbytes, std::size_t request_bytes)
   if (probing_) ctl_->complete(nbytes, steady_now_s(), request_bytes != 0 ? request_bytes : planned_request_);
 }
 
-std::string schedule_reason(const settings& config, dev_t device, io_dir dir, io_client client) {
+std::string schedule_reason(const settings& config, dev_t device, io_dir dir, io_client client,
+                            std::string_view label) {
   setup s = make_setup(config, device, dir, client);
-  const char* what = client == io_client::staged ? "staged" : "host";
-  const char* d = dir == io_dir::read ? "reads" : "writes";
+  const std::string who = label.empty() ? fmt::format("O_DIRECT {} {}", client == io_client::staged ? "staged" : "host",
+                                                      dir == io_dir::read ? "reads" : "writes")
+                                        : std::string(label);
   if (!s.adaptive) {
-    return fmt::format("O_DIRECT {} {}: depth {}, {} (fixed: {})", what, d, s.fixed.depth,
+    return fmt::format("{}: depth {}, {} (fixed: {})", who, s.fixed.depth,
                        format_size(s.fixed.request_bytes),
                        config.adaptive ? "GDSKIT_DIRECT_DEPTH and the request size set" : "GDSKIT_ADAPTIVE=off");
   }
@@ -141,8 +143,7 @@ std::string schedule_reason(const settings& config, dev_t device, io_dir dir, io
     pins += fmt::format("; {}={} wins", client == io_client::staged ? "GDSKIT_STAGING_SLOT_BYTES" : "GDSKIT_CHUNK_BYTES",
                         s.fixed.request_bytes);
   }
-  return fmt::format("O_DIRECT {} {}: {}; now {}{}", what, d, s.source, controller(s, device, dir, client)->describe(),
-                     pins);
+  return fmt::format("{}: {}; now {}{}", who, s.source, controller(s, device, dir, client)->describe(), pins);
 }
 
 }  // namespace gdskit::engine

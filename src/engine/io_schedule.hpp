@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "engine/adaptive.hpp"
 #include "gdskit/settings.hpp"
@@ -57,6 +58,9 @@ class scheduled_transfer {
 
 /// The line the plan's reasons carry: "device profile nvme0n1: depth 32, 4.00 MiB; adaptive (...)",
 /// "no device profile (...); depth 2, 4.00 MiB; adaptive (...)", "GDSKIT_DIRECT_DEPTH=16 (fixed)", ...
-std::string schedule_reason(const settings& config, dev_t device, io_dir dir, io_client client);
+/// `label` replaces the line's leading "O_DIRECT staged writes" (or host, reads) where another user runs on
+/// that schedule.
+std::string schedule_reason(const settings& config, dev_t device, io_dir dir, io_client client,
+                            std::string_view label = {});
 
 }  // namespace gdskit::engine

@@ -2,6 +2,7 @@
 #include "gpu/device_io.hpp"
 
 #include <cerrno>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -83,7 +84,7 @@ std::size_t pipelined(const file_handle::impl& f, bool write, bool from_cache, e
     options.on_direct_bytes = [&sched](std::size_t n, std::size_t request) { sched.complete(n, request); };
   }
   const auto lanes = static_cast<unsigned>(std::min<std::size_t>(want, gpu::piece_count(first_offset, nbytes, piece)));
-  return run(std::max(1u, lanes), slot, static_cast<const staged_options&>(options));
+  return run(std::max(1u, lanes), slot, std::as_const(options));
 }
 
 // The staged path: pinned lanes of `device` from the process-wide pool.
