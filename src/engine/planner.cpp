@@ -116,9 +116,6 @@ system_facts gather_facts(const std::filesystem::path& root, dev_t dev, const st
     f.nvidia_fs_loaded = true;
     f.nvidia_fs_version = ver.text->substr(0, ver.text->find('\n'));
   }
-  const unsigned syms = kernel_symbols(root);
-  f.nvme_nvfs_hook = (syms & 1u) != 0;
-  f.p2pdma.kernel_p2pdma = (syms & 2u) != 0;
   const std::string nv = read_line(root / "proc/driver/nvidia/version");
   f.p2pdma.open_module = nv.find("Open Kernel Module") != std::string::npos;
   if (auto v = driver_version_in(nv)) f.p2pdma.driver_major = v->major;
@@ -137,6 +134,18 @@ system_facts gather_facts(const std::filesystem::path& root, dev_t dev, const st
   if (major(dev) != 0) f.udev_entry = path_exists(root / fmt::format("run/udev/data/b{}:{}", major(dev), minor(dev)));
   f.block_device = block_device_of(root, dev);
   f.on_nvme = f.block_device.rfind("nvme", 0) == 0;
+  // Reading kallsyms costs the first GPU transfer of a process tens of milliseconds (150k lines on the H200
+  // machine); its two symbols matter only when the rest of a route is there.
+  f.p2pdma.kernel_p2pdma = true;
+  const bool p2pdma_needs_only_kernel = p2pdma_missing(f.p2pdma).empty();
+  f.p2pdma.kernel_p2pdma = false;
+  if (f.on_nvme && (f.nvidia_fs_loaded || p2pdma_needs_only_kernel)) {
+    const unsigned syms = kernel_symbols(root);
+    f.nvme_nvfs_hook = (syms & 1u) != 0;
+    f.p2pdma.kernel_p2pdma = (syms & 2u) != 0;
+    f.kernel_symbols_checked = true;
+  }
+  f.p2pdma.kernel_known = f.kernel_symbols_checked;
   return f;
 }
 
@@ -161,7 +170,7 @@ path_decision decide(const system_facts& sys, const runtime_facts& rt, memory_ki
   const bool p2pdma_route = p2pdma_lacks.empty() && sys.on_nvme;
   if (!nvfs_route && !p2pdma_route) {
     if (!sys.nvidia_fs_loaded) why_not.push_back("nvidia-fs not loaded (no /proc/driver/nvidia-fs)");
-    if (!sys.nvme_nvfs_hook) {
+    if (sys.kernel_symbols_checked && !sys.nvme_nvfs_hook) {
       why_not.push_back("NVMe driver without the nvfs hook (no nvme_v1/v2_register_nvfs_dma_ops in /proc/kallsyms)");
     }
     if (!sys.on_nvme) {

@@ -12,6 +12,7 @@ namespace gdskit::engine {
 /// What the PCI P2PDMA route (no nvidia-fs) needs, as read from a system root.
 struct p2pdma_facts {
   bool kernel_p2pdma = false;   ///< p2pdma_pgmap_ops in /proc/kallsyms (CONFIG_PCI_P2PDMA)
+  bool kernel_known = true;     ///< false: kallsyms was not read (the route lacks something else); not listed
   bool open_module = false;     ///< /proc/driver/nvidia/version says "Open Kernel Module"
   int driver_major = 0;         ///< 580; 0 when unknown
   bool static_bar1 = false;     ///< NVreg_RegistryDwords holds RMForceStaticBar1=1

@@ -31,10 +31,10 @@ cuda_copier::cuda_copier(int device, unsigned slots_per_lane, std::size_t slot_b
   lane_contexts_.resize(count);
 }
 
-void cuda_copier::begin_lane(unsigned lane) {
-  auto guard = std::make_unique<context_guard>(device_);
+void cuda_copier::begin_lane(unsigned lane) { lane_contexts_[lane] = std::make_unique<context_guard>(device_); }
+
+void cuda_copier::ready_lane(unsigned lane) {
   if (!lanes_[lane]) lanes_[lane] = std::make_unique<staging_lane>(device_, slots_, slot_bytes_);
-  lane_contexts_[lane] = std::move(guard);
 }
 
 std::vector<std::unique_ptr<staging_lane>> cuda_copier::release() {

@@ -26,8 +26,8 @@ struct staging_lane {
 };
 
 /// A copier over `count` lanes of one shape. Lanes given ready-made are used as they are; the others are
-/// created by begin_lane, on the worker thread that is about to use them, so a transfer's lanes are pinned in
-/// parallel while its first lanes already move data, instead of one after another before it starts.
+/// created by ready_lane, on the worker thread that is about to use them, so a transfer's lanes are pinned in
+/// parallel while its first lanes already move data, and lanes its depth never comes near are not pinned.
 class cuda_copier final : public copier {
  public:
   cuda_copier(int device, unsigned slots_per_lane, std::size_t slot_bytes, unsigned count,
@@ -38,16 +38,18 @@ class cuda_copier final : public copier {
   unsigned lanes() const override { return static_cast<unsigned>(lanes_.size()); }
   unsigned slots_per_lane() const override { return slots_; }
   std::size_t slot_bytes() const override { return slot_bytes_; }
-  /// Makes the device's context current on this thread and creates the lane if it does not exist yet; throws
-  /// gdskit::error (pinning, stream or event creation) with the context restored.
+  /// Makes the device's context current on this thread; throws gdskit::error with the context restored.
   void begin_lane(unsigned lane) override;
+  /// Creates the lane if it does not exist yet (between begin_lane and end_lane); throws gdskit::error
+  /// (pinning, stream or event creation).
+  void ready_lane(unsigned lane) override;
   void end_lane(unsigned lane) noexcept override;
   std::byte* slot(unsigned lane, unsigned slot) override;
   void to_far(unsigned lane, unsigned slot, std::size_t slot_offset, std::uintptr_t far, std::size_t nbytes) override;
   void from_far(unsigned lane, unsigned slot, std::size_t slot_offset, std::uintptr_t far, std::size_t nbytes) override;
   void wait(unsigned lane, unsigned slot) override;
 
-  /// The lanes that exist (those given and those begin_lane created); the copier holds none afterwards.
+  /// The lanes that exist (those given and those ready_lane created); the copier holds none afterwards.
   std::vector<std::unique_ptr<staging_lane>> release();
 
  private:

@@ -12,10 +12,10 @@
 namespace gdskit::gpu {
 
 /// `lanes` lanes of `slots_per_lane` slots of `slot_bytes` (a multiple of 4 KiB) in anonymous memory. A lane's
-/// memory comes from a process-wide pool of idle lanes of that size, else is mapped when the lane's worker first
-/// asks for a slot; the destructor gives it back (the pool keeps at most 1 GiB of idle lanes per size, the rest
-/// is unmapped). Copies run at once on the calling thread, so wait() has nothing to wait for. slot() and the
-/// copies throw gdskit::error (ENOMEM) when the memory cannot be mapped.
+/// memory comes from a process-wide pool of idle lanes of that size, else is mapped by ready_lane; the destructor
+/// gives it back (the pool keeps at most 1 GiB of idle lanes per size, the rest is unmapped). Copies run at once
+/// on the calling thread, so wait() has nothing to wait for. ready_lane throws gdskit::error (ENOMEM) when the
+/// memory cannot be mapped.
 class host_copier final : public copier {
  public:
   host_copier(unsigned lanes, unsigned slots_per_lane, std::size_t slot_bytes);
@@ -26,7 +26,8 @@ class host_copier final : public copier {
   unsigned lanes() const override { return static_cast<unsigned>(memory_.size()); }
   unsigned slots_per_lane() const override { return slots_; }
   std::size_t slot_bytes() const override { return slot_bytes_; }
-  void begin_lane(unsigned lane) override;
+  void begin_lane(unsigned) override {}
+  void ready_lane(unsigned lane) override;
   void end_lane(unsigned) noexcept override {}
   std::byte* slot(unsigned lane, unsigned slot) override;
   void to_far(unsigned lane, unsigned slot, std::size_t slot_offset, std::uintptr_t far, std::size_t nbytes) override;
@@ -36,7 +37,7 @@ class host_copier final : public copier {
  private:
   unsigned slots_;
   std::size_t slot_bytes_;
-  std::vector<posix::anon_memory> memory_;  // one mapping per lane, empty until begin_lane
+  std::vector<posix::anon_memory> memory_;  // one mapping per lane, empty until ready_lane
 };
 
 }  // namespace gdskit::gpu

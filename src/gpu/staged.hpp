@@ -21,10 +21,15 @@ class copier {
   virtual unsigned lanes() const = 0;
   virtual unsigned slots_per_lane() const = 0;
   virtual std::size_t slot_bytes() const = 0;
-  /// Called on the worker thread before it uses `lane` (the CUDA copier makes its context current here, and
-  /// creates the lane's pinned slots, stream and events when the lane has none yet). When it throws, the
-  /// transfer fails with that error and end_lane is not called for the lane.
+  /// Called on the worker thread before it uses `lane` (the CUDA copier makes its context current here). When
+  /// it throws, the transfer fails with that error and end_lane is not called for the lane.
   virtual void begin_lane(unsigned lane) = 0;
+  /// Called on the lane's worker thread after begin_lane and before the lane's first slot() or copy: gives the
+  /// lane its slot memory when it has none yet (the CUDA copier pins the slots and creates the stream and
+  /// events here, the host copier maps its slots). A lane parked by the adaptive depth is readied only when
+  /// the depth comes within one doubling of it, so a transfer whose depth stays low sets up few lanes. When it
+  /// throws, the transfer fails with that error (end_lane still runs).
+  virtual void ready_lane(unsigned lane) = 0;
   /// Called on the same thread when it is done with `lane`, after its last wait, when begin_lane succeeded
   /// (the CUDA copier restores the thread's previous context here).
   virtual void end_lane(unsigned lane) noexcept = 0;

@@ -38,10 +38,13 @@ TEST(planner, real_capture_h200_vm_goes_staged_with_reasons) {
   EXPECT_FALSE(f.run_udev);
   EXPECT_EQ(f.block_device, "vda");
   EXPECT_FALSE(f.on_nvme);
+  // Not on NVMe: no route can be made, so kallsyms is not read and its symbols are not given as reasons.
+  EXPECT_FALSE(f.kernel_symbols_checked);
   path_decision d = decide(f, gpu_and_cufile(), memory_kind::device, path_mode::automatic);
   EXPECT_EQ(d.path, data_path::staged);
   EXPECT_TRUE(has_reason(d, "nvidia-fs not loaded"));
-  EXPECT_TRUE(has_reason(d, "nvfs hook"));
+  EXPECT_FALSE(has_reason(d, "nvfs hook"));
+  EXPECT_FALSE(has_reason(d, "p2pdma_pgmap_ops"));
   EXPECT_TRUE(has_reason(d, "/run/udev missing"));
   EXPECT_TRUE(has_reason(d, "vda, not NVMe"));
 }
@@ -58,6 +61,7 @@ TEST(planner, synthetic_root_with_nvfs_and_nvme_goes_gds) {
   mk("sys/block/nvme0n1/dev", "259:0\n");
   system_facts f = gather_facts(root.path(), makedev(259, 0), "ext4");
   EXPECT_TRUE(f.nvidia_fs_loaded);
+  EXPECT_TRUE(f.kernel_symbols_checked);
   EXPECT_TRUE(f.nvme_nvfs_hook);
   EXPECT_TRUE(f.on_nvme);
   EXPECT_TRUE(f.udev_entry);
@@ -73,6 +77,15 @@ TEST(planner, synthetic_root_with_nvfs_and_nvme_goes_gds) {
   d = decide(f, rt, memory_kind::device, path_mode::automatic);
   EXPECT_EQ(d.path, data_path::staged);
   EXPECT_TRUE(has_reason(d, "libcufile.so.0 not found"));
+  // The same NVMe disk without nvidia-fs (and no P2PDMA set-up): kallsyms is not read, the hook not claimed.
+  std::filesystem::remove_all(root.path() / "proc/driver/nvidia-fs");
+  f = gather_facts(root.path(), makedev(259, 0), "ext4");
+  EXPECT_FALSE(f.kernel_symbols_checked);
+  EXPECT_FALSE(f.nvme_nvfs_hook);
+  d = decide(f, gpu_and_cufile(), memory_kind::device, path_mode::automatic);
+  EXPECT_EQ(d.path, data_path::staged);
+  EXPECT_TRUE(has_reason(d, "nvidia-fs not loaded"));
+  EXPECT_FALSE(has_reason(d, "nvfs hook"));
   // Partitions resolve to their disk.
   mk("sys/block/nvme0n1/nvme0n1p2/dev", "259:2\n");
   EXPECT_EQ(gather_facts(root.path(), makedev(259, 2), "xfs").block_device, "nvme0n1");
@@ -138,7 +151,10 @@ TEST(planner, p2pdma_route_is_judged_by_the_doctors_rule) {
     EXPECT_TRUE(has_reason(d, why)) << why;
     EXPECT_NE(c->summary.find(why), std::string::npos) << why << " / " << c->summary;
   }
-  EXPECT_EQ(p2pdma_missing(f.p2pdma).size(), 3u);  // all but use_pci_p2pdma
+  // All but use_pci_p2pdma and the kernel's symbol: kallsyms is read only when it alone could decide.
+  EXPECT_FALSE(f.kernel_symbols_checked);
+  EXPECT_EQ(p2pdma_missing(f.p2pdma).size(), 2u);
+  EXPECT_FALSE(has_reason(d, "p2pdma_pgmap_ops"));
 
   // Every P2PDMA fact in place: both call it a direct route.
   mk("proc/kallsyms", "ffffffff81000000 T p2pdma_pgmap_ops\n");
@@ -146,6 +162,7 @@ TEST(planner, p2pdma_route_is_judged_by_the_doctors_rule) {
      "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (builder@host)\n");
   mk("proc/driver/nvidia/params", "EnableGpuFirmware: 18\nRegistryDwords: \"RMForceStaticBar1=1;RmForceDisableIomapWC=1;\"\n");
   f = gather_facts(root.path(), makedev(259, 0), "ext4");
+  EXPECT_TRUE(f.kernel_symbols_checked);
   EXPECT_TRUE(p2pdma_missing(f.p2pdma).empty());
   d = decide(f, gpu_and_cufile(), memory_kind::device, path_mode::automatic);
   EXPECT_EQ(d.path, data_path::gds) << d.summary();

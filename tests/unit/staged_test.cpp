@@ -43,13 +43,28 @@ class deferred_copier final : public gpu::copier {
     if (static_cast<int>(lane) == fail_begin_lane) throw error(cuda_code(2), "cuMemHostRegister (injected)");
     ++lanes_started;
   }
+  void ready_lane(unsigned lane) override {
+    if (static_cast<int>(lane) == fail_ready_lane) throw error(cuda_code(2), "cuMemHostAlloc (injected)");
+    std::lock_guard lock(ready_mutex_);
+    readied_.insert(lane);
+  }
+  std::set<unsigned> readied() const {
+    std::lock_guard lock(ready_mutex_);
+    return readied_;
+  }
   void end_lane(unsigned lane) noexcept override {
     for (unsigned s = 0; s < slots_; ++s) {
       EXPECT_TRUE(pending_[lane * slots_ + s].empty()) << "a lane ended with copies in flight";
     }
     ++lanes_ended;
   }
-  std::byte* slot(unsigned lane, unsigned s) override { return base_ + (lane * slots_ + s) * slot_bytes_; }
+  std::byte* slot(unsigned lane, unsigned s) override {
+    {
+      std::lock_guard lock(ready_mutex_);
+      EXPECT_TRUE(readied_.count(lane) != 0) << "lane " << lane << " used before ready_lane";
+    }
+    return base_ + (lane * slots_ + s) * slot_bytes_;
+  }
   void to_far(unsigned lane, unsigned s, std::size_t off, std::uintptr_t far, std::size_t n) override {
     if (fail_after >= 0 && copies++ >= fail_after) throw error(cuda_code(700), "cuMemcpyHtoDAsync (injected)");
     EXPECT_LE(off + n, slot_bytes_);
@@ -91,7 +106,8 @@ class deferred_copier final : public gpu::copier {
   std::atomic<int> waits{0};
   std::atomic<int> copies{0};
   int fail_after = -1;
-  int fail_begin_lane = -1;  // begin_lane of this lane throws (its pinned slots could not be made)
+  int fail_begin_lane = -1;  // begin_lane of this lane throws (its context could not be made current)
+  int fail_ready_lane = -1;  // ready_lane of this lane throws (its pinned slots could not be made)
 
  private:
   struct op {
@@ -105,6 +121,8 @@ class deferred_copier final : public gpu::copier {
   std::vector<std::uint8_t> memory_;
   std::byte* base_ = nullptr;
   std::vector<std::vector<op>> pending_;
+  mutable std::mutex ready_mutex_;
+  std::set<unsigned> readied_;
 };
 
 settings test_settings(direct_mode d) {
@@ -357,35 +375,78 @@ TEST(staged_pipeline, a_failed_copy_inside_a_joined_piece_leaves_no_copy_in_flig
   }
 }
 
-// Lanes are set up by the workers that use them; one that cannot be (no pinned memory left) fails the transfer
-// with its error, while the lanes that did start finish their copies and end.
+// Lanes are set up by the workers that use them; one that cannot be (its context cannot be made current, or
+// no pinned memory is left for its slots) fails the transfer with its error, in both directions, while the
+// lanes that did start finish their copies and end.
 TEST(staged_pipeline, a_lane_that_cannot_be_set_up_fails_the_transfer_in_both_directions) {
   temp_dir dir;
   const auto data = random_bytes((2u << 20) + 123, 91);
   test::write_file(dir / "r", data);
-  for (bool write : {false, true}) {
-    SCOPED_TRACE(write);
-    file_handle f(dir / (write ? "w" : "r"), write ? open_mode::write : open_mode::read,
-                  write ? open_options{.create = true, .truncate = true} : open_options{},
-                  test_settings(direct_mode::automatic));
-    deferred_copier cp(4, 2, 64 * 1024);
-    cp.fail_begin_lane = 2;
-    std::vector<std::uint8_t> mem(data);
-    const auto far = reinterpret_cast<std::uintptr_t>(mem.data());
-    std::error_code ec;
-    try {
-      if (write) {
-        gpu::staged_write(f, cp, far, mem.size(), 0);
-      } else {
-        gpu::staged_read(f, cp, far, mem.size(), 0);
+  for (bool at_ready : {false, true}) {
+    for (bool write : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "ready_lane fails " << at_ready << " write " << write);
+      file_handle f(dir / (write ? "w" : "r"), write ? open_mode::write : open_mode::read,
+                    write ? open_options{.create = true, .truncate = true} : open_options{},
+                    test_settings(direct_mode::automatic));
+      deferred_copier cp(4, 2, 64 * 1024);
+      (at_ready ? cp.fail_ready_lane : cp.fail_begin_lane) = 2;
+      std::vector<std::uint8_t> mem(data);
+      const auto far = reinterpret_cast<std::uintptr_t>(mem.data());
+      std::error_code ec;
+      try {
+        if (write) {
+          gpu::staged_write(f, cp, far, mem.size(), 0);
+        } else {
+          gpu::staged_read(f, cp, far, mem.size(), 0);
+        }
+      } catch (const error& e) {
+        ec = e.code();
       }
-    } catch (const error& e) {
-      ec = e.code();
+      EXPECT_EQ(ec, cuda_code(2));
+      EXPECT_EQ(cp.still_pending(), 0u);
+      // A lane whose begin_lane threw does not end; one whose ready_lane threw does.
+      EXPECT_EQ(cp.lanes_started.load(), at_ready ? 4 : 3);
+      EXPECT_EQ(cp.lanes_ended.load(), cp.lanes_started.load());
+      EXPECT_EQ(cp.readied().count(2), 0u);
     }
-    EXPECT_EQ(ec, cuda_code(2));
-    EXPECT_EQ(cp.still_pending(), 0u);
-    EXPECT_EQ(cp.lanes_started.load(), 3);
-    EXPECT_EQ(cp.lanes_ended.load(), 3);
+  }
+}
+
+// Lanes parked by the adaptive depth get their slot memory only once the depth comes within one doubling of
+// them: at depth 1 a transfer over 16 lanes readies lanes 0 and 1; when the depth grows to 3 mid-transfer,
+// lanes up to 5 are readied (3 to 5 before they take any piece), and none beyond.
+TEST(staged_pipeline, parked_lanes_are_readied_only_when_the_depth_comes_near) {
+  temp_dir dir;
+  const auto data = random_bytes((4u << 20) + 4321, 95);
+  test::write_file(dir / "r", data);
+  file_handle f(dir / "r", open_mode::read_write, {}, test_settings(direct_mode::automatic));
+  for (bool grow : {false, true}) {
+    for (bool write : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "grow " << grow << " write " << write);
+      deferred_copier cp(16, 2, 64 * 1024);
+      gpu::staged_options o;
+      std::atomic<unsigned> active{1};
+      std::atomic<int> pieces{0};
+      o.active_lanes = [&] { return active.load(); };
+      o.on_piece = [&](std::uint64_t) {
+        if (grow && ++pieces == 8) active = 3;
+      };
+      std::vector<std::uint8_t> mem(data);
+      const auto far = reinterpret_cast<std::uintptr_t>(mem.data());
+      if (write) {
+        ASSERT_EQ(gpu::staged_write(f, cp, far, mem.size(), 0, o), mem.size());
+        EXPECT_EQ(test::read_file(dir / "r"), data);
+      } else {
+        ASSERT_EQ(gpu::staged_read(f, cp, far, mem.size(), 0, o), mem.size());
+        EXPECT_EQ(mem, data);
+      }
+      const std::set<unsigned> got = cp.readied();
+      ASSERT_FALSE(got.empty());
+      EXPECT_LE(*got.rbegin(), grow ? 5u : 1u);
+      EXPECT_TRUE(got.count(0) != 0);
+      EXPECT_EQ(cp.lanes_started.load(), 16);
+      EXPECT_EQ(cp.still_pending(), 0u);
+    }
   }
 }
 
@@ -400,6 +461,7 @@ TEST(host_copier, copies_both_ways_and_reuses_idle_lanes) {
     std::vector<std::uint8_t> back(5000, 0);
     for (unsigned lane = 0; lane < 2; ++lane) {
       cp.begin_lane(lane);
+      cp.ready_lane(lane);
       for (unsigned s = 0; s < 2; ++s) {
         ASSERT_EQ(reinterpret_cast<std::uintptr_t>(cp.slot(lane, s)) % 4096, 0u);
         first.insert(cp.slot(lane, s));
@@ -416,6 +478,7 @@ TEST(host_copier, copies_both_ways_and_reuses_idle_lanes) {
   gpu::host_copier again(2, 2, slot);
   for (unsigned lane = 0; lane < 2; ++lane) {
     again.begin_lane(lane);
+    again.ready_lane(lane);
     for (unsigned s = 0; s < 2; ++s) EXPECT_EQ(first.count(again.slot(lane, s)), 1u) << "lane " << lane;
     again.end_lane(lane);
   }
