@@ -153,8 +153,7 @@ void drain_lane(transfer& t, unsigned lane, const std::vector<bool>& pending) {
 // A worker's use of a lane, from begin_lane to end_lane (which runs after the lane's last wait). The lane's slot
 // memory is readied before its first piece, or earlier while it is parked, once the adaptive depth comes within
 // one doubling of it: a probe of the next depth finds its lanes set up, and a transfer whose depth stays at 2
-// pins 4 lanes, not the 16 it leased (pinning them all cost the first transfer of a process about 45 ms on the
-// H200 machine).
+// pins 4 lanes, not the 16 it leased.
 class lane_session {
  public:
   lane_session(copier& cp, unsigned lane) : cp_(cp), lane_(lane) { cp_.begin_lane(lane_); }
