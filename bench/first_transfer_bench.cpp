@@ -1,0 +1,80 @@
+// What the first GPU read of a process costs beyond the later ones: a model server reads its checkpoint once,
+// in a fresh process, so one-time costs (planning the path, setting up staging lanes, the scheduler's first
+// measurements) are part of its cold load. Times, in one process on one file: the device allocation, the first
+// and second plan() of a GPU buffer, then `reads` cold reads of the whole file into GPU memory, and prints the
+// first read against the median of the later ones, and each against a raw parallel O_DIRECT read measured in
+// the same run (best over 1..16 threads, before and after).
+//
+//   first_transfer_bench [FILE] [SIZE] [READS]      (defaults: ./gdskit-first.dat 3G 4)
+//
+// Run each measurement in a fresh process (the point is the process's first transfer); XDG_CACHE_HOME chooses
+// whether a learned profile exists.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "ceilings.hpp"
+#include "gdskit/buffer.hpp"
+#include "gdskit/file.hpp"
+#include "gdskit/path.hpp"
+
+using namespace gdskit;
+using namespace gdskit::bench_support;
+
+int main(int argc, char** argv) {
+  const std::filesystem::path path = argc > 1 ? argv[1] : "gdskit-first.dat";
+  const std::uint64_t size = argc > 2 ? parse_size(argv[2]).value_or(0) : (std::uint64_t{3} << 30);
+  const int reads = argc > 3 ? std::atoi(argv[3]) : 4;
+  if (size == 0 || reads < 2) {
+    std::fprintf(stderr, "usage: first_transfer_bench [FILE] [SIZE] [READS >= 2]\n");
+    return 2;
+  }
+  std::string why;
+  if (!gpu_available(&why)) {
+    std::printf("first_transfer_bench: no usable GPU (%s)\n", why.c_str());
+    return 77;
+  }
+  ensure_file(path, size);
+  const double gib = static_cast<double>(size) / (1u << 30);
+
+  double t = now_s();
+  device_buffer dst(size, 0);
+  std::printf("device allocation of %s: %.3f s (not counted below)\n", format_size(size).c_str(), now_s() - t);
+  file_handle f(path, open_mode::read);
+  t = now_s();
+  path_decision d = f.plan(dst.view());
+  const double plan1 = now_s() - t;
+  t = now_s();
+  d = f.plan(dst.view());
+  const double plan2 = now_s() - t;
+  std::printf("plan() of a GPU buffer: first %.4f s, second %.4f s\npath: %s\n", plan1, plan2, d.summary().c_str());
+
+  std::vector<double> secs;
+  for (int i = 0; i < reads; ++i) {
+    drop_cache(path);
+    t = now_s();
+    const std::size_t got = f.read(dst.view(), size, 0);
+    secs.push_back(now_s() - t);
+    if (got != size) {
+      std::fprintf(stderr, "short read: %zu of %llu\n", got, static_cast<unsigned long long>(size));
+      return 1;
+    }
+    std::printf("cold read %d: %.3f s = %.2f GiB/s\n", i + 1, secs.back(), gib / secs.back());
+  }
+  const rate raw = best_parallel_read(path, 16, /*direct=*/true, /*cold=*/true);
+  std::vector<double> later(secs.begin() + 1, secs.end());
+  std::sort(later.begin(), later.end());
+  const double later_median = later.size() % 2 ? later[later.size() / 2]
+                                               : (later[later.size() / 2 - 1] + later[later.size() / 2]) / 2;
+  std::printf("raw parallel O_DIRECT read (best of 1..16 threads, after the reads): %.2f GiB/s (%u threads)\n",
+              raw.gib_s, raw.threads);
+  std::printf("\nfirst read, first plan included: %.3f s = %.2f GiB/s = %.3f of raw\n", secs[0] + plan1,
+              gib / (secs[0] + plan1), gib / (secs[0] + plan1) / raw.gib_s);
+  std::printf("later reads, median:             %.3f s = %.2f GiB/s = %.3f of raw\n", later_median,
+              gib / later_median, gib / later_median / raw.gib_s);
+  std::printf("first read's extra time: %.3f s (%.1f%% of a later read)\n", secs[0] + plan1 - later_median,
+              100.0 * (secs[0] + plan1 - later_median) / later_median);
+  return 0;
+}
