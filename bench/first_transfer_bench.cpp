@@ -3,7 +3,7 @@
 // measurements) are part of its cold load. Times, in one process on one file: the device allocation, the first
 // and second plan() of a GPU buffer, then `reads` cold reads of the whole file into GPU memory, and prints the
 // first read against the median of the later ones, and each against a raw parallel O_DIRECT read measured in
-// the same run (best over 1..16 threads, before and after).
+// the same run, after the reads (best over 1..16 threads).
 //
 //   first_transfer_bench [FILE] [SIZE] [READS]      (defaults: ./gdskit-first.dat 3G 4)
 //
@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,9 @@
 using namespace gdskit;
 using namespace gdskit::bench_support;
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   const std::filesystem::path path = argc > 1 ? argv[1] : "gdskit-first.dat";
   const std::uint64_t size = argc > 2 ? parse_size(argv[2]).value_or(0) : (std::uint64_t{3} << 30);
   const int reads = argc > 3 ? std::atoi(argv[3]) : 4;
@@ -77,4 +80,15 @@ int main(int argc, char** argv) {
   std::printf("first read's extra time: %.3f s (%.1f%% of a later read)\n", secs[0] + plan1 - later_median,
               100.0 * (secs[0] + plan1 - later_median) / later_median);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "first_transfer_bench: %s\n", e.what());
+    return 1;
+  }
 }

@@ -139,11 +139,11 @@ system_facts gather_facts(const std::filesystem::path& root, dev_t dev, const st
   f.p2pdma.kernel_p2pdma = true;
   const bool p2pdma_needs_only_kernel = p2pdma_missing(f.p2pdma).empty();
   f.p2pdma.kernel_p2pdma = false;
-  if (f.on_nvme && (f.nvidia_fs_loaded || p2pdma_needs_only_kernel)) {
+  f.kernel_symbols_checked = f.on_nvme && (f.nvidia_fs_loaded || p2pdma_needs_only_kernel);
+  if (f.kernel_symbols_checked) {
     const unsigned syms = kernel_symbols(root);
     f.nvme_nvfs_hook = (syms & 1u) != 0;
     f.p2pdma.kernel_p2pdma = (syms & 2u) != 0;
-    f.kernel_symbols_checked = true;
   }
   f.p2pdma.kernel_known = f.kernel_symbols_checked;
   return f;

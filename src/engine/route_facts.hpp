@@ -1,5 +1,6 @@
 // The rules for a direct (P2P DMA) route between NVMe and GPU memory, in one place: the planner and the doctor
-// both judge the same facts with these functions, so they give the same answer and the same reasons.
+// both judge the same facts with these functions, so they give the same answer and the same reasons for it
+// (the planner leaves out the kernel's symbols when it did not read them: the route lacked something else).
 #pragma once
 
 #include <optional>

@@ -114,7 +114,7 @@ staging_lease::staging_lease(int device, unsigned lanes, unsigned slots_per_lane
       idle.pop_back();
     }
   }
-  // Lanes the pool lacks are created by the workers that use them (cuda_copier::begin_lane).
+  // Lanes the pool lacks are created by the workers that use them (cuda_copier::ready_lane).
   copier_ = std::make_unique<cuda_copier>(device, slots_per_lane, slot_bytes, lanes, std::move(got));
 }
 

@@ -166,8 +166,14 @@ class lane_session {
     cp_.ready_lane(lane_);
     ready_ = true;
   }
-  void ready_ahead_of(unsigned depth) {
-    if (lane_ / 2 < depth) ready();
+  // Readies a parked lane ahead of use; a failure here is left for ready() to meet if the lane is ever needed,
+  // so a lane the transfer never uses cannot fail it.
+  void ready_ahead_of(unsigned depth) noexcept {
+    if (ready_ || lane_ / 2 >= depth) return;
+    try {
+      ready();
+    } catch (...) {
+    }
   }
 
  private:
@@ -183,7 +189,7 @@ bool lane_active(transfer& t, lane_session& session, unsigned lane) {
     return true;
   }
   const unsigned depth = t.options.active_lanes();
-  session.ready_ahead_of(depth);
+  if (!t.cursor.exhausted()) session.ready_ahead_of(depth);  // none at the end, when nothing is left to take
   return t.cursor.may_take(lane, depth);
 }
 

@@ -167,6 +167,15 @@ TEST(planner, p2pdma_route_is_judged_by_the_doctors_rule) {
   d = decide(f, gpu_and_cufile(), memory_kind::device, path_mode::automatic);
   EXPECT_EQ(d.path, data_path::gds) << d.summary();
   EXPECT_TRUE(has_reason(d, "direct path: PCI P2PDMA"));
+  // Everything but the kernel's symbol: kallsyms is read, and its answer is the reason.
+  mk("proc/kallsyms", "ffffffff81000000 T nvme_setup_cmd\t[nvme]\n");
+  f = gather_facts(root.path(), makedev(259, 0), "ext4");
+  EXPECT_TRUE(f.kernel_symbols_checked);
+  d = decide(f, gpu_and_cufile(), memory_kind::device, path_mode::automatic);
+  EXPECT_EQ(d.path, data_path::staged);
+  EXPECT_TRUE(has_reason(d, "p2pdma_pgmap_ops")) << d.summary();
+  mk("proc/kallsyms", "ffffffff81000000 T p2pdma_pgmap_ops\n");
+  f = gather_facts(root.path(), makedev(259, 0), "ext4");
   c = doctor_p2pdma(root.path(), layers);
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(c->state, doctor::status::ok) << c->summary;

@@ -59,13 +59,15 @@ class deferred_copier final : public gpu::copier {
     ++lanes_ended;
   }
   std::byte* slot(unsigned lane, unsigned s) override {
-    {
-      std::lock_guard lock(ready_mutex_);
-      EXPECT_TRUE(readied_.count(lane) != 0) << "lane " << lane << " used before ready_lane";
-    }
+    expect_ready(lane);
     return base_ + (lane * slots_ + s) * slot_bytes_;
   }
+  void expect_ready(unsigned lane) const {
+    std::lock_guard lock(ready_mutex_);
+    EXPECT_TRUE(readied_.count(lane) != 0) << "lane " << lane << " used before ready_lane";
+  }
   void to_far(unsigned lane, unsigned s, std::size_t off, std::uintptr_t far, std::size_t n) override {
+    expect_ready(lane);
     if (fail_after >= 0 && copies++ >= fail_after) throw error(cuda_code(700), "cuMemcpyHtoDAsync (injected)");
     EXPECT_LE(off + n, slot_bytes_);
     auto& p = pending_[lane * slots_ + s];
@@ -73,6 +75,7 @@ class deferred_copier final : public gpu::copier {
     p.push_back({true, off, far, n});
   }
   void from_far(unsigned lane, unsigned s, std::size_t off, std::uintptr_t far, std::size_t n) override {
+    expect_ready(lane);
     if (fail_after >= 0 && copies++ >= fail_after) throw error(cuda_code(700), "cuMemcpyDtoHAsync (injected)");
     EXPECT_LE(off + n, slot_bytes_);
     auto& p = pending_[lane * slots_ + s];
@@ -83,6 +86,7 @@ class deferred_copier final : public gpu::copier {
     p.push_back({false, off, far, n});
   }
   void wait(unsigned lane, unsigned s) override {
+    expect_ready(lane);
     ++waits;
     auto& p = pending_[lane * slots_ + s];
     for (auto& op : p) {
@@ -388,8 +392,10 @@ TEST(staged_pipeline, a_lane_that_cannot_be_set_up_fails_the_transfer_in_both_di
       file_handle f(dir / (write ? "w" : "r"), write ? open_mode::write : open_mode::read,
                     write ? open_options{.create = true, .truncate = true} : open_options{},
                     test_settings(direct_mode::automatic));
-      deferred_copier cp(4, 2, 64 * 1024);
-      (at_ready ? cp.fail_ready_lane : cp.fail_begin_lane) = 2;
+      // begin_lane runs at every lane's start, so lane 2 of 4 always meets it; ready_lane only before a lane's
+      // first piece, which the other lanes could have taken all of: a single lane must meet it.
+      deferred_copier cp(at_ready ? 1 : 4, 2, 64 * 1024);
+      (at_ready ? cp.fail_ready_lane : cp.fail_begin_lane) = at_ready ? 0 : 2;
       std::vector<std::uint8_t> mem(data);
       const auto far = reinterpret_cast<std::uintptr_t>(mem.data());
       std::error_code ec;
@@ -405,16 +411,17 @@ TEST(staged_pipeline, a_lane_that_cannot_be_set_up_fails_the_transfer_in_both_di
       EXPECT_EQ(ec, cuda_code(2));
       EXPECT_EQ(cp.still_pending(), 0u);
       // A lane whose begin_lane threw does not end; one whose ready_lane threw does.
-      EXPECT_EQ(cp.lanes_started.load(), at_ready ? 4 : 3);
+      EXPECT_EQ(cp.lanes_started.load(), at_ready ? 1 : 3);
       EXPECT_EQ(cp.lanes_ended.load(), cp.lanes_started.load());
-      EXPECT_EQ(cp.readied().count(2), 0u);
+      EXPECT_EQ(cp.readied().count(at_ready ? 0 : 2), 0u);
     }
   }
 }
 
 // Lanes parked by the adaptive depth get their slot memory only once the depth comes within one doubling of
-// them: at depth 1 a transfer over 16 lanes readies lanes 0 and 1; when the depth grows to 3 mid-transfer,
-// lanes up to 5 are readied (3 to 5 before they take any piece), and none beyond.
+// them: at depth 1 a transfer over 16 lanes readies lanes 0 and 1 at most; when the depth grows to 3
+// mid-transfer, lanes 3 to 5 are readied while still parked (the working lanes wait for that, for at most two
+// seconds, before their next piece), and none beyond 5.
 TEST(staged_pipeline, parked_lanes_are_readied_only_when_the_depth_comes_near) {
   temp_dir dir;
   const auto data = random_bytes((4u << 20) + 4321, 95);
@@ -429,7 +436,14 @@ TEST(staged_pipeline, parked_lanes_are_readied_only_when_the_depth_comes_near) {
       std::atomic<int> pieces{0};
       o.active_lanes = [&] { return active.load(); };
       o.on_piece = [&](std::uint64_t) {
-        if (grow && ++pieces == 8) active = 3;
+        if (!grow || ++pieces < 8) return;
+        active = 3;
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+        while (std::chrono::steady_clock::now() < until) {
+          const std::set<unsigned> r = cp.readied();
+          if (r.count(3) != 0 && r.count(4) != 0 && r.count(5) != 0) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
       };
       std::vector<std::uint8_t> mem(data);
       const auto far = reinterpret_cast<std::uintptr_t>(mem.data());
@@ -444,6 +458,9 @@ TEST(staged_pipeline, parked_lanes_are_readied_only_when_the_depth_comes_near) {
       ASSERT_FALSE(got.empty());
       EXPECT_LE(*got.rbegin(), grow ? 5u : 1u);
       EXPECT_TRUE(got.count(0) != 0);
+      if (grow) {
+        for (unsigned lane : {3u, 4u, 5u}) EXPECT_TRUE(got.count(lane) != 0) << "parked lane " << lane << " not readied";
+      }
       EXPECT_EQ(cp.lanes_started.load(), 16);
       EXPECT_EQ(cp.still_pending(), 0u);
     }
