@@ -1,5 +1,7 @@
 #include "ceilings.hpp"
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -42,6 +44,11 @@ posix::anon_memory aligned(std::size_t n) { return posix::anon_memory(n); }
 }  // namespace
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
 
 double cpu_s() {
   rusage u{};

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <vector>
 #include <string>
 
 namespace gdskit::bench_support {
@@ -41,5 +42,7 @@ rate best_parallel_write_direct(const std::filesystem::path& path, std::uint64_t
 double now_s();
 /// CPU seconds (user + sys) of this process so far.
 double cpu_s();
+/// The median of `v` (the mean of the middle two for an even count); `v` must not be empty.
+double median(std::vector<double> v);
 
 }  // namespace gdskit::bench_support

@@ -9,7 +9,6 @@
 //
 // Run each measurement in a fresh process (the point is the process's first transfer); XDG_CACHE_HOME chooses
 // whether a learned profile exists.
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -67,10 +66,7 @@ int run(int argc, char** argv) {
     std::printf("cold read %d: %.3f s = %.2f GiB/s\n", i + 1, secs.back(), gib / secs.back());
   }
   const rate raw = best_parallel_read(path, 16, /*direct=*/true, /*cold=*/true);
-  std::vector<double> later(secs.begin() + 1, secs.end());
-  std::sort(later.begin(), later.end());
-  const double later_median = later.size() % 2 ? later[later.size() / 2]
-                                               : (later[later.size() / 2 - 1] + later[later.size() / 2]) / 2;
+  const double later_median = median(std::vector<double>(secs.begin() + 1, secs.end()));
   std::printf("raw parallel O_DIRECT read (best of 1..16 threads, after the reads): %.2f GiB/s (%u threads)\n",
               raw.gib_s, raw.threads);
   std::printf("\nfirst read, first plan included: %.3f s = %.2f GiB/s = %.3f of raw\n", secs[0] + plan1,

@@ -125,10 +125,6 @@ int main(int argc, char** argv) {
                                             reinterpret_cast<std::byte*>(dst)).gib_s);
     ours_rounds.push_back(gdskit_read(path, dst, size, true, 1).gib_s);
   }
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-  };
   const double raw_median = median(raw_rounds), ours_median = median(ours_rounds);
   std::printf("head to head, cold, %d rounds alternating (raw: %u threads x %s into the destination), GiB/s:\n",
               rounds, into_best.threads, format_size(into_best_request).c_str());
