@@ -254,8 +254,8 @@ int cpu_profile(const std::filesystem::path& path, std::uint64_t size, device_bu
   double c0 = cpu_s(), t0 = now_s();
   f.read(d.view(), size, 0);
   double dt = now_s() - t0, cpu = cpu_s() - c0;
-  std::printf("cold staged read, %s: %.2f GiB/s, %.3f CPU-s/GiB (getrusage)\n", format_size(size).c_str(),
-              gib(size) / dt, cpu / gib(size));
+  std::printf("cold staged read, %s: %.2f GiB/s, %.3f CPU-s/GiB (getrusage); %s\n", format_size(size).c_str(),
+              gib(size) / dt, cpu / gib(size), f.plan(d.view()).summary().c_str());
   print_cpu_by_thread(before, size, "  ");
   return 0;
 }

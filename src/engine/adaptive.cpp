@@ -130,6 +130,14 @@ double adaptive_controller::margin() const {
   return std::max(limits_.gain, 1.0 + 2.0 * noise);
 }
 
+double adaptive_controller::needed(io_shape cand) const {
+  // (Larger requests get no discount: a candidate that won on a tie would end the size search before the
+  // smaller sizes were measured.)
+  const double halvings =
+      std::log2(static_cast<double>(best_.request_bytes) / static_cast<double>(cand.request_bytes));
+  return margin() * std::pow(limits_.smaller_request_gain, std::max(0.0, halvings));
+}
+
 double adaptive_controller::drift_tolerance() const {
   // The drift margin, or twice the measured noise where that is larger, but never more than half the rate: a
   // device that halves its rate is always noticed.
@@ -371,9 +379,9 @@ void adaptive_controller::judge(double rate) {
   // A candidate whose window beats the incumbent could have been lucky or carried by a rising rate: unless it
   // wins by the margin twice over against an incumbent measured in the window just before, the incumbent is
   // measured once more before the verdict.
-  const double m = margin();
-  const bool clear = rate > best_rate_ * m * m && incumbent_just_measured;
-  if (rate > best_rate_ * m && !clear) {
+  const double need = needed(current_);
+  const bool clear = rate > best_rate_ * need * margin() && incumbent_just_measured;
+  if (rate > best_rate_ * need && !clear) {
     confirming_ = true;
     first_rate_ = rate;
     next_ = current_;
@@ -395,7 +403,7 @@ void adaptive_controller::search_again(double rate) {
 void adaptive_controller::decide(double rate, double incumbent_rate, io_shape cand_shape) {
   io_shape cand;
   const double m = margin();
-  if (rate > incumbent_rate * m) {
+  if (rate > incumbent_rate * needed(cand_shape)) {
     best_ = from_ = cand_shape;
     best_rate_ = rate;
     best_at_ = close_at_;

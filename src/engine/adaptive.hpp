@@ -8,7 +8,8 @@
 // can walk the shape far from the best. Once converged the controller holds the shape, searches again when the
 // measured rate drifts away from the converged one, and now and then measures the held shape's neighbours again
 // (a device's best shape can move without its rate at the held one moving: a shape learned while the device was
-// busy or still allocating its blocks).
+// busy or still allocating its blocks). Shapes that tie are told apart by CPU cost: a smaller request size must
+// win by a clear margin, since every request costs the kernel and the device the same fixed work.
 #pragma once
 
 #include <sys/types.h>
@@ -44,6 +45,11 @@ struct adaptive_limits {
   double min_window_s = 0.01;
   /// A candidate replaces the incumbent only when it measures this much faster.
   double gain = 1.05;
+  /// Smaller requests cost CPU per byte (each request pays the kernel's and the device's per-request work): a
+  /// candidate with requests half the incumbent's size must win by this factor on top of the margin (a quarter:
+  /// its square). Among shapes the device serves at rates within a few percent of one another, the one with the
+  /// larger requests is kept.
+  double smaller_request_gain = 1.04;
   /// Converged: re-probe after two windows in a row that differ from the converged rate by more than this.
   double drift = 0.3;
   /// Converged: the neighbours of the held shape are measured again after this many windows held, twice as many
@@ -108,6 +114,8 @@ class adaptive_controller {
   void close_window();
   double batch_gap(double mean_interval) const;
   double margin() const;
+  // The factor by which candidate `cand` must measure faster than the incumbent (margin and request size).
+  double needed(io_shape cand) const;
   double drift_tolerance() const;
   // Starts a search from the held shape, whose rate is measured as `rate` now.
   void search_again(double rate);
