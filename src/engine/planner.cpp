@@ -136,16 +136,13 @@ system_facts gather_facts(const std::filesystem::path& root, dev_t dev, const st
   f.on_nvme = f.block_device.rfind("nvme", 0) == 0;
   // Reading kallsyms costs the first GPU transfer of a process tens of milliseconds (150k lines on the H200
   // machine); its two symbols matter only when the rest of a route is there.
-  f.p2pdma.kernel_p2pdma = true;
-  const bool p2pdma_needs_only_kernel = p2pdma_missing(f.p2pdma).empty();
-  f.p2pdma.kernel_p2pdma = false;
-  f.kernel_symbols_checked = f.on_nvme && (f.nvidia_fs_loaded || p2pdma_needs_only_kernel);
-  if (f.kernel_symbols_checked) {
+  f.p2pdma.kernel_known =
+      f.on_nvme && (f.nvidia_fs_loaded || p2pdma_missing_outside_kernel(f.p2pdma).empty());
+  if (f.kernel_symbols_checked()) {
     const unsigned syms = kernel_symbols(root);
     f.nvme_nvfs_hook = (syms & 1u) != 0;
     f.p2pdma.kernel_p2pdma = (syms & 2u) != 0;
   }
-  f.p2pdma.kernel_known = f.kernel_symbols_checked;
   return f;
 }
 
@@ -170,7 +167,7 @@ path_decision decide(const system_facts& sys, const runtime_facts& rt, memory_ki
   const bool p2pdma_route = p2pdma_lacks.empty() && sys.on_nvme;
   if (!nvfs_route && !p2pdma_route) {
     if (!sys.nvidia_fs_loaded) why_not.push_back("nvidia-fs not loaded (no /proc/driver/nvidia-fs)");
-    if (sys.kernel_symbols_checked && !sys.nvme_nvfs_hook) {
+    if (sys.kernel_symbols_checked() && !sys.nvme_nvfs_hook) {
       why_not.push_back("NVMe driver without the nvfs hook (no nvme_v1/v2_register_nvfs_dma_ops in /proc/kallsyms)");
     }
     if (!sys.on_nvme) {

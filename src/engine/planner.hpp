@@ -19,13 +19,13 @@ struct system_facts {
   bool nvidia_fs_loaded = false;   ///< /proc/driver/nvidia-fs/version exists
   std::string nvidia_fs_version;
   bool nvme_nvfs_hook = false;     ///< nvme_v1/v2_register_nvfs_dma_ops in /proc/kallsyms
+  /// The PCI P2PDMA route's facts (use_pci_p2pdma from cufile.json or CUFILE_USE_PCIP2PDMA); judged by
+  /// p2pdma_missing, the rule the doctor uses too. p2pdma.kernel_known says whether /proc/kallsyms was read.
+  p2pdma_facts p2pdma;
   /// Whether /proc/kallsyms was read. gather_facts reads it only when its symbols could decide the route (the
   /// file is on NVMe, and nvidia-fs is loaded or the P2PDMA route lacks nothing else); otherwise both symbol
-  /// facts stay false, this and p2pdma.kernel_known are false, and neither symbol is given as a reason.
-  bool kernel_symbols_checked = true;
-  /// The PCI P2PDMA route's facts (use_pci_p2pdma from cufile.json or CUFILE_USE_PCIP2PDMA); judged by
-  /// p2pdma_missing, the rule the doctor uses too.
-  p2pdma_facts p2pdma;
+  /// facts stay false and neither symbol is given as a reason.
+  bool kernel_symbols_checked() const { return p2pdma.kernel_known; }
   bool run_udev = false;           ///< /run/udev is a folder
   bool udev_entry = false;         ///< /run/udev/data/b<maj>:<min> exists for the file's device
   std::string block_device;        ///< "nvme0n1", "vda", "" when not on a block device

@@ -4,12 +4,19 @@
 
 namespace gdskit::engine {
 
-std::vector<std::string> p2pdma_missing(const p2pdma_facts& f) {
+std::vector<std::string> p2pdma_missing_outside_kernel(const p2pdma_facts& f) {
   std::vector<std::string> missing;
-  if (f.kernel_known && !f.kernel_p2pdma) missing.push_back("kernel without PCI P2PDMA (no p2pdma_pgmap_ops)");
   if (!f.open_module || f.driver_major < 565) missing.push_back("needs the open driver >= 565");
   if (!f.static_bar1) missing.push_back("NVreg_RegistryDwords lacks RMForceStaticBar1=1");
   if (!f.use_pci_p2pdma) missing.push_back("cufile.json use_pci_p2pdma is false");
+  return missing;
+}
+
+std::vector<std::string> p2pdma_missing(const p2pdma_facts& f) {
+  std::vector<std::string> missing = p2pdma_missing_outside_kernel(f);
+  if (f.kernel_known && !f.kernel_p2pdma) {
+    missing.insert(missing.begin(), "kernel without PCI P2PDMA (no p2pdma_pgmap_ops)");
+  }
   return missing;
 }
 

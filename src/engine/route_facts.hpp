@@ -22,6 +22,8 @@ struct p2pdma_facts {
 
 /// What the P2PDMA route still lacks, in the order to fix it; empty when the route is configured.
 std::vector<std::string> p2pdma_missing(const p2pdma_facts& f);
+/// The same, leaving out the kernel's support (which takes /proc/kallsyms to know).
+std::vector<std::string> p2pdma_missing_outside_kernel(const p2pdma_facts& f);
 
 /// Whether an NVreg_RegistryDwords value ("RMForceStaticBar1=1;RmForceDisableIomapWC=1;") sets static BAR1.
 bool registry_sets_static_bar1(std::string_view registry_dwords) noexcept;

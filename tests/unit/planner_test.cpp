@@ -39,7 +39,7 @@ TEST(planner, real_capture_h200_vm_goes_staged_with_reasons) {
   EXPECT_EQ(f.block_device, "vda");
   EXPECT_FALSE(f.on_nvme);
   // Not on NVMe: no route can be made, so kallsyms is not read and its symbols are not given as reasons.
-  EXPECT_FALSE(f.kernel_symbols_checked);
+  EXPECT_FALSE(f.kernel_symbols_checked());
   path_decision d = decide(f, gpu_and_cufile(), memory_kind::device, path_mode::automatic);
   EXPECT_EQ(d.path, data_path::staged);
   EXPECT_TRUE(has_reason(d, "nvidia-fs not loaded"));
@@ -61,7 +61,7 @@ TEST(planner, synthetic_root_with_nvfs_and_nvme_goes_gds) {
   mk("sys/block/nvme0n1/dev", "259:0\n");
   system_facts f = gather_facts(root.path(), makedev(259, 0), "ext4");
   EXPECT_TRUE(f.nvidia_fs_loaded);
-  EXPECT_TRUE(f.kernel_symbols_checked);
+  EXPECT_TRUE(f.kernel_symbols_checked());
   EXPECT_TRUE(f.nvme_nvfs_hook);
   EXPECT_TRUE(f.on_nvme);
   EXPECT_TRUE(f.udev_entry);
@@ -80,7 +80,7 @@ TEST(planner, synthetic_root_with_nvfs_and_nvme_goes_gds) {
   // The same NVMe disk without nvidia-fs (and no P2PDMA set-up): kallsyms is not read, the hook not claimed.
   std::filesystem::remove_all(root.path() / "proc/driver/nvidia-fs");
   f = gather_facts(root.path(), makedev(259, 0), "ext4");
-  EXPECT_FALSE(f.kernel_symbols_checked);
+  EXPECT_FALSE(f.kernel_symbols_checked());
   EXPECT_FALSE(f.nvme_nvfs_hook);
   d = decide(f, gpu_and_cufile(), memory_kind::device, path_mode::automatic);
   EXPECT_EQ(d.path, data_path::staged);
@@ -152,7 +152,7 @@ TEST(planner, p2pdma_route_is_judged_by_the_doctors_rule) {
     EXPECT_NE(c->summary.find(why), std::string::npos) << why << " / " << c->summary;
   }
   // All but use_pci_p2pdma and the kernel's symbol: kallsyms is read only when it alone could decide.
-  EXPECT_FALSE(f.kernel_symbols_checked);
+  EXPECT_FALSE(f.kernel_symbols_checked());
   EXPECT_EQ(p2pdma_missing(f.p2pdma).size(), 2u);
   EXPECT_FALSE(has_reason(d, "p2pdma_pgmap_ops"));
 
@@ -162,7 +162,7 @@ TEST(planner, p2pdma_route_is_judged_by_the_doctors_rule) {
      "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (builder@host)\n");
   mk("proc/driver/nvidia/params", "EnableGpuFirmware: 18\nRegistryDwords: \"RMForceStaticBar1=1;RmForceDisableIomapWC=1;\"\n");
   f = gather_facts(root.path(), makedev(259, 0), "ext4");
-  EXPECT_TRUE(f.kernel_symbols_checked);
+  EXPECT_TRUE(f.kernel_symbols_checked());
   EXPECT_TRUE(p2pdma_missing(f.p2pdma).empty());
   d = decide(f, gpu_and_cufile(), memory_kind::device, path_mode::automatic);
   EXPECT_EQ(d.path, data_path::gds) << d.summary();
@@ -170,7 +170,10 @@ TEST(planner, p2pdma_route_is_judged_by_the_doctors_rule) {
   // Everything but the kernel's symbol: kallsyms is read, and its answer is the reason.
   mk("proc/kallsyms", "ffffffff81000000 T nvme_setup_cmd\t[nvme]\n");
   f = gather_facts(root.path(), makedev(259, 0), "ext4");
-  EXPECT_TRUE(f.kernel_symbols_checked);
+  EXPECT_TRUE(f.kernel_symbols_checked());
+  EXPECT_TRUE(p2pdma_missing_outside_kernel(f.p2pdma).empty());
+  ASSERT_EQ(p2pdma_missing(f.p2pdma).size(), 1u);
+  EXPECT_NE(p2pdma_missing(f.p2pdma).front().find("p2pdma_pgmap_ops"), std::string::npos);
   d = decide(f, gpu_and_cufile(), memory_kind::device, path_mode::automatic);
   EXPECT_EQ(d.path, data_path::staged);
   EXPECT_TRUE(has_reason(d, "p2pdma_pgmap_ops")) << d.summary();
