@@ -377,8 +377,8 @@ void adaptive_controller::judge(double rate) {
     return;
   }
   // A candidate whose window beats the incumbent could have been lucky or carried by a rising rate: unless it
-  // wins by the margin twice over against an incumbent measured in the window just before, the incumbent is
-  // measured once more before the verdict.
+  // wins by what it needs times the margin against an incumbent measured in the window just before, the
+  // incumbent is measured once more before the verdict.
   const double need = needed(current_);
   const bool clear = rate > best_rate_ * need * margin() && incumbent_just_measured;
   if (rate > best_rate_ * need && !clear) {

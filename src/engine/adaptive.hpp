@@ -47,8 +47,9 @@ struct adaptive_limits {
   double gain = 1.05;
   /// Smaller requests cost CPU per byte (each request pays the kernel's and the device's per-request work): a
   /// candidate with requests half the incumbent's size must win by this factor on top of the margin (a quarter:
-  /// its square). Among shapes the device serves at rates within a few percent of one another, the one with the
-  /// larger requests is kept.
+  /// its square). A search from larger requests keeps them against smaller ones that are only a few percent
+  /// faster. (A held shape is left only for a candidate that beats it by the margin, so a small request size
+  /// once held stays while larger ones merely tie.)
   double smaller_request_gain = 1.04;
   /// Converged: re-probe after two windows in a row that differ from the converged rate by more than this.
   double drift = 0.3;

@@ -83,7 +83,9 @@ struct learned_shape {
 };
 
 struct learned_profile {
-  static constexpr int k_version = 1;
+  /// 2: shapes learned with smaller request sizes held to a clear win (adaptive_limits::smaller_request_gain);
+  /// a version-1 file may hold a request size that won on a tie, and is ignored and learned again.
+  static constexpr int k_version = 2;
   device_identity device;
   std::map<std::string, learned_shape> shapes;  ///< by learned_key()
 };

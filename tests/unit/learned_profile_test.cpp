@@ -62,6 +62,8 @@ TEST(learned_profile, bad_files_are_ignored_with_a_reason_and_foreign_text_is_dr
   const std::vector<std::pair<const char*, std::string>> bad = {
       {"unparsable", "{\"version\": 1, \"shapes\": "},
       {"wrong version", edit([](auto& j) { j["version"] = 7; })},
+      // Version 1 held request sizes that could have won on a tie: set aside, learned again.
+      {"version 1", edit([](auto& j) { j["version"] = 1; })},
       {"another device", edit([](auto& j) { j["device"]["key"] = "wwid=other"; })},
       {"no shapes", edit([](auto& j) { j.erase("shapes"); })},
       {"shapes not an object", edit([](auto& j) { j["shapes"] = "x"; })},
