@@ -79,6 +79,12 @@ struct file_access {
   static const file_handle::impl& open_impl(const file_handle& f, const char* op) { return open_impl(f.impl_, op); }
   static const file_handle::impl& open_impl(const std::shared_ptr<file_handle::impl>& m, const char* op);
   static const std::shared_ptr<file_handle::impl>& shared(const file_handle& f) noexcept { return f.impl_; }
+  /// A handle that shares `m` (the same open file).
+  static file_handle wrap(std::shared_ptr<file_handle::impl> m) noexcept {
+    file_handle h;
+    h.impl_ = std::move(m);
+    return h;
+  }
 };
 
 }  // namespace gdskit

@@ -1,0 +1,175 @@
+#include "engine/transfer/batch_state.hpp"
+
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <map>
+#include <thread>
+
+#include "common/log.hpp"
+#include "gdskit/error.hpp"
+
+namespace gdskit::detail {
+
+batch_state::batch_state(io_direction d, const batch_options& o, std::size_t nranges)
+    : dir(d), options(o), decided_(new std::atomic<std::uint8_t>[nranges]()), undecided_(nranges) {
+  ranges.reserve(nranges);
+  result_.ranges.resize(nranges);
+  // Level-triggered readiness for event loops: once written, the counter stays non-zero (nobody reads it).
+  event_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!event_fd_) throw error(errno_code(errno), "eventfd", "", -1, 0, "for a batch's completion descriptor");
+  if (nranges == 0) became_ready();
+}
+
+batch_state::~batch_state() = default;
+
+bool batch_state::complete(std::size_t i, std::size_t nbytes, std::error_code ec) {
+  std::uint8_t expected = 0;
+  if (!decided_[i].compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) return false;
+  result_.ranges[i] = {nbytes, ec};
+  if (undecided_.fetch_sub(1, std::memory_order_acq_rel) == 1) became_ready();
+  return true;
+}
+
+std::size_t batch_state::complete_rest(std::error_code ec) {
+  request_stop();
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < result_.ranges.size() && !ready(); ++i) {
+    if (!decided(i) && complete(i, 0, ec)) ++n;
+  }
+  return n;
+}
+
+void batch_state::attach_files() {
+  for (const auto& r : ranges) files_.push_back(r.file);
+  std::sort(files_.begin(), files_.end());
+  files_.erase(std::unique(files_.begin(), files_.end()), files_.end());
+  for (const auto& f : files_) {
+    std::lock_guard lock(f->async_mutex);
+    ++f->async_inflight;
+  }
+  hold();
+}
+
+void batch_state::request_stop() noexcept { stop_.store(true, std::memory_order_release); }
+
+void batch_state::release_hold(std::size_t n) {
+  if (holds_.fetch_sub(n, std::memory_order_acq_rel) == n) maybe_released();
+}
+
+void batch_state::became_ready() {
+  request_stop();
+  for (const auto& r : result_.ranges) {
+    result_.nbytes += r.nbytes;
+    if (r.error) ++result_.failed;
+  }
+  result_.routes = {routed_host.load(), routed_staged.load(), routed_gds.load(), requests.load()};
+  result_.seconds = std::chrono::duration<double>(clock::now() - started).count();
+  if (on_ready) {
+    try {
+      on_ready();
+    } catch (const std::exception& e) {
+      log_warning(std::string("batch completion: ") + e.what());
+    }
+  }
+  {
+    std::lock_guard lock(mutex_);
+    ready_.store(true, std::memory_order_release);
+  }
+  const std::uint64_t one = 1;
+  if (::write(event_fd_.get(), &one, sizeof one) < 0 && errno != EAGAIN) {
+    log_warning("batch completion: eventfd write failed");
+  }
+  cv_.notify_all();
+  maybe_released();
+}
+
+void batch_state::maybe_released() {
+  std::lock_guard lock(mutex_);
+  if (released_.load(std::memory_order_relaxed)) return;
+  if (!ready_.load(std::memory_order_acquire) || holds_.load(std::memory_order_acquire) != 0) return;
+  released_.store(true, std::memory_order_release);
+  cv_.notify_all();
+  for (const auto& f : files_) {
+    std::lock_guard flock(f->async_mutex);
+    if (--f->async_inflight == 0) f->async_idle.notify_all();
+  }
+  files_.clear();
+}
+
+void batch_state::wait_ready() const {
+  std::unique_lock lock(mutex_);
+  cv_.wait(lock, [&] { return ready_.load(std::memory_order_acquire); });
+}
+
+bool batch_state::wait_ready_until(clock::time_point t) const {
+  std::unique_lock lock(mutex_);
+  return cv_.wait_until(lock, t, [&] { return ready_.load(std::memory_order_acquire); });
+}
+
+void batch_state::wait_released() const {
+  std::unique_lock lock(mutex_);
+  cv_.wait(lock, [&] { return released_.load(std::memory_order_acquire); });
+}
+
+namespace {
+
+// One thread for every deadline of the process, started on first use. It sleeps until the earliest deadline
+// or a new earlier one; batches that completed in time are only weak references it drops.
+class deadline_timer {
+ public:
+  static deadline_timer& instance() {
+    static deadline_timer* t = new deadline_timer();  // never destroyed: batches may outlive static destructors
+    return *t;
+  }
+
+  void arm(const std::shared_ptr<batch_state>& s, batch_state::clock::time_point when) {
+    {
+      std::lock_guard lock(mutex_);
+      if (!started_) {
+        std::thread([this] { run(); }).detach();
+        started_ = true;
+      }
+      pending_.emplace(when, s);
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void run() {
+    ::pthread_setname_np(::pthread_self(), "gdskit-deadline");
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      if (pending_.empty()) {
+        cv_.wait(lock);
+        continue;
+      }
+      auto first = pending_.begin();
+      if (batch_state::clock::now() < first->first) {
+        cv_.wait_until(lock, first->first);
+        continue;
+      }
+      std::weak_ptr<batch_state> w = first->second;
+      pending_.erase(first);
+      lock.unlock();
+      if (auto s = w.lock(); s && !s->ready()) s->complete_rest(errno_code(ETIMEDOUT));
+      lock.lock();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::multimap<batch_state::clock::time_point, std::weak_ptr<batch_state>> pending_;
+  bool started_ = false;
+};
+
+}  // namespace
+
+void arm_deadline(const std::shared_ptr<batch_state>& state, batch_state::clock::time_point when) {
+  deadline_timer::instance().arm(state, when);
+}
+
+}  // namespace gdskit::detail

@@ -1,0 +1,102 @@
+// The shared state of one submitted batch: per-range completion (first outcome wins), the batch's readiness
+// (condition variable and eventfd), its deadline and cancellation, and the holds that keep it unreleased while
+// a request or copy may still touch the caller's memory.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/file_impl.hpp"
+#include "gdskit/batch.hpp"
+#include "posix/syscalls.hpp"
+
+namespace gdskit::detail {
+
+/// A range as the batch keeps it: the file held open, its memory, and where it lies in the file.
+struct batch_range {
+  std::shared_ptr<file_handle::impl> file;
+  std::uint64_t offset = 0;
+  buffer_view memory;
+};
+
+struct batch_state {
+  using clock = std::chrono::steady_clock;
+
+  batch_state(io_direction d, const batch_options& o, std::size_t nranges);
+  ~batch_state();
+  batch_state(const batch_state&) = delete;
+  batch_state& operator=(const batch_state&) = delete;
+
+  io_direction dir;
+  batch_options options;
+  std::vector<batch_range> ranges;
+  clock::time_point started = clock::now();
+
+  /// Records the outcome of range `i` unless it already has one (a deadline or cancel got there first);
+  /// returns whether this call decided it. The batch becomes ready with its last range.
+  bool complete(std::size_t i, std::size_t nbytes, std::error_code ec);
+  /// Whether range `i` already has its outcome (work on it can stop).
+  bool decided(std::size_t i) const noexcept {
+    return decided_[i].load(std::memory_order_acquire) != 0;
+  }
+  /// Completes every undecided range with `ec` (ETIMEDOUT at the deadline, ECANCELED on cancel). Returns how
+  /// many it completed.
+  std::size_t complete_rest(std::error_code ec);
+  /// Whether the batch should stop starting work: ready, cancelled or past its deadline.
+  bool stopping() const noexcept { return stop_.load(std::memory_order_acquire); }
+  void request_stop() noexcept;
+
+  /// A request or copy that targets caller memory begins (hold) or ends (release_hold). The batch is released
+  /// once it is ready and no hold remains.
+  void hold(std::size_t n = 1) noexcept { holds_.fetch_add(n, std::memory_order_acq_rel); }
+  void release_hold(std::size_t n = 1);
+
+  /// Counts the batch as an asynchronous operation of each of its files until it is released (close() waits
+  /// for it), and takes the submission hold: the core gives it back (release_hold) once it will start no
+  /// further request for the batch, so the batch cannot be released between a check and a request's start.
+  void attach_files();
+
+  /// Called once the last range is decided, under no lock, before waiters wake (the routes' own cleanup).
+  std::function<void()> on_ready;
+
+  bool ready() const noexcept { return ready_.load(std::memory_order_acquire); }
+  bool released() const noexcept { return released_.load(std::memory_order_acquire); }
+  void wait_ready() const;
+  bool wait_ready_until(clock::time_point t) const;
+  void wait_released() const;
+  int event_fd() const noexcept { return event_fd_.get(); }
+  const batch_result& result() const noexcept { return result_; }
+
+  /// Counts what the routes did (for batch_result::routes).
+  std::atomic<std::size_t> routed_host{0}, routed_staged{0}, routed_gds{0}, requests{0};
+
+ private:
+  void became_ready();
+  void maybe_released();
+
+  std::unique_ptr<std::atomic<std::uint8_t>[]> decided_;
+  std::atomic<std::size_t> undecided_{0};
+  std::atomic<std::size_t> holds_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> released_{false};
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+  posix::unique_fd event_fd_;
+  batch_result result_;
+  std::vector<std::shared_ptr<file_handle::impl>> files_;
+};
+
+/// Fires batches' deadlines from one process-wide thread that sleeps until the earliest one (no polling).
+/// The timer holds a weak reference: a batch that completes before its deadline costs nothing more.
+void arm_deadline(const std::shared_ptr<batch_state>& state, batch_state::clock::time_point when);
+
+}  // namespace gdskit::detail

@@ -1,0 +1,331 @@
+// Batches: many ranges across files, each equal to a pread reference on random data (unaligned offsets, odd
+// sizes, short files), writes read back equal; bad input refused before any I/O; deadlines, cancel, the event
+// descriptor, and one range's failure leaving the others alone.
+#include <gtest/gtest.h>
+
+#include <poll.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "gdskit/batch.hpp"
+#include "gdskit/error.hpp"
+#include "gdskit/file.hpp"
+#include "posix/syscalls.hpp"
+#include "test_support.hpp"
+
+namespace gdskit {
+namespace {
+
+using namespace std::chrono_literals;
+using test::random_bytes;
+using test::temp_dir;
+
+struct variant {
+  engine_kind engine;
+  direct_mode direct;
+};
+
+std::string name_of(const ::testing::TestParamInfo<variant>& i) {
+  return std::string(to_string(i.param.engine)) + "_direct_" + std::string(to_string(i.param.direct));
+}
+
+class batch_variants : public ::testing::TestWithParam<variant> {
+ protected:
+  void SetUp() override {
+    if (GetParam().engine == engine_kind::io_uring && !io_uring_unavailable_reason().empty()) {
+      GTEST_SKIP() << "io_uring unavailable: " << io_uring_unavailable_reason();
+    }
+    if (GetParam().direct == direct_mode::on && test::direct_capable_parent().empty()) {
+      GTEST_SKIP() << "no folder here accepts O_DIRECT";
+    }
+    dir_ = std::make_unique<temp_dir>(GetParam().direct == direct_mode::on ? test::direct_capable_parent()
+                                                                            : std::filesystem::path{});
+    config_.engine = GetParam().engine;
+    config_.direct = GetParam().direct;
+  }
+  std::unique_ptr<temp_dir> dir_;
+  settings config_;
+};
+
+TEST_P(batch_variants, random_ranges_across_files_equal_pread) {
+  std::mt19937_64 rng(7);
+  std::vector<std::vector<std::uint8_t>> data;
+  std::vector<file_handle> files;
+  for (int k = 0; k < 3; ++k) {
+    data.push_back(random_bytes(1'000'003 + k * 77'777, 100 + k));
+    test::write_file(*dir_ / ("f" + std::to_string(k)), data.back());
+    files.emplace_back(*dir_ / ("f" + std::to_string(k)), open_mode::read, open_options{}, config_);
+  }
+  constexpr std::size_t n = 3000;
+  std::vector<std::vector<std::uint8_t>> out(n);
+  std::vector<io_range> ranges;
+  std::vector<std::size_t> which(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    which[i] = rng() % files.size();
+    const std::size_t size = data[which[i]].size();
+    // Mostly small, some large, some running past the end of the file, some of size 0.
+    std::size_t len = (i % 50 == 0) ? rng() % 300'000 : (i % 97 == 0 ? 0 : 1 + rng() % 9000);
+    const std::uint64_t off = rng() % (size + 100);
+    out[i].assign(len + 1, 0xEE);  // one guard byte past the range
+    ranges.push_back({&files[which[i]], off, buffer_view::host(out[i].data(), len)});
+  }
+  const batch_result r = read_batch(ranges);
+  ASSERT_EQ(r.ranges.size(), n);
+  EXPECT_TRUE(r.ok());
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& d = data[which[i]];
+    const std::uint64_t off = ranges[i].offset_bytes;
+    const std::size_t len = ranges[i].memory.nbytes;
+    const std::size_t expect = off >= d.size() ? 0 : std::min<std::size_t>(len, d.size() - off);
+    ASSERT_FALSE(r.ranges[i].error) << "item " << i << ": " << r.ranges[i].error.message();
+    ASSERT_EQ(r.ranges[i].nbytes, expect) << "item " << i;
+    ASSERT_EQ(0, std::memcmp(out[i].data(), d.data() + std::min<std::uint64_t>(off, d.size()), expect)) << "item " << i;
+    ASSERT_EQ(out[i][len], 0xEE) << "item " << i << " wrote past its memory";
+    total += expect;
+  }
+  EXPECT_EQ(r.nbytes, total);
+}
+
+TEST_P(batch_variants, exact_reads_fail_short_ranges_only) {
+  const auto d = random_bytes(50'000, 3);
+  test::write_file(*dir_ / "short", d);
+  file_handle f(*dir_ / "short", open_mode::read, {}, config_);
+  std::vector<std::uint8_t> a(4096), b(8192), c(100);
+  const io_range ranges[] = {{&f, 100, buffer_view::host(a.data(), a.size())},
+                             {&f, 45'000, buffer_view::host(b.data(), b.size())},  // ends past the file
+                             {&f, 49'900, buffer_view::host(c.data(), c.size())}};
+  batch_options o;
+  o.exact = true;
+  const batch_result r = read_batch(ranges, o);
+  EXPECT_TRUE(r.ranges[0].ok());
+  EXPECT_EQ(r.ranges[1].error, errno_code(ENODATA));
+  EXPECT_EQ(r.ranges[1].nbytes, 5000u);
+  EXPECT_TRUE(r.ranges[2].ok());
+  EXPECT_EQ(r.failed, 1u);
+  EXPECT_EQ(0, std::memcmp(a.data(), d.data() + 100, a.size()));
+  EXPECT_EQ(0, std::memcmp(c.data(), d.data() + 49'900, c.size()));
+}
+
+TEST_P(batch_variants, writes_read_back_equal) {
+  file_handle f(*dir_ / "w", open_mode::read_write, {.create = true}, config_);
+  std::mt19937_64 rng(11);
+  std::vector<std::vector<std::uint8_t>> src;
+  std::vector<io_range> ranges;
+  std::uint64_t pos = 0;
+  std::vector<std::uint8_t> expect;
+  for (int i = 0; i < 500; ++i) {
+    const std::size_t len = (i % 40 == 0) ? 200'000 + rng() % 100'000 : 1 + rng() % 10'000;
+    const std::size_t gap = rng() % 3 == 0 ? 0 : rng() % 5000;
+    pos += gap;
+    src.push_back(random_bytes(len, 1000 + i));
+    ranges.push_back({&f, pos, buffer_view::host(src.back().data(), len)});
+    if (expect.size() < pos + len) expect.resize(pos + len, 0);
+    std::memcpy(expect.data() + pos, src.back().data(), len);
+    pos += len;
+  }
+  std::shuffle(ranges.begin(), ranges.end(), rng);
+  const batch_result r = write_batch(ranges);
+  ASSERT_TRUE(r.ok());
+  f.close();
+  EXPECT_EQ(test::read_file(*dir_ / "w"), expect);
+}
+
+INSTANTIATE_TEST_SUITE_P(engines, batch_variants,
+                         ::testing::Values(variant{engine_kind::io_uring, direct_mode::automatic},
+                                           variant{engine_kind::io_uring, direct_mode::on},
+                                           variant{engine_kind::threads, direct_mode::automatic},
+                                           variant{engine_kind::threads, direct_mode::off}),
+                         name_of);
+
+class batch_test : public ::testing::Test {
+ protected:
+  temp_dir dir_;
+};
+
+TEST_F(batch_test, bad_input_is_refused_before_any_io) {
+  const auto d = random_bytes(100'000, 5);
+  test::write_file(dir_ / "f", d);
+  file_handle f(dir_ / "f", open_mode::read);
+  file_handle closed;
+  std::vector<std::uint8_t> mem(10'000);
+  std::atomic<int> calls{0};
+  posix::scoped_syscalls guard(test::counting_syscalls(calls));
+  auto refused = [&](std::vector<io_range> ranges, io_direction dir, int code, const char* item = "item 1") {
+    try {
+      (void)transfer(dir, ranges);
+      ADD_FAILURE() << "accepted";
+    } catch (const error& e) {
+      EXPECT_EQ(e.code(), errno_code(code)) << e.what();
+      EXPECT_NE(std::string(e.what()).find(item), std::string::npos) << e.what();
+    }
+  };
+  const io_range good{&f, 0, buffer_view::host(mem.data(), 100)};
+  refused({good, {nullptr, 0, buffer_view::host(mem.data() + 200, 10)}}, io_direction::read, EINVAL);
+  refused({good, {&closed, 0, buffer_view::host(mem.data() + 200, 10)}}, io_direction::read, EBADF);
+  refused({good, {&f, 0, buffer_view::host(mem.data() + 50, 100)}}, io_direction::read, EINVAL);  // overlap
+  refused({good, {&f, std::uint64_t{1} << 63, buffer_view::host(mem.data() + 200, 10)}}, io_direction::read, EINVAL);
+  refused({good, {&f, 0, buffer_view::host(nullptr, 10)}}, io_direction::read, EFAULT);
+  refused({good, {&f, 0, buffer_view::host(mem.data() + 200, 10)}}, io_direction::write, EBADF,
+          "item 0");  // read-only file
+  buffer_view gpu{mem.data() + 500, 10, memory_kind::device, 0};
+  if (!gpu_available()) refused({good, {&f, 0, gpu}}, io_direction::read, ENODEV);
+  EXPECT_EQ(calls.load(), 0);
+}
+
+TEST_F(batch_test, overlapping_writes_in_one_file_are_refused) {
+  file_handle f(dir_ / "w", open_mode::write, {.create = true});
+  std::vector<std::uint8_t> a(100), b(100);
+  const io_range ranges[] = {{&f, 1000, buffer_view::host(a.data(), 100)}, {&f, 1050, buffer_view::host(b.data(), 100)}};
+  try {
+    (void)write_batch(ranges);
+    ADD_FAILURE() << "accepted";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errno_code(EINVAL));
+  }
+  EXPECT_EQ(f.size(), 0u);
+}
+
+TEST_F(batch_test, empty_batch_and_zero_sizes_complete_at_once) {
+  const batch_result r = read_batch({});
+  EXPECT_TRUE(r.ok());
+  EXPECT_TRUE(r.ranges.empty());
+  test::write_file(dir_ / "f", random_bytes(10, 1));
+  file_handle f(dir_ / "f", open_mode::read);
+  std::uint8_t x = 0;
+  const io_range one{&f, 5, buffer_view::host(&x, 0)};
+  const batch_result z = read_batch(std::span(&one, 1));
+  EXPECT_TRUE(z.ok());
+  EXPECT_EQ(z.ranges[0].nbytes, 0u);
+}
+
+TEST_F(batch_test, past_deadline_times_out_every_range_without_io) {
+  test::write_file(dir_ / "f", random_bytes(100'000, 2));
+  file_handle f(dir_ / "f", open_mode::read);
+  std::vector<std::uint8_t> mem(1000);
+  std::vector<io_range> ranges;
+  for (int i = 0; i < 10; ++i) ranges.push_back({&f, std::uint64_t(i) * 100, buffer_view::host(mem.data() + i * 100, 100)});
+  std::atomic<int> calls{0};
+  posix::scoped_syscalls guard(test::counting_syscalls(calls));
+  batch_options o;
+  o.deadline = std::chrono::steady_clock::now();
+  const batch_result r = read_batch(ranges, o);
+  EXPECT_EQ(r.failed, 10u);
+  for (const auto& x : r.ranges) EXPECT_EQ(x.error, errno_code(ETIMEDOUT));
+  EXPECT_EQ(calls.load(), 0);
+}
+
+// A device that stops answering: reads block until the test lets them go. The deadline completes the batch
+// on time; memory is released only once the blocked requests have ended.
+TEST_F(batch_test, deadline_completes_a_hung_batch_and_release_waits_for_the_kernel) {
+  test::write_file(dir_ / "f", random_bytes(1 << 20, 4));
+  settings s;
+  s.engine = engine_kind::threads;
+  file_handle f(dir_ / "f", open_mode::read, {}, s);
+  std::atomic<bool> let_go{false};
+  std::atomic<int> blocked{0};
+  posix::syscall_table t = posix::real_syscalls();
+  const auto real_pread = t.pread;
+  t.pread = [&](int fd, void* b, std::size_t n, off_t off) -> ssize_t {
+    ++blocked;
+    while (!let_go.load()) std::this_thread::sleep_for(1ms);
+    return real_pread(fd, b, n, off);
+  };
+  t.uring_result = [&](bool, int, std::uint64_t, std::size_t, int res) {
+    while (!let_go.load()) std::this_thread::sleep_for(1ms);
+    return res;
+  };
+  posix::scoped_syscalls guard(t);
+  std::vector<std::uint8_t> mem(64 * 4096);
+  std::vector<io_range> ranges;
+  for (int i = 0; i < 64; ++i) ranges.push_back({&f, std::uint64_t(i) * 8192, buffer_view::host(mem.data() + i * 4096, 4096)});
+  batch_options o;
+  o.deadline = std::chrono::steady_clock::now() + 100ms;
+  const auto t0 = std::chrono::steady_clock::now();
+  batch_future fut = submit_reads(ranges, o);
+  ASSERT_TRUE(fut.wait_for(5s)) << "the deadline did not complete the batch";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  const batch_result& r = fut.get();
+  EXPECT_EQ(r.failed, 64u);
+  for (const auto& x : r.ranges) EXPECT_EQ(x.error, errno_code(ETIMEDOUT));
+  EXPECT_FALSE(fut.released()) << "requests still held by the 'kernel' target the memory";
+  let_go = true;
+  fut.wait_released();
+  EXPECT_TRUE(fut.released());
+}
+
+TEST_F(batch_test, event_fd_becomes_readable_and_cancel_after_completion_changes_nothing) {
+  const auto d = random_bytes(300'000, 9);
+  test::write_file(dir_ / "f", d);
+  file_handle f(dir_ / "f", open_mode::read);
+  std::vector<std::uint8_t> mem(d.size());
+  std::vector<io_range> ranges;
+  for (std::size_t off = 0; off < d.size(); off += 3000) {
+    ranges.push_back({&f, off, buffer_view::host(mem.data() + off, std::min<std::size_t>(3000, d.size() - off))});
+  }
+  batch_future fut = submit_reads(ranges);
+  pollfd p{fut.fd(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 10'000), 1);
+  EXPECT_TRUE(fut.ready());
+  EXPECT_FALSE(fut.cancel());
+  EXPECT_TRUE(fut.get().ok());
+  EXPECT_EQ(mem, d);
+  EXPECT_EQ(::poll(&p, 1, 0), 1) << "stays readable";
+}
+
+TEST_F(batch_test, one_failing_range_leaves_the_others) {
+  const auto d = random_bytes(200'000, 12);
+  test::write_file(dir_ / "f", d);
+  settings s;
+  s.direct = direct_mode::off;
+  s.engine = engine_kind::threads;
+  file_handle f(dir_ / "f", open_mode::read, {}, s);
+  posix::syscall_table t = posix::real_syscalls();
+  const auto real_pread = t.pread;
+  t.pread = [&](int fd, void* b, std::size_t n, off_t off) -> ssize_t {
+    if (off <= 50'000 && 50'000 < off + static_cast<off_t>(n)) {
+      errno = EIO;
+      return -1;
+    }
+    return real_pread(fd, b, n, off);
+  };
+  posix::scoped_syscalls guard(t);
+  std::vector<std::uint8_t> mem(d.size());
+  std::vector<io_range> ranges;
+  for (std::size_t off = 0; off < d.size(); off += 10'000) {
+    ranges.push_back({&f, off, buffer_view::host(mem.data() + off, 10'000)});
+  }
+  const batch_result r = read_batch(ranges);
+  EXPECT_EQ(r.failed, 1u);
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    if (ranges[i].offset_bytes == 50'000) {
+      EXPECT_EQ(r.ranges[i].error, errno_code(EIO));
+    } else {
+      ASSERT_TRUE(r.ranges[i].ok()) << i;
+      EXPECT_EQ(0, std::memcmp(mem.data() + ranges[i].offset_bytes, d.data() + ranges[i].offset_bytes, 10'000));
+    }
+  }
+}
+
+TEST_F(batch_test, close_waits_for_a_running_batch) {
+  const auto d = random_bytes(2 << 20, 13);
+  test::write_file(dir_ / "f", d);
+  file_handle f(dir_ / "f", open_mode::read);
+  std::vector<std::uint8_t> mem(d.size());
+  std::vector<io_range> ranges;
+  for (std::size_t off = 0; off < d.size(); off += 4096) ranges.push_back({&f, off, buffer_view::host(mem.data() + off, 4096)});
+  batch_future fut = submit_reads(ranges);
+  f.close();
+  EXPECT_TRUE(fut.released());
+  EXPECT_TRUE(fut.get().ok());
+  EXPECT_EQ(mem, d);
+}
+
+}  // namespace
+}  // namespace gdskit
