@@ -38,6 +38,9 @@ struct range_result {
   /// Empty on success; else errno (EIO, ENOSPC, ETIMEDOUT at the deadline, ECANCELED after cancel(), ...),
   /// cuFile or CUDA category.
   std::error_code error;
+  /// Seconds from the start of the range's first file request to its completion (0 when it needed none):
+  /// the latency of the range itself, without the time it waited in the batch's queue.
+  double latency_s = 0;
   bool ok() const noexcept { return !error; }
 };
 
@@ -126,6 +129,34 @@ class batch_future {
 
  private:
   std::shared_ptr<detail::batch_state> state_;
+};
+
+/// The completion of one asynchronous range (file_handle's *_async forms): a batch of one range, with the
+/// same waits, event descriptor and cancel, whose get() returns the bytes moved or throws the range's error as
+/// gdskit::error naming the file and the range.
+class io_future {
+ public:
+  io_future() noexcept = default;
+  io_future(batch_future batch, std::string path, std::uint64_t offset_bytes, std::size_t nbytes, bool write);
+
+  bool valid() const noexcept { return batch_.valid(); }
+  bool ready() const { return batch_.ready(); }
+  void wait() const { batch_.wait(); }
+  bool wait_for(std::chrono::nanoseconds timeout) const { return batch_.wait_for(timeout); }
+  int fd() const { return batch_.fd(); }
+  bool cancel() const { return batch_.cancel(); }
+  bool released() const { return batch_.released(); }
+  void wait_released() const { batch_.wait_released(); }
+  /// Waits; the bytes moved, or throws the range's error.
+  std::size_t get() const;
+  const batch_future& batch() const noexcept { return batch_; }
+
+ private:
+  batch_future batch_;
+  std::string path_;
+  std::uint64_t offset_ = 0;
+  std::size_t nbytes_ = 0;
+  bool write_ = false;
 };
 
 /// Submits ranges to be read from (io_direction::read) or written to (write) their files, and returns at once.

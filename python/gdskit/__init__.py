@@ -231,6 +231,13 @@ def gpu_available():
     return _gdskit.gpu_available()
 
 
+# Batches of many ranges and row gathers (gdskit/_batch.py).
+from ._batch import (BatchError, BatchFuture, BatchResult, ItemResult, RowFile, gather_rows,  # noqa: E402
+                     read_into, submit_reads, submit_writes, write_from)
+
+__all__ += ["read_into", "write_from", "submit_reads", "submit_writes", "BatchFuture", "BatchResult", "BatchError",
+            "ItemResult", "gather_rows", "RowFile"]
+
 # Saving: safetensors files and sharded checkpoints (gdskit/_save.py).
 from ._save import last_save_stats, save_file, save_sharded  # noqa: E402
 

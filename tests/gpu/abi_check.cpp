@@ -65,6 +65,13 @@ static_assert(s::CU_MEMORYTYPE_UNIFIED == CU_MEMORYTYPE_UNIFIED);
 static_assert(s::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID);
 static_assert(s::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID == CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID);
 static_assert(s::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID == CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID);
+static_assert(sizeof(s::CUmemcpyAttributes) == sizeof(CUmemcpyAttributes));
+static_assert(offsetof(s::CUmemcpyAttributes, srcLocHint) == offsetof(CUmemcpyAttributes, srcLocHint));
+static_assert(offsetof(s::CUmemcpyAttributes, dstLocHint) == offsetof(CUmemcpyAttributes, dstLocHint));
+static_assert(offsetof(s::CUmemcpyAttributes, flags) == offsetof(CUmemcpyAttributes, flags));
+static_assert(s::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM == CU_MEMCPY_SRC_ACCESS_ORDER_STREAM);
+static_assert(s::CU_STREAM_WAIT_VALUE_GEQ == CU_STREAM_WAIT_VALUE_GEQ);
+static_assert(s::CU_MEMHOSTREGISTER_DEVICEMAP == CU_MEMHOSTREGISTER_DEVICEMAP);
 
 int main() {
   std::puts("abi_check: gdskit's cuFile and driver declarations match cuda.h and cufile.h");

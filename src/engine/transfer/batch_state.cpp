@@ -21,20 +21,54 @@ batch_state::batch_state(io_direction d, const batch_options& o, std::size_t nra
   // Level-triggered readiness for event loops: once written, the counter stays non-zero (nobody reads it).
   event_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!event_fd_) throw error(errno_code(errno), "eventfd", "", -1, 0, "for a batch's completion descriptor");
+  stop_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!stop_fd_) throw error(errno_code(errno), "eventfd", "", -1, 0, "for a batch's stop descriptor");
   if (nranges == 0) became_ready();
 }
 
 batch_state::~batch_state() = default;
 
-bool batch_state::complete(std::size_t i, std::size_t nbytes, std::error_code ec) {
-  std::uint8_t expected = 0;
-  if (!decided_[i].compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) return false;
-  result_.ranges[i] = {nbytes, ec};
+void batch_state::record(std::size_t i, std::size_t nbytes, std::error_code ec, double latency_s) {
+  result_.ranges[i] = {nbytes, ec, latency_s};
+  decided_[i].store(k_done, std::memory_order_release);
   if (undecided_.fetch_sub(1, std::memory_order_acq_rel) == 1) became_ready();
+}
+
+bool batch_state::complete(std::size_t i, std::size_t nbytes, std::error_code ec, double latency_s) {
+  std::uint8_t expected = k_open;
+  if (!decided_[i].compare_exchange_strong(expected, k_claimed, std::memory_order_acq_rel)) return false;
+  record(i, nbytes, ec, latency_s);
   return true;
 }
 
+bool batch_state::claim(std::size_t i) noexcept {
+  std::uint8_t expected = k_open;
+  return decided_[i].compare_exchange_strong(expected, k_claimed, std::memory_order_acq_rel);
+}
+
+void batch_state::unclaim(std::size_t i) noexcept {
+  decided_[i].store(k_open, std::memory_order_release);
+  // A deadline or cancel that passed over the range while it was claimed: it completes it now (one of the
+  // two gets it: complete_rest sets the stop flag before it walks the ranges).
+  if (stopping()) {
+    std::error_code ec;
+    {
+      std::lock_guard lock(mutex_);
+      ec = stop_ec_;
+    }
+    if (ec) complete(i, 0, ec);
+  }
+}
+
+void batch_state::finish(std::size_t i, std::size_t nbytes, std::error_code ec, double latency_s) {
+  record(i, nbytes, ec, latency_s);
+}
+
 std::size_t batch_state::complete_rest(std::error_code ec) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!stop_ec_) stop_ec_ = ec;
+  }
   request_stop();
   std::size_t n = 0;
   for (std::size_t i = 0; i < result_.ranges.size() && !ready(); ++i) {
@@ -54,7 +88,11 @@ void batch_state::attach_files() {
   hold();
 }
 
-void batch_state::request_stop() noexcept { stop_.store(true, std::memory_order_release); }
+void batch_state::request_stop() noexcept {
+  if (stop_.exchange(true, std::memory_order_acq_rel)) return;
+  const std::uint64_t one = 1;
+  (void)!::write(stop_fd_.get(), &one, sizeof one);
+}
 
 void batch_state::release_hold(std::size_t n) {
   if (holds_.fetch_sub(n, std::memory_order_acq_rel) == n) maybe_released();

@@ -17,8 +17,9 @@
 
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
-#include "gpu/host_copier.hpp"
-#include "gpu/staged.hpp"
+#include "api/file_access.hpp"
+#include "engine/host_copier.hpp"
+#include "engine/pipeline.hpp"
 #include "posix/syscalls.hpp"
 #include "test_support.hpp"
 
@@ -28,7 +29,7 @@ namespace {
 using test::random_bytes;
 using test::temp_dir;
 
-class deferred_copier final : public gpu::copier {
+class deferred_copier final : public engine::copier {
  public:
   deferred_copier(unsigned lanes, unsigned slots, std::size_t slot_bytes)
       : lanes_(lanes), slots_(slots), slot_bytes_(slot_bytes), memory_(lanes * slots * slot_bytes + 4096),
@@ -154,8 +155,8 @@ TEST_P(staged, reads_equal_reference_at_odd_offsets) {
         len = size;
       }
       std::vector<std::uint8_t> out(len + 1, 0xAB);
-      gpu::staged_stats st;
-      std::size_t got = gpu::staged_read(f, cp, reinterpret_cast<std::uintptr_t>(out.data()), len, off, {}, &st);
+      engine::staged_stats st;
+      std::size_t got = engine::staged_read(detail::open_file_of(f), cp, reinterpret_cast<std::uintptr_t>(out.data()), len, off, {}, &st);
       std::size_t expect = std::min<std::size_t>(len, size - off);
       ASSERT_EQ(got, expect);
       ASSERT_EQ(0, std::memcmp(out.data(), data.data() + off, got)) << "size " << size << " off " << off;
@@ -177,7 +178,7 @@ TEST_P(staged, writes_read_back_equal) {
     std::uint64_t off = rng() % 2000000;
     std::size_t len = static_cast<std::size_t>(rng() % 1500000) + 1;
     auto src = random_bytes(len, static_cast<std::uint64_t>(r));
-    EXPECT_EQ(gpu::staged_write(f, cp, reinterpret_cast<std::uintptr_t>(src.data()), len, off), len);
+    EXPECT_EQ(engine::staged_write(detail::open_file_of(f), cp, reinterpret_cast<std::uintptr_t>(src.data()), len, off), len);
     EXPECT_EQ(cp.still_pending(), 0u);
     if (mirror.size() < off + len) mirror.resize(off + len, 0);
     std::memcpy(mirror.data() + off, src.data(), len);
@@ -196,7 +197,7 @@ TEST_P(staged, smaller_pieces_and_parked_lanes_keep_bytes_exact) {
   std::mt19937_64 rng(12);
   for (int r = 0; r < 8; ++r) {
     deferred_copier cp(4, 2, 256 * 1024);
-    gpu::staged_options o;
+    engine::staged_options o;
     o.piece_bytes = std::size_t{64 * 1024} << (r % 3);  // 64, 128, 256 KiB (256 KiB = the slot)
     std::atomic<unsigned> active{1};
     std::atomic<std::size_t> pieces{0};
@@ -209,16 +210,16 @@ TEST_P(staged, smaller_pieces_and_parked_lanes_keep_bytes_exact) {
     const std::uint64_t off = rng() % 100000;
     const std::size_t len = size - off - static_cast<std::size_t>(rng() % 5000);
     std::vector<std::uint8_t> out(len);
-    gpu::staged_stats st;
-    ASSERT_EQ(gpu::staged_read(f, cp, reinterpret_cast<std::uintptr_t>(out.data()), len, off, o, &st), len);
+    engine::staged_stats st;
+    ASSERT_EQ(engine::staged_read(detail::open_file_of(f), cp, reinterpret_cast<std::uintptr_t>(out.data()), len, off, o, &st), len);
     ASSERT_EQ(0, std::memcmp(out.data(), data.data() + off, len));
-    EXPECT_EQ(st.pieces, gpu::piece_count(off, len, o.piece_bytes));
+    EXPECT_EQ(st.pieces, engine::piece_count(off, len, o.piece_bytes));
     EXPECT_EQ(direct.load(), st.direct_bytes);
     // Writes with the same knobs, read back.
     auto src = random_bytes(len, static_cast<std::uint64_t>(r) + 100);
     active = 1;
     pieces = 0;
-    ASSERT_EQ(gpu::staged_write(f, cp, reinterpret_cast<std::uintptr_t>(src.data()), len, off, o, &st), len);
+    ASSERT_EQ(engine::staged_write(detail::open_file_of(f), cp, reinterpret_cast<std::uintptr_t>(src.data()), len, off, o, &st), len);
     std::memcpy(data.data() + off, src.data(), len);
     ASSERT_EQ(test::read_file(dir / "f"), data);
     EXPECT_EQ(cp.still_pending(), 0u);
@@ -237,7 +238,7 @@ TEST_P(staged, request_size_changes_while_the_transfer_runs) {
   std::mt19937_64 rng(22);
   for (int r = 0; r < 6; ++r) {
     deferred_copier cp(3, 2, 256 * 1024);
-    gpu::staged_options o;
+    engine::staged_options o;
     std::atomic<unsigned> asked{0};
     std::mutex m;
     std::vector<std::size_t> seen;  // the request size of each piece
@@ -252,10 +253,10 @@ TEST_P(staged, request_size_changes_while_the_transfer_runs) {
     const std::uint64_t off = rng() % 300000;
     const std::size_t len = size - off - static_cast<std::size_t>(rng() % 3000);
     std::vector<std::uint8_t> out(len);
-    gpu::staged_stats st;
-    ASSERT_EQ(gpu::staged_read(f, cp, reinterpret_cast<std::uintptr_t>(out.data()), len, off, o, &st), len);
+    engine::staged_stats st;
+    ASSERT_EQ(engine::staged_read(detail::open_file_of(f), cp, reinterpret_cast<std::uintptr_t>(out.data()), len, off, o, &st), len);
     ASSERT_EQ(0, std::memcmp(out.data(), data.data() + off, len));
-    EXPECT_GT(st.pieces, gpu::piece_count(off, len, 256 * 1024));  // smaller sizes were used too
+    EXPECT_GT(st.pieces, engine::piece_count(off, len, 256 * 1024));  // smaller sizes were used too
     EXPECT_EQ(reported.load(), st.direct_bytes);
     for (const std::size_t request : seen) {
       EXPECT_TRUE(request == 64 * 1024 || request == 128 * 1024 || request == 256 * 1024 || request == 4096 * 3 ||
@@ -263,7 +264,7 @@ TEST_P(staged, request_size_changes_while_the_transfer_runs) {
           << request;
     }
     auto src = random_bytes(len, static_cast<std::uint64_t>(r) + 200);
-    ASSERT_EQ(gpu::staged_write(f, cp, reinterpret_cast<std::uintptr_t>(src.data()), len, off, o, &st), len);
+    ASSERT_EQ(engine::staged_write(detail::open_file_of(f), cp, reinterpret_cast<std::uintptr_t>(src.data()), len, off, o, &st), len);
     std::memcpy(data.data() + off, src.data(), len);
     ASSERT_EQ(test::read_file(dir / "f"), data);
     EXPECT_EQ(cp.still_pending(), 0u);
@@ -282,7 +283,7 @@ TEST_P(staged, gathered_extents_land_byte_for_byte) {
   std::mt19937_64 rng(42);
   for (int r = 0; r < 6; ++r) {
     std::vector<std::vector<std::uint8_t>> sources;
-    std::vector<gpu::staged_extent> extents;
+    std::vector<engine::staged_extent> extents;
     for (std::uint64_t pos = rng() % 5000; pos < size;) {
       const std::size_t n = std::min<std::size_t>(size - pos, 1 + rng() % (r % 2 ? 300000 : 5000));
       sources.push_back(random_bytes(n, rng()));
@@ -290,17 +291,17 @@ TEST_P(staged, gathered_extents_land_byte_for_byte) {
       pos += n + rng() % 9000;  // a gap the write must not touch
     }
     std::shuffle(extents.begin(), extents.end(), rng);  // any order in memory
-    std::vector<gpu::staged_extent> sorted = extents;
+    std::vector<engine::staged_extent> sorted = extents;
     std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
     deferred_copier cp(3, 2, 256 * 1024);
-    gpu::staged_options o;
+    engine::staged_options o;
     std::atomic<unsigned> asked{0};
     o.request_bytes = [&] { return std::size_t{64 * 1024} << (asked++ % 3); };
     std::atomic<std::size_t> reported{0};
     o.on_bytes = [&](std::size_t n) { reported += n; };
     std::size_t total = 0;
     for (const auto& e : sorted) total += e.nbytes;
-    ASSERT_EQ(gpu::staged_write_extents(f, cp, sorted, o), total);
+    ASSERT_EQ(engine::staged_write_extents(detail::open_file_of(f), cp, sorted, o), total);
     EXPECT_EQ(reported.load(), total);
     EXPECT_EQ(cp.still_pending(), 0u);
     for (const auto& e : sorted) std::memcpy(mirror.data() + e.offset, reinterpret_cast<const void*>(e.far), e.nbytes);
@@ -317,7 +318,7 @@ TEST(staged_pipeline, back_to_back_extents_are_written_in_aligned_requests_acros
   temp_dir dir(parent);
   file_handle f(dir / "t", open_mode::read_write, {.create = true}, test_settings(direct_mode::on));
   std::vector<std::vector<std::uint8_t>> sources;
-  std::vector<gpu::staged_extent> extents;
+  std::vector<engine::staged_extent> extents;
   std::uint64_t pos = 8 + 1003;
   for (int i = 0; i < 40; ++i) {
     const std::size_t n = 1 + (static_cast<std::size_t>(i) * 104729u) % 300000;
@@ -326,7 +327,7 @@ TEST(staged_pipeline, back_to_back_extents_are_written_in_aligned_requests_acros
     pos += n;
   }
   deferred_copier cp(3, 2, 256 * 1024);
-  gpu::staged_options o;
+  engine::staged_options o;
   std::atomic<unsigned> asked{0};
   o.request_bytes = [&] { return std::size_t{64 * 1024} << (asked++ % 3); };
   const std::size_t a = f.choice().alignment;
@@ -338,7 +339,7 @@ TEST(staged_pipeline, back_to_back_extents_are_written_in_aligned_requests_acros
   };
   {
     posix::scoped_syscalls guard(t);
-    ASSERT_EQ(gpu::staged_write_extents(f, cp, extents, o), pos - 1011);
+    ASSERT_EQ(engine::staged_write_extents(detail::open_file_of(f), cp, extents, o), pos - 1011);
   }
   EXPECT_LE(unaligned->load(), 2) << "joins between extents went through the page cache";
   auto bytes = test::read_file(dir / "t");
@@ -357,7 +358,7 @@ TEST(staged_pipeline, a_failed_copy_inside_a_joined_piece_leaves_no_copy_in_flig
     SCOPED_TRACE(fail_at);
     file_handle f(dir / "j", open_mode::write, {.create = true, .truncate = true}, test_settings(direct_mode::automatic));
     std::vector<std::vector<std::uint8_t>> sources;
-    std::vector<gpu::staged_extent> extents;
+    std::vector<engine::staged_extent> extents;
     std::uint64_t pos = 100;
     for (int i = 0; i < 30; ++i) {
       sources.push_back(random_bytes(20000 + 37 * i, 70 + i));
@@ -366,10 +367,10 @@ TEST(staged_pipeline, a_failed_copy_inside_a_joined_piece_leaves_no_copy_in_flig
     }
     deferred_copier cp(2, 2, 128 * 1024);
     cp.fail_after = fail_at;
-    gpu::staged_options o;
+    engine::staged_options o;
     std::error_code ec;
     try {
-      gpu::staged_write_extents(f, cp, extents, o);
+      engine::staged_write_extents(detail::open_file_of(f), cp, extents, o);
     } catch (const error& e) {
       ec = e.code();
     }
@@ -401,9 +402,9 @@ TEST(staged_pipeline, a_lane_that_cannot_be_set_up_fails_the_transfer_in_both_di
       std::error_code ec;
       try {
         if (write) {
-          gpu::staged_write(f, cp, far, mem.size(), 0);
+          engine::staged_write(detail::open_file_of(f), cp, far, mem.size(), 0);
         } else {
-          gpu::staged_read(f, cp, far, mem.size(), 0);
+          engine::staged_read(detail::open_file_of(f), cp, far, mem.size(), 0);
         }
       } catch (const error& e) {
         ec = e.code();
@@ -431,7 +432,7 @@ TEST(staged_pipeline, parked_lanes_are_readied_only_when_the_depth_comes_near) {
     for (bool write : {false, true}) {
       SCOPED_TRACE(testing::Message() << "grow " << grow << " write " << write);
       deferred_copier cp(16, 2, 64 * 1024);
-      gpu::staged_options o;
+      engine::staged_options o;
       std::atomic<unsigned> active{1};
       std::atomic<int> pieces{0};
       o.active_lanes = [&] { return active.load(); };
@@ -448,10 +449,10 @@ TEST(staged_pipeline, parked_lanes_are_readied_only_when_the_depth_comes_near) {
       std::vector<std::uint8_t> mem(data);
       const auto far = reinterpret_cast<std::uintptr_t>(mem.data());
       if (write) {
-        ASSERT_EQ(gpu::staged_write(f, cp, far, mem.size(), 0, o), mem.size());
+        ASSERT_EQ(engine::staged_write(detail::open_file_of(f), cp, far, mem.size(), 0, o), mem.size());
         EXPECT_EQ(test::read_file(dir / "r"), data);
       } else {
-        ASSERT_EQ(gpu::staged_read(f, cp, far, mem.size(), 0, o), mem.size());
+        ASSERT_EQ(engine::staged_read(detail::open_file_of(f), cp, far, mem.size(), 0, o), mem.size());
         EXPECT_EQ(mem, data);
       }
       const std::set<unsigned> got = cp.readied();
@@ -473,7 +474,7 @@ TEST(host_copier, copies_both_ways_and_reuses_idle_lanes) {
   const std::size_t slot = 7 * 3 * 4096;  // a size no other test uses: the pool is the process's
   std::set<std::byte*> first;
   {
-    gpu::host_copier cp(2, 2, slot);
+    engine::host_copier cp(2, 2, slot);
     const auto src = random_bytes(5000, 3);
     std::vector<std::uint8_t> back(5000, 0);
     for (unsigned lane = 0; lane < 2; ++lane) {
@@ -492,32 +493,32 @@ TEST(host_copier, copies_both_ways_and_reuses_idle_lanes) {
       cp.end_lane(lane);
     }
   }
-  gpu::host_copier again(2, 2, slot);
+  engine::host_copier again(2, 2, slot);
   for (unsigned lane = 0; lane < 2; ++lane) {
     again.begin_lane(lane);
     again.ready_lane(lane);
     for (unsigned s = 0; s < 2; ++s) EXPECT_EQ(first.count(again.slot(lane, s)), 1u) << "lane " << lane;
     again.end_lane(lane);
   }
-  EXPECT_THROW(gpu::host_copier(1, 2, 4095), error);
+  EXPECT_THROW(engine::host_copier(1, 2, 4095), error);
 }
 
 TEST(staged_pipeline, gathered_write_cancels_with_ecanceled) {
   temp_dir dir;
   file_handle f(dir / "c", open_mode::write, {.create = true}, test_settings(direct_mode::automatic));
   std::vector<std::vector<std::uint8_t>> sources;
-  std::vector<gpu::staged_extent> extents;
+  std::vector<engine::staged_extent> extents;
   for (std::uint64_t i = 0; i < 40; ++i) {
     sources.push_back(random_bytes(100000, i));
     extents.push_back({reinterpret_cast<std::uintptr_t>(sources.back().data()), i * 100000, 100000});
   }
   std::atomic<int> pieces{0};
-  gpu::staged_options o;
+  engine::staged_options o;
   o.on_bytes = [&](std::size_t) { ++pieces; };
   o.cancelled = [&] { return pieces.load() >= 5; };
   deferred_copier cp(2, 2, 128 * 1024);
   try {
-    gpu::staged_write_extents(f, cp, extents, o);
+    engine::staged_write_extents(detail::open_file_of(f), cp, extents, o);
     FAIL();
   } catch (const error& e) {
     EXPECT_EQ(e.code(), std::errc::operation_canceled);
@@ -534,7 +535,7 @@ TEST_P(staged, parked_write_lanes_join_when_the_depth_grows) {
   const std::size_t len = (4u << 20) + 12345;
   auto src = random_bytes(len, 51);
   deferred_copier cp(4, 2, 64 * 1024);
-  gpu::staged_options o;
+  engine::staged_options o;
   std::atomic<unsigned> active{1};
   std::atomic<int> pieces{0};
   std::mutex m;
@@ -550,7 +551,7 @@ TEST_P(staged, parked_write_lanes_join_when_the_depth_grows) {
     // outcome does not depend on how fast the first lane alone could finish.
     if (pieces >= 8) joined.wait_for(lock, std::chrono::seconds(2), [&] { return writers.size() > 1; });
   };
-  ASSERT_EQ(gpu::staged_write(f, cp, reinterpret_cast<std::uintptr_t>(src.data()), len, 0, o), len);
+  ASSERT_EQ(engine::staged_write(detail::open_file_of(f), cp, reinterpret_cast<std::uintptr_t>(src.data()), len, 0, o), len);
   EXPECT_EQ(test::read_file(dir / "p"), src);
   EXPECT_GT(writers.size(), 1u) << "lanes above the starting depth never wrote";
   EXPECT_EQ(cp.still_pending(), 0u);
@@ -564,12 +565,12 @@ TEST_P(staged, short_file_with_changing_request_sizes) {
   test::write_file(dir / "f", data);
   file_handle f(dir / "f", open_mode::read, {}, test_settings(GetParam()));
   deferred_copier cp(4, 2, 256 * 1024);
-  gpu::staged_options o;
+  engine::staged_options o;
   std::atomic<unsigned> asked{0};
   o.request_bytes = [&] { return (asked++ % 2) ? std::size_t{64 * 1024} : std::size_t{192 * 1024}; };
   const std::uint64_t off = 5000;
   std::vector<std::uint8_t> out(size);
-  ASSERT_EQ(gpu::staged_read(f, cp, reinterpret_cast<std::uintptr_t>(out.data()), size, off, o), size - off);
+  ASSERT_EQ(engine::staged_read(detail::open_file_of(f), cp, reinterpret_cast<std::uintptr_t>(out.data()), size, off, o), size - off);
   ASSERT_EQ(0, std::memcmp(out.data(), data.data() + off, size - off));
 }
 
@@ -577,13 +578,13 @@ INSTANTIATE_TEST_SUITE_P(direct, staged, ::testing::Values(direct_mode::automati
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
 TEST(staged_pipeline, piece_count_matches_the_pieces_a_transfer_uses) {
-  EXPECT_EQ(gpu::piece_count(0, 0, 4096), 0u);
-  EXPECT_EQ(gpu::piece_count(0, 1, 4096), 1u);
-  EXPECT_EQ(gpu::piece_count(0, 4096, 4096), 1u);
-  EXPECT_EQ(gpu::piece_count(0, 4097, 4096), 2u);
-  EXPECT_EQ(gpu::piece_count(4095, 2, 4096), 2u);  // straddles a slot boundary
-  EXPECT_EQ(gpu::piece_count(4096, 4096, 4096), 1u);
-  EXPECT_EQ(gpu::piece_count((std::uint64_t{5} << 32) + 1, 3 * 4096, 4096), 4u);
+  EXPECT_EQ(engine::piece_count(0, 0, 4096), 0u);
+  EXPECT_EQ(engine::piece_count(0, 1, 4096), 1u);
+  EXPECT_EQ(engine::piece_count(0, 4096, 4096), 1u);
+  EXPECT_EQ(engine::piece_count(0, 4097, 4096), 2u);
+  EXPECT_EQ(engine::piece_count(4095, 2, 4096), 2u);  // straddles a slot boundary
+  EXPECT_EQ(engine::piece_count(4096, 4096, 4096), 1u);
+  EXPECT_EQ(engine::piece_count((std::uint64_t{5} << 32) + 1, 3 * 4096, 4096), 4u);
   // Cross-check against what a transfer reports: one piece per slot-sized step of the file.
   temp_dir dir;
   auto data = random_bytes(100000, 3);
@@ -595,9 +596,9 @@ TEST(staged_pipeline, piece_count_matches_the_pieces_a_transfer_uses) {
     const std::size_t len = 1 + static_cast<std::size_t>(rng() % (100000 - off));
     deferred_copier cp(2, 2, 8192);
     std::vector<std::uint8_t> out(len);
-    gpu::staged_stats st;
-    gpu::staged_read(f, cp, reinterpret_cast<std::uintptr_t>(out.data()), len, off, {}, &st);
-    EXPECT_EQ(st.pieces, gpu::piece_count(off, len, 8192)) << off << "+" << len;
+    engine::staged_stats st;
+    engine::staged_read(detail::open_file_of(f), cp, reinterpret_cast<std::uintptr_t>(out.data()), len, off, {}, &st);
+    EXPECT_EQ(st.pieces, engine::piece_count(off, len, 8192)) << off << "+" << len;
   }
 }
 
@@ -608,8 +609,8 @@ TEST(staged_pipeline, slots_are_reused_and_reads_run_ahead) {
   file_handle f(dir / "f", open_mode::read, {}, test_settings(direct_mode::automatic));
   deferred_copier cp(2, 2, 256 * 1024);  // 32 pieces over 2 lanes x 2 slots
   std::vector<std::uint8_t> out(data.size());
-  gpu::staged_stats st;
-  ASSERT_EQ(gpu::staged_read(f, cp, reinterpret_cast<std::uintptr_t>(out.data()), out.size(), 0, {}, &st), data.size());
+  engine::staged_stats st;
+  ASSERT_EQ(engine::staged_read(detail::open_file_of(f), cp, reinterpret_cast<std::uintptr_t>(out.data()), out.size(), 0, {}, &st), data.size());
   EXPECT_EQ(out, data);
   EXPECT_EQ(st.pieces, 32u);
   // Each lane reads into its second slot before waiting on the first: waits happen only on reuse.
@@ -637,7 +638,7 @@ TEST(staged_pipeline, read_error_mid_stream_propagates_and_drains) {
   deferred_copier cp(4, 2, 128 * 1024);
   std::vector<std::uint8_t> out(data.size());
   try {
-    gpu::staged_read(f, cp, reinterpret_cast<std::uintptr_t>(out.data()), out.size(), 0);
+    engine::staged_read(detail::open_file_of(f), cp, reinterpret_cast<std::uintptr_t>(out.data()), out.size(), 0);
     FAIL() << "an I/O error must fail the transfer";
   } catch (const error& e) {
     EXPECT_EQ(e.code(), std::errc::io_error);
@@ -656,7 +657,7 @@ TEST(staged_pipeline, copy_error_propagates) {
   deferred_copier cp(2, 2, 128 * 1024);
   cp.fail_after = 5;
   try {
-    gpu::staged_read(f, cp, reinterpret_cast<std::uintptr_t>(out.data()), out.size(), 0);
+    engine::staged_read(detail::open_file_of(f), cp, reinterpret_cast<std::uintptr_t>(out.data()), out.size(), 0);
     FAIL();
   } catch (const error& e) {
     EXPECT_EQ(e.code(), cuda_code(700));
@@ -664,7 +665,7 @@ TEST(staged_pipeline, copy_error_propagates) {
   EXPECT_EQ(cp.still_pending(), 0u);
   deferred_copier cw(2, 2, 128 * 1024);
   cw.fail_after = 3;
-  EXPECT_THROW(gpu::staged_write(f, cw, reinterpret_cast<std::uintptr_t>(data.data()), data.size(), 0), error);
+  EXPECT_THROW(engine::staged_write(detail::open_file_of(f), cw, reinterpret_cast<std::uintptr_t>(data.data()), data.size(), 0), error);
   EXPECT_EQ(cw.still_pending(), 0u);
 }
 
@@ -675,7 +676,7 @@ TEST(staged_pipeline, cancellation_stops_and_reports_ecanceled) {
   file_handle f(dir / "f", open_mode::read, {}, test_settings(direct_mode::automatic));
   std::atomic<bool> cancel{false};
   std::atomic<int> pieces{0};
-  gpu::staged_options opt;
+  engine::staged_options opt;
   opt.cancel = &cancel;
   opt.on_piece = [&](std::uint64_t) {
     if (++pieces == 3) cancel = true;
@@ -683,7 +684,7 @@ TEST(staged_pipeline, cancellation_stops_and_reports_ecanceled) {
   deferred_copier cp(2, 2, 128 * 1024);
   std::vector<std::uint8_t> out(data.size());
   try {
-    gpu::staged_read(f, cp, reinterpret_cast<std::uintptr_t>(out.data()), out.size(), 0, opt);
+    engine::staged_read(detail::open_file_of(f), cp, reinterpret_cast<std::uintptr_t>(out.data()), out.size(), 0, opt);
     FAIL();
   } catch (const error& e) {
     EXPECT_EQ(e.code(), std::errc::operation_canceled);
@@ -706,13 +707,13 @@ TEST(staged_pipeline, ranges_past_the_largest_offset_are_refused) {
     for (std::uint64_t off : {~std::uint64_t{0}, ~std::uint64_t{0} - 4095, std::uint64_t{1} << 63}) {
       deferred_copier cp(2, 2, 128 * 1024);
       try {
-        gpu::staged_write(f, cp, far, 4096, off);
+        engine::staged_write(detail::open_file_of(f), cp, far, 4096, off);
         FAIL() << "write at " << off;
       } catch (const error& e) {
         EXPECT_EQ(e.code(), std::errc::invalid_argument);
       }
       try {
-        gpu::staged_read(f, cp, far, 4096, off);
+        engine::staged_read(detail::open_file_of(f), cp, far, 4096, off);
         FAIL() << "read at " << off;
       } catch (const error& e) {
         EXPECT_EQ(e.code(), std::errc::invalid_argument);
@@ -721,7 +722,7 @@ TEST(staged_pipeline, ranges_past_the_largest_offset_are_refused) {
     }
     deferred_copier cp(2, 2, 128 * 1024);
     try {
-      gpu::staged_write(f, cp, far, 8192, 9223372036854775807ull - 4096);
+      engine::staged_write(detail::open_file_of(f), cp, far, 8192, 9223372036854775807ull - 4096);
       FAIL();
     } catch (const error& e) {
       EXPECT_EQ(e.code(), std::errc::file_too_large);

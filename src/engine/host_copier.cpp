@@ -1,4 +1,4 @@
-#include "gpu/host_copier.hpp"
+#include "engine/host_copier.hpp"
 
 #include <cerrno>
 #include <cstring>
@@ -7,7 +7,7 @@
 
 #include "gdskit/error.hpp"
 
-namespace gdskit::gpu {
+namespace gdskit::engine {
 namespace {
 
 constexpr std::size_t k_idle_bytes = std::size_t{1} << 30;
@@ -63,4 +63,4 @@ void host_copier::from_far(unsigned lane, unsigned s, std::size_t slot_offset, s
   std::memcpy(slot(lane, s) + slot_offset, reinterpret_cast<const void*>(far), nbytes);
 }
 
-}  // namespace gdskit::gpu
+}  // namespace gdskit::engine

@@ -9,9 +9,9 @@
 #include <functional>
 #include <span>
 
-#include "gdskit/file.hpp"
+#include "engine/open_file.hpp"
 
-namespace gdskit::gpu {
+namespace gdskit::engine {
 
 /// Moves bytes between staging slots and the far side (device memory). One lane per worker thread; a lane's
 /// calls all come from one thread. Methods throw gdskit::error on failure.
@@ -80,7 +80,7 @@ std::size_t piece_count(std::uint64_t offset, std::size_t nbytes, std::size_t sl
 /// Reads [offset, offset+nbytes) of `file` to `far` (+0 .. +nbytes). Returns the bytes moved: fewer only at
 /// end of file. Throws gdskit::error naming the failing file range on any read or copy error; every copy
 /// has finished (or failed) before it returns or throws.
-std::size_t staged_read(const file_handle& file, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,
+std::size_t staged_read(const open_file& f, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,
                         const staged_options& options = {}, staged_stats* stats = nullptr);
 
 /// One range of a gathered write: `nbytes` from `far` to file offset `offset`.
@@ -92,11 +92,11 @@ struct staged_extent {
 
 /// Writes every extent through one pipeline (one set of lanes, pieces taken extent after extent in the order
 /// given, never spanning two). Returns the bytes written or throws; extents must not overlap.
-std::size_t staged_write_extents(const file_handle& file, copier& cp, std::span<const staged_extent> extents,
+std::size_t staged_write_extents(const open_file& f, copier& cp, std::span<const staged_extent> extents,
                                  const staged_options& options = {}, staged_stats* stats = nullptr);
 
 /// Writes `nbytes` from `far` to [offset, offset+nbytes) of `file`. Returns nbytes or throws.
-std::size_t staged_write(const file_handle& file, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,
+std::size_t staged_write(const open_file& f, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,
                          const staged_options& options = {}, staged_stats* stats = nullptr);
 
-}  // namespace gdskit::gpu
+}  // namespace gdskit::engine

@@ -1,4 +1,4 @@
-#include "gpu/staged.hpp"
+#include "engine/pipeline.hpp"
 
 #include <cerrno>
 #include <chrono>
@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "engine/file_impl.hpp"
+#include "engine/open_file.hpp"
 #include "engine/file_range.hpp"
 #include "engine/piece_cursor.hpp"
 #include "engine/residency.hpp"
@@ -17,13 +17,13 @@
 #include "gdskit/error.hpp"
 #include "posix/syscalls.hpp"
 
-namespace gdskit::gpu {
+namespace gdskit::engine {
 namespace {
 
 std::uint64_t align_down(std::uint64_t v, std::size_t a) { return v / a * a; }
 std::uint64_t align_up(std::uint64_t v, std::size_t a) { return (v + a - 1) / a * a; }
 
-using piece = engine::piece_cursor::piece;
+using piece = piece_cursor::piece;
 
 }  // namespace
 
@@ -40,13 +40,13 @@ bool cancelled(const staged_options& o) {
 
 // Shared state of one transfer: the first error wins and stops every lane.
 struct transfer {
-  transfer(const file_handle::impl& f, copier& c, const staged_options& o, std::vector<engine::transfer_extent> e,
+  transfer(const open_file& f, copier& c, const staged_options& o, std::vector<transfer_extent> e,
            bool join_contiguous = false)
       : file(f), cp(c), options(o), cursor(std::move(e), join_contiguous) {}
-  const file_handle::impl& file;
+  const open_file& file;
   copier& cp;
   const staged_options& options;
-  engine::piece_cursor cursor;
+  piece_cursor cursor;
   std::atomic<bool> failed{false};
   std::mutex mutex;
   std::exception_ptr first_error;
@@ -87,9 +87,9 @@ struct transfer {
 
 // Reads a piece's aligned cover into slot memory so that the piece starts at slot + (offset - cover start).
 // Returns the number of the piece's bytes that exist (short only at end of file).
-std::size_t read_piece(const file_handle::impl& f, const piece& p, std::byte* slot, bool& direct_used) {
+std::size_t read_piece(const open_file& f, const piece& p, std::byte* slot, bool& direct_used) {
   std::error_code ec;
-  const bool direct = f.choice.direct && !engine::prefer_page_cache(f, p.offset, p.nbytes);
+  const bool direct = f.choice.direct && !prefer_page_cache(f, p.offset, p.nbytes);
   direct_used = direct;
   if (direct) {
     const std::size_t a = f.choice.alignment;
@@ -108,7 +108,7 @@ std::size_t read_piece(const file_handle::impl& f, const piece& p, std::byte* sl
 
 // Writes a piece that sits in slot memory at its aligned position: the aligned middle through O_DIRECT, the
 // partial blocks at either end through the buffered descriptor.
-void write_piece(const file_handle::impl& f, const piece& p, std::byte* slot, bool& direct_used) {
+void write_piece(const open_file& f, const piece& p, std::byte* slot, bool& direct_used) {
   std::error_code ec;
   const std::size_t a = f.choice.alignment;
   const std::uint64_t a0 = align_down(p.offset, a);
@@ -327,36 +327,34 @@ void finish(transfer& t, staged_stats* stats) {
 
 }  // namespace
 
-std::size_t staged_read(const file_handle& file, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,
+std::size_t staged_read(const open_file& f, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,
                         const staged_options& options, staged_stats* stats) {
-  const file_handle::impl& f = file_access::open_impl(file, "pread");
-  engine::check_file_range("pread", f.path.string(), false, offset, nbytes);
+  check_file_range("pread", f.path.string(), false, offset, nbytes);
   if (nbytes == 0) return 0;
   const std::uint64_t size = f.current_size();
   if (offset >= size) return 0;
   nbytes = static_cast<std::size_t>(std::min<std::uint64_t>(nbytes, size - offset));
   transfer t(f, cp, options, {{offset, nbytes, far}});
   const unsigned lanes = transfer_lanes(cp, piece_count(offset, nbytes, smallest_piece(cp, options)));
-  engine::parallel_for(lanes, lanes, [&](std::size_t lane) { read_lane(t, static_cast<unsigned>(lane)); });
+  parallel_for(lanes, lanes, [&](std::size_t lane) { read_lane(t, static_cast<unsigned>(lane)); });
   finish(t, stats);
   return t.cursor.moved();
 }
 
-std::size_t staged_write(const file_handle& file, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,
+std::size_t staged_write(const open_file& f, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,
                          const staged_options& options, staged_stats* stats) {
   const staged_extent one{far, offset, nbytes};
-  return staged_write_extents(file, cp, std::span(&one, 1), options, stats);
+  return staged_write_extents(f, cp, std::span(&one, 1), options, stats);
 }
 
-std::size_t staged_write_extents(const file_handle& file, copier& cp, std::span<const staged_extent> extents,
+std::size_t staged_write_extents(const open_file& f, copier& cp, std::span<const staged_extent> extents,
                                  const staged_options& options, staged_stats* stats) {
-  const file_handle::impl& f = file_access::open_impl(file, "pwrite");
-  std::vector<engine::transfer_extent> cut;
+  std::vector<transfer_extent> cut;
   std::size_t total = 0;
   std::size_t pieces = 0;
   const std::size_t smallest = smallest_piece(cp, options);
   for (const staged_extent& e : extents) {
-    engine::check_file_range("pwrite", f.path.string(), true, e.offset, e.nbytes);
+    check_file_range("pwrite", f.path.string(), true, e.offset, e.nbytes);
     if (e.nbytes == 0) continue;
     cut.push_back({e.offset, e.nbytes, e.far});
     total += e.nbytes;
@@ -372,9 +370,9 @@ std::size_t staged_write_extents(const file_handle& file, copier& cp, std::span<
   // flight on the file).
   transfer t(f, cp, options, std::move(cut), true);
   const unsigned lanes = transfer_lanes(cp, pieces);
-  engine::parallel_for(lanes, lanes, [&](std::size_t lane) { write_lane(t, static_cast<unsigned>(lane)); });
+  parallel_for(lanes, lanes, [&](std::size_t lane) { write_lane(t, static_cast<unsigned>(lane)); });
   finish(t, stats);
   return total;
 }
 
-}  // namespace gdskit::gpu
+}  // namespace gdskit::engine

@@ -5,7 +5,8 @@
 
 #include <fmt/format.h>
 
-#include "engine/file_impl.hpp"
+#include "api/file_access.hpp"
+#include "api/routes.hpp"
 #include "engine/file_range.hpp"
 #include "engine/transfer/batch_state.hpp"
 #include "engine/transfer/core.hpp"
@@ -15,8 +16,6 @@
 namespace gdskit {
 
 namespace {
-
-bool host_memory(const buffer_view& b) { return b.kind == memory_kind::host || b.kind == memory_kind::pinned; }
 
 [[noreturn]] void bad_item(std::error_code ec, std::size_t i, const detail::batch_range* r, std::uint64_t offset,
                            std::size_t nbytes, const std::string& what) {
@@ -42,7 +41,7 @@ void check_ranges(io_direction dir, std::span<const io_range> in, const batch_op
     if (r.file == nullptr) bad_item(errno_code(EINVAL), i, nullptr, r.offset_bytes, n, "no file");
     detail::batch_range br{file_access::shared(*r.file), r.offset_bytes, r.memory};
     if (!br.file) bad_item(errno_code(EBADF), i, nullptr, r.offset_bytes, n, "the file handle is not open");
-    const file_handle::impl& f = *br.file;
+    const engine::open_file& f = *br.file;
     if (write ? f.mode == open_mode::read : f.mode == open_mode::write) {
       bad_item(errno_code(EBADF), i, &br, r.offset_bytes, n,
                write ? "file opened for reading only" : "file opened for writing only");
@@ -53,7 +52,7 @@ void check_ranges(io_direction dir, std::span<const io_range> in, const batch_op
       bad_item(e.code(), i, &br, r.offset_bytes, n, "the range ends past the largest file offset (2^63 - 1)");
     }
     if (n > 0 && r.memory.data == nullptr) bad_item(errno_code(EFAULT), i, &br, r.offset_bytes, n, "null memory");
-    if (!host_memory(r.memory)) need_gpu(i, &br, r.offset_bytes, n);
+    if (!engine::host_memory(r.memory)) need_gpu(i, &br, r.offset_bytes, n);
     out.push_back(std::move(br));
   }
   if (options.stream != nullptr && !in.empty()) need_gpu(0, &out.front(), in.front().offset_bytes, 0);
@@ -91,6 +90,7 @@ void check_ranges(io_direction dir, std::span<const io_range> in, const batch_op
 }  // namespace
 
 batch_future submit(io_direction dir, std::span<const io_range> ranges, const batch_options& options) {
+  detail::ensure_routes();
   auto state = std::make_shared<detail::batch_state>(dir, options, ranges.size());
   check_ranges(dir, ranges, options, state->ranges);
   if (ranges.empty()) return batch_future(std::move(state));
@@ -152,6 +152,20 @@ const batch_result& batch_future::get() const {
   need(state_).wait_ready();
   return state_->result();
 }
+io_future::io_future(batch_future batch, std::string path, std::uint64_t offset_bytes, std::size_t nbytes, bool write)
+    : batch_(std::move(batch)), path_(std::move(path)), offset_(offset_bytes), nbytes_(nbytes), write_(write) {}
+
+std::size_t io_future::get() const {
+  const batch_result& r = batch_.get();
+  const range_result& one = r.ranges.at(0);
+  if (one.error) {
+    // The caller owns the memory again once the future returns or throws.
+    batch_.wait_released();
+    throw error(one.error, write_ ? "pwrite" : "pread", path_, static_cast<std::int64_t>(offset_), nbytes_);
+  }
+  return one.nbytes;
+}
+
 bool batch_future::released() const { return need(state_).released(); }
 void batch_future::wait_released() const { need(state_).wait_released(); }
 

@@ -6,10 +6,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "gpu/staged.hpp"
+#include "engine/pipeline.hpp"
 #include "posix/anon_memory.hpp"
 
-namespace gdskit::gpu {
+namespace gdskit::engine {
 
 /// `lanes` lanes of `slots_per_lane` slots of `slot_bytes` (a multiple of 4 KiB) in anonymous memory. A lane's
 /// memory comes from a process-wide pool of idle lanes of that size, else is mapped by ready_lane; the destructor
@@ -40,4 +40,4 @@ class host_copier final : public copier {
   std::vector<posix::anon_memory> memory_;  // one mapping per lane, empty until ready_lane
 };
 
-}  // namespace gdskit::gpu
+}  // namespace gdskit::engine

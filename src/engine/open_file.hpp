@@ -1,4 +1,6 @@
-// The inside of gdskit::file_handle, shared with the GPU paths (they reuse its descriptors and planner).
+// An open file as the engine sees it: both descriptors, what O_DIRECT and the engine decided, the settings it
+// was opened with, and the state the data paths keep per file (GPU facts, the cuFile handle, the residency
+// mapping). file_handle (the public type) holds one; the transfer core and its routes work on it.
 #pragma once
 
 #include <condition_variable>
@@ -11,14 +13,16 @@
 
 #include "engine/io_engine.hpp"
 #include "engine/io_schedule.hpp"
-#include "gdskit/file.hpp"
 #include "engine/planner.hpp"
+#include "gdskit/buffer.hpp"
+#include "gdskit/file.hpp"
+#include "gdskit/path.hpp"
 #include "posix/syscalls.hpp"
 #include "shim/cufile.hpp"
 
-namespace gdskit {
+namespace gdskit::engine {
 
-struct file_handle::impl {
+struct open_file {
   std::filesystem::path path;
   open_mode mode = open_mode::read;
   settings config;
@@ -31,7 +35,7 @@ struct file_handle::impl {
   // State of the GPU paths, created on first use.
   struct gpu_state {
     std::mutex mutex;
-    std::optional<engine::system_facts> facts;
+    std::optional<system_facts> facts;
     bool cufile_registered = false;
     shim::cufile_handle cufile;
   };
@@ -51,40 +55,36 @@ struct file_handle::impl {
   mutable std::condition_variable async_idle;
   mutable unsigned async_inflight = 0;
 
-  impl() = default;
+  open_file() = default;
+  /// Opens `path` (see file_handle's constructor for the contract).
+  open_file(const std::filesystem::path& path, open_mode mode, const open_options& options, const settings& config);
   /// Closes what is still open; errors are logged (a destructor cannot report them).
-  ~impl();
-  impl(const impl&) = delete;
-  impl& operator=(const impl&) = delete;
+  ~open_file();
+  open_file(const open_file&) = delete;
+  open_file& operator=(const open_file&) = delete;
 
   /// Splits a request into tasks: aligned O_DIRECT chunks, bounce or buffered pieces at the edges.
   /// O_DIRECT chunks are `chunk_bytes` long.
-  std::vector<engine::io_task> plan(bool write, std::byte* buf, std::size_t nbytes, std::uint64_t offset,
-                                    std::size_t chunk_bytes) const;
+  std::vector<io_task> plan(bool write, std::byte* buf, std::size_t nbytes, std::uint64_t offset,
+                            std::size_t chunk_bytes) const;
   /// Runs tasks inline (small requests) or on the chosen engine, O_DIRECT ones at the depth the scheduler of
   /// this transfer asks for (its measurement starts here).
-  void execute(std::vector<engine::io_task>& tasks, std::size_t nbytes, engine::scheduled_transfer& sched) const;
+  void execute(std::vector<io_task>& tasks, std::size_t nbytes, scheduled_transfer& sched) const;
   /// plan + execute, scheduled as one transfer; returns the bytes moved (short only at end of file).
   std::size_t transfer(bool write, std::byte* buf, std::size_t nbytes, std::uint64_t offset) const;
-  void throw_first_error(const std::vector<engine::io_task>& tasks, const char* op) const;
+  void throw_first_error(const std::vector<io_task>& tasks, const char* op) const;
   std::uint64_t current_size() const;
+  /// Host-memory reads and writes of one range through the host engine (checked, clipped at end of file).
   std::size_t read(void* buf, std::size_t nbytes, std::uint64_t offset) const;
   std::size_t write(const void* buf, std::size_t nbytes, std::uint64_t offset) const;
+  /// The path a transfer with memory `buf` takes, and why (file_handle::plan).
+  path_decision decide_path(const buffer_view& buf) const;
   /// Deregisters from cuFile, unmaps, closes both descriptors; returns the first close error.
   std::error_code close_all() noexcept;
 };
 
-/// The data paths' way into a handle (src/gpu): its inside, or EBADF when the handle is empty.
-struct file_access {
-  static const file_handle::impl& open_impl(const file_handle& f, const char* op) { return open_impl(f.impl_, op); }
-  static const file_handle::impl& open_impl(const std::shared_ptr<file_handle::impl>& m, const char* op);
-  static const std::shared_ptr<file_handle::impl>& shared(const file_handle& f) noexcept { return f.impl_; }
-  /// A handle that shares `m` (the same open file).
-  static file_handle wrap(std::shared_ptr<file_handle::impl> m) noexcept {
-    file_handle h;
-    h.impl_ = std::move(m);
-    return h;
-  }
-};
+inline bool host_memory(const buffer_view& b) noexcept {
+  return b.kind == memory_kind::host || b.kind == memory_kind::pinned;
+}
 
-}  // namespace gdskit
+}  // namespace gdskit::engine
