@@ -38,7 +38,7 @@ cat "$out/machine.txt" >> "$summary"
 if [ "$what" = tests ] || [ "$what" = all ]; then
   step abi_check 120 bash -c "g++ -std=c++20 -Isrc -I/usr/local/cuda/include tests/gpu/abi_check.cpp -o $work/abi_check && $work/abi_check"
   step version 30 "$bin/gdskit" version
-  step unit_host 300 bash -c "cd $work && $bin/file_handle_test --gtest_brief=1 && $bin/io_faults_test --gtest_brief=1 && $bin/staged_test --gtest_brief=1"
+  step unit_host 300 bash -c "cd $work && $bin/file_handle_test --gtest_brief=1 && $bin/io_faults_test --gtest_brief=1 && $bin/pipeline_test --gtest_brief=1 && $bin/batch_test --gtest_brief=1 && $bin/batch_driver_test --gtest_brief=1"
   step gpu_tests 400 env TMPDIR=$work "$bin/gpu_paths_test"
   step verify 300 "$bin/gdskit" verify -D "$work" --sizes 4K,1M+1,64M+4095,1G,4G -o 4097
   step doctor 120 "$bin/gdskit" doctor --path "$work"

@@ -9,6 +9,7 @@
 #include "api/routes.hpp"
 #include "engine/file_range.hpp"
 #include "engine/transfer/batch_state.hpp"
+#include "engine/thread_pool.hpp"
 #include "engine/transfer/core.hpp"
 #include "gdskit/batch.hpp"
 #include "gdskit/error.hpp"
@@ -94,6 +95,19 @@ batch_future submit(io_direction dir, std::span<const io_range> ranges, const ba
   auto state = std::make_shared<detail::batch_state>(dir, options, ranges.size());
   check_ranges(dir, ranges, options, state->ranges);
   if (ranges.empty()) return batch_future(std::move(state));
+  engine::transfer_core& core = engine::transfer_core::instance();
+  // Stream ordering is set up before anything can complete: a read's gate opens with the batch's completion,
+  // a write starts when the stream gets to it.
+  int stream_device = 0;
+  for (const auto& r : ranges) {
+    if (!engine::host_memory(r.memory)) {
+      stream_device = r.memory.device < 0 ? 0 : r.memory.device;
+      break;
+    }
+  }
+  if (options.stream != nullptr && dir == io_direction::read) {
+    state->on_ready = core.gpu().stream_gate(options.stream, stream_device);
+  }
   state->attach_files();
   if (options.deadline) {
     if (*options.deadline <= std::chrono::steady_clock::now()) {
@@ -102,7 +116,20 @@ batch_future submit(io_direction dir, std::span<const io_range> ranges, const ba
       detail::arm_deadline(state, *options.deadline);
     }
   }
-  engine::transfer_core::instance().run(state);
+  if (options.stream != nullptr && dir == io_direction::write) {
+    // The stream's thread only hands the batch to the pool: no CUDA call may run there.
+    try {
+      core.gpu().when_stream_reaches(options.stream, stream_device, [state, &core] {
+        engine::shared_pool(1).submit([state, &core] { core.run(state); });
+      });
+    } catch (...) {
+      state->complete_rest(errno_code(ECANCELED));
+      core.run(state);  // gives back the submission hold
+      throw;
+    }
+    return batch_future(std::move(state));
+  }
+  core.run(state);
   return batch_future(std::move(state));
 }
 

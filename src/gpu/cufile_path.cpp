@@ -78,6 +78,8 @@ CUfileHandle_t registered_handle(const engine::open_file& f) {
 
 }  // namespace
 
+CUfileHandle_t cufile_handle_for(const engine::open_file& f) { return registered_handle(f); }
+
 std::size_t cufile_transfer(const engine::open_file& f, bool write, buffer_view buf, std::size_t nbytes,
                             std::uint64_t offset) {
   if (nbytes == 0) return 0;
@@ -86,7 +88,7 @@ std::size_t cufile_transfer(const engine::open_file& f, bool write, buffer_view 
     if (offset >= size) return 0;
     nbytes = static_cast<std::size_t>(std::min<std::uint64_t>(nbytes, size - offset));
   }
-  CUfileHandle_t h = registered_handle(f);
+  CUfileHandle_t h = cufile_handle_for(f);
   const cufile_api& api = *cufile();
   const int device = buf.device < 0 ? 0 : buf.device;
   // Depth and request size from the device's scheduler, like the host engine (cuFile's DMA into device memory

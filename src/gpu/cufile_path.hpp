@@ -6,6 +6,7 @@
 
 #include "engine/open_file.hpp"
 #include "gdskit/buffer.hpp"
+#include "shim/cufile.hpp"
 
 namespace gdskit::gpu {
 
@@ -13,5 +14,9 @@ namespace gdskit::gpu {
 /// bytes only at end of file. Throws gdskit::error (cufile, cuda or errno category) naming the range.
 std::size_t cufile_transfer(const engine::open_file& f, bool write, buffer_view buf, std::size_t nbytes,
                             std::uint64_t offset);
+
+/// The file's cuFile handle, registered on first use (and the driver opened in the mode GDSKIT_MODE asks for).
+/// Throws gdskit::error (cufile or errno category) naming the file.
+shim::CUfileHandle_t cufile_handle_for(const engine::open_file& f);
 
 }  // namespace gdskit::gpu

@@ -56,7 +56,7 @@ inline constexpr int CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1;
 using CUhostFn = void (*)(void* user_data);
 // cuStreamWaitValue32 flags.
 inline constexpr unsigned CU_STREAM_WAIT_VALUE_GEQ = 0x0;
-inline constexpr unsigned CU_MEMHOSTREGISTER_DEVICEMAP = 0x02;
+inline constexpr unsigned CU_MEMHOSTALLOC_DEVICEMAP = 0x02;
 
 /// Function table of libcuda.so.1. Every pointer is non-null once load() succeeded, except those marked
 /// optional.

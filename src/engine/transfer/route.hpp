@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
+#include <system_error>
 
 #include "engine/open_file.hpp"
 #include "engine/pipeline.hpp"
@@ -43,6 +45,15 @@ class group_copier {
   virtual void drain() noexcept = 0;
 };
 
+/// One entry of a cuFile batch: `nbytes` between `mem` and `offset` of `file`.
+struct cufile_entry {
+  const open_file* file = nullptr;
+  bool write = false;
+  buffer_view mem;
+  std::uint64_t offset = 0;
+  std::size_t nbytes = 0;
+};
+
 /// The GPU layer's routes.
 class gpu_backend {
  public:
@@ -53,8 +64,19 @@ class gpu_backend {
   /// One range through cuFile (the gds and compat paths). Reads return fewer bytes only at end of file.
   virtual std::size_t cufile_transfer(const open_file& f, bool write, buffer_view mem, std::size_t nbytes,
                                       std::uint64_t offset) = 0;
+  /// Moves entries through cuFile's batch API (the route for many small ranges in true GDS): calls done(k,
+  /// bytes, ec) once for each entry that ran; once stop() returns true the rest are skipped and those in flight
+  /// cancelled and waited for. Returns false, having done nothing, when the library has no batch API.
+  virtual bool cufile_batch(std::span<const cufile_entry> entries, const std::function<bool()>& stop,
+                            const std::function<void(std::size_t k, std::size_t bytes, std::error_code ec)>& done) = 0;
   /// A copier for the batch driver on `device`. Throws gdskit::error when the device cannot be used.
   virtual std::unique_ptr<group_copier> make_group_copier(int device) = 0;
+  /// Makes work queued on `stream` (a CUstream of `device`) after this call wait, on the GPU, until the returned
+  /// function is called (once, from any thread; it makes no CUDA call). Throws gdskit::error when the stream
+  /// cannot be made to wait.
+  virtual std::function<void()> stream_gate(void* stream, int device) = 0;
+  /// Calls `fn` (from a thread of the driver's; `fn` must make no CUDA call) once `stream` has reached this point.
+  virtual void when_stream_reaches(void* stream, int device, std::function<void()> fn) = 0;
 };
 
 }  // namespace gdskit::engine
