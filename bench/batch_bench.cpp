@@ -7,7 +7,7 @@
 // Each prints GiB/s, IOPS, per-range p50/p99/p99.9 latency and CPU-s per GiB, and the batch's ratios against the
 // ring (rate, p99.9) and against the workers (CPU).
 //
-//   batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT]      CASES default "4K:64,64K:64,2M:16"
+//   batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT] [--ring-only]   CASES default "4K:64,64K:64,2M:16"
 #include <fcntl.h>
 #include <liburing.h>
 #include <sys/resource.h>
@@ -204,8 +204,10 @@ int main(int argc, char** argv) {
   const double seconds = argc > 3 ? std::atof(argv[3]) : 6.0;
   const std::string cases = argc > 4 && argv[4][0] != '-' ? argv[4] : "4K:64,64K:64,2M:16";
   std::string json_path;
-  for (int i = 3; i + 1 < argc; ++i) {
-    if (std::string(argv[i]) == "--json") json_path = argv[i + 1];
+  bool ring_only = false;
+  for (int i = 3; i < argc; ++i) {
+    if (std::string(argv[i]) == "--json" && i + 1 < argc) json_path = argv[i + 1];
+    if (std::string(argv[i]) == "--ring-only") ring_only = true;
   }
   if (size == 0 || seconds <= 0) {
     std::fprintf(stderr, "batch_bench: bad SIZE or SECONDS\n");
@@ -237,6 +239,15 @@ int main(int argc, char** argv) {
     std::vector<result> rs;
     drop_cache(path);
     rs.push_back(raw_ring(path, size, io, depth, seconds));
+    if (ring_only) {
+      print(rs[0]);
+      if (json != nullptr) {
+        std::fprintf(json, "%s  {\"io\": %zu, \"depth\": %u, \"what\": \"ring\", \"gib_s\": %.4f, \"p999_us\": %.1f}",
+                     first_json ? "" : ",\n", io, depth, rs[0].gib_s, rs[0].p999_us);
+        first_json = false;
+      }
+      continue;
+    }
     std::vector<std::byte> host(per_batch * io + 4096);
     auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(host.data()) + 4095) / 4096 * 4096);
     drop_cache(path);

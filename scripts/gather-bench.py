@@ -43,7 +43,7 @@ def make(path, size_gib, row_bytes):
     chunk = max(1, (256 << 20) // row_bytes)
     for start in range(0, rows, chunk):
         n = min(chunk, rows - start)
-        a[start:start + n] = rng.integers(0, 2**31, size=(n, row_bytes // 4), dtype=np.int32).view(np.float32)
+        a[start:start + n] = np.frombuffer(rng.bytes(n * row_bytes), dtype=np.float32).reshape(n, row_bytes // 4)
     a.flush()
     del a
     return rows
@@ -97,8 +97,11 @@ def main():
             del out
     ring = None
     if a.ring:
-        r = subprocess.run([a.ring, a.file, f"{int(a.size_gib * 1024)}M", "4", f"{a.row_bytes}:{a.depth}", "--json",
-                            "/tmp/gather-ring.json"], capture_output=True, text=True)
+        # A file of its own next to the .npy (the bench creates it with the size asked for), removed afterwards.
+        ring_file = a.file + ".ring.dat"
+        r = subprocess.run([a.ring, ring_file, f"{int(a.size_gib * 1024)}M", "4", f"{a.row_bytes}:{a.depth}", "--json",
+                            "/tmp/gather-ring.json", "--ring-only"], capture_output=True, text=True)
+        os.unlink(ring_file)
         print(r.stdout.strip())
         with open("/tmp/gather-ring.json") as f:
             for row in json.load(f):

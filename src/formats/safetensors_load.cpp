@@ -4,9 +4,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <mutex>
 #include <new>
@@ -15,11 +13,11 @@
 #include <set>
 #include <string_view>
 #include <system_error>
-#include <thread>
 #include <unordered_map>
 
 #include "formats/safetensors_open.hpp"
 #include "formats/sha256.hpp"
+#include "gdskit/batch.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
 #include "gdskit/safetensors.hpp"
@@ -390,161 +388,112 @@ std::vector<segment> cut_segments(const shard_load& s, std::size_t seg_bytes, lo
   return segs;
 }
 
-// One pipeline of segments across every shard, at most `depth` reading at once. The loading thread queues each
-// shard's segments as soon as its header is parsed and its memory allocated and, while headers remain, has
-// threads of the pipeline's own read them as it goes on to the next header, so the queue does not drain at a
-// file boundary and header work overlaps reads. Once the last shard is queued the loading thread reads too
-// (a single file is read on it alone, as far as the depth allows). Segments are handed out in the order they
-// were queued; the first error (lowest segment) wins and stops the rest. Destruction drops what is queued and
-// waits for the reads in flight, so no read outlives the files or the memory, whatever ends the load. The
-// threads are not the shared pool's: readers wait for the loading thread, and pool workers parked that way
-// would be missing from the engine's own fan-out (or never start at all when load() runs on a pool worker).
-class segment_pipeline {
+// The shards' segments, read through the transfer core: each shard's segments are one batch, submitted as soon
+// as its header is parsed and its memory allocated, at most `depth` segments reading at once. The next shard's
+// batch goes out once the one before it has completed (so no more than `depth` segments ever read at once across
+// files), while this thread parses and allocates the shard after it: header work overlaps reads. The first
+// error (lowest segment) wins, and once a batch failed nothing more is read. Destruction cancels the batch in
+// flight and waits until it has let go of the files and the memory, whatever ends the load.
+class segment_batches {
  public:
-  explicit segment_pipeline(unsigned depth) : depth_(std::max(depth, 1u)) {}
-  ~segment_pipeline() { cancel(); }
-  segment_pipeline(const segment_pipeline&) = delete;
-  segment_pipeline& operator=(const segment_pipeline&) = delete;
+  explicit segment_batches(unsigned depth) : depth_(std::max(depth, 1u)) {}
+  ~segment_batches() { cancel(); }
+  segment_batches(const segment_batches&) = delete;
+  segment_batches& operator=(const segment_batches&) = delete;
 
-  // Queues the segments (dropped once a read failed or after cancel).
-  void push(const std::vector<segment>& segs) {
-    {
-      std::lock_guard lock(mutex_);
-      if (failed_ || stopped_) return;
-      for (const auto& sg : segs) queue_.push_back({sg, queued_++});
+  // Submits a shard's segments (after the batch before it has completed); dropped once a read failed. The last
+  // shard's single segment, with nothing else reading, is read on this thread (through the same core).
+  void push(std::vector<segment> segs, bool last) {
+    collect();
+    if (error_ || segs.empty()) return;
+    if (last && segs.size() == 1) {
+      if (!first_read_) first_read_ = steady_clock::now();
+      peak_ = std::max(peak_, 1u);
+      const segment& sg = segs.front();
+      try {
+        sg.file->read_exact(sg.dst, sg.nbytes, sg.file_offset);
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+      idle_since_ = steady_clock::now();
+      return;
     }
-    cv_.notify_all();
+    std::vector<io_range> ranges;
+    ranges.reserve(segs.size());
+    for (const auto& sg : segs) ranges.push_back({sg.file, sg.file_offset, sg.dst.sub(0, sg.nbytes)});
+    batch_options o;
+    o.queue_depth = depth_;
+    o.exact = true;
+    if (!first_read_) first_read_ = steady_clock::now();
+    submitted_ = steady_clock::now();
+    current_ = submit(io_direction::read, ranges, o);
+    segs_ = std::move(segs);
+    peak_ = std::max(peak_, static_cast<unsigned>(std::min<std::size_t>(depth_, segs_.size())));
   }
 
-  // Starts readers (up to the depth) for the queued segments, so that they read while this thread does other
-  // work.
-  void read_in_background() { start_threads(depth_, 0); }
+  // Whether a batch is reading.
+  bool busy() const { return current_.valid() && !current_.ready(); }
 
-  // Whether segments are queued or reading.
-  bool busy() const {
-    std::lock_guard lock(mutex_);
-    return busy_locked();
-  }
-
-  // Now while segments are queued or reading, else when the last one finished.
+  // Now while a batch reads, else when the last one completed.
   steady_clock::time_point idle_since() const {
-    std::lock_guard lock(mutex_);
-    return busy_locked() ? steady_clock::now() : idle_since_;
+    if (!current_.valid()) return idle_since_;
+    if (!current_.ready()) return steady_clock::now();
+    return completed_at(current_.get());
   }
 
-  // No more segments: reads on this thread too, with as many others as the depth and the queue call for,
-  // until every queued segment is read (or a failure stopped them); returns the first error, or null.
+  // Waits for the last batch; returns the first error, or null.
   std::exception_ptr finish() {
-    {
-      std::lock_guard lock(mutex_);
-      closed_ = true;
-    }
-    cv_.notify_all();
-    start_threads(depth_ - 1, 1);
-    work();
-    join();
+    collect();
     return error_;
   }
 
-  // Drops the queued segments and waits for those reading (an error elsewhere decides the load).
+  // Stops the batch in flight (its unread segments are cancelled) and waits until it has let go.
   void cancel() noexcept {
-    {
-      std::lock_guard lock(mutex_);
-      stopped_ = true;
-      queue_.clear();
-    }
-    cv_.notify_all();
-    join();
+    if (!current_.valid()) return;
+    current_.cancel();
+    current_.wait_released();
+    current_ = batch_future();
   }
 
-  // When the first segment started reading, if one did.
-  std::optional<steady_clock::time_point> first_read() const {
-    std::lock_guard lock(mutex_);
-    return first_read_;
-  }
-
-  unsigned peak_in_flight() const {
-    std::lock_guard lock(mutex_);
-    return peak_;
-  }
+  std::optional<steady_clock::time_point> first_read() const { return first_read_; }
+  unsigned peak_in_flight() const { return peak_; }
 
  private:
-  struct queued {
-    segment seg;
-    std::size_t index;  // order of queueing: decides which error wins
-  };
-
-  bool busy_locked() const { return in_flight_ > 0 || !queue_.empty(); }
-
-  void join() noexcept {
-    for (auto& t : threads_) t.join();
-    threads_.clear();
-  }
-
-  // Up to `most` threads, and no more than the queued segments beyond `others` other readers need. A thread
-  // that cannot start leaves its segments to the readers there are (the loading thread reads in finish()).
-  void start_threads(unsigned most, std::size_t others) {
-    std::size_t queued = 0;
-    {
-      std::lock_guard lock(mutex_);
-      queued = queue_.size();
-    }
-    const std::size_t want = std::min<std::size_t>(most, queued > others ? queued - others : 0);
-    try {
-      while (threads_.size() < want) threads_.emplace_back([this] { work(); });
-    } catch (const std::system_error&) {
-    }
-  }
-
-  void work() {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      cv_.wait(lock, [this] {
-        return stopped_ || failed_ || (closed_ && queue_.empty()) || (!queue_.empty() && in_flight_ < depth_);
-      });
-      if (stopped_ || failed_ || queue_.empty()) return;
-      const queued q = queue_.front();
-      queue_.pop_front();
-      peak_ = std::max(peak_, ++in_flight_);
-      if (!first_read_) first_read_ = steady_clock::now();
-      lock.unlock();
-      std::exception_ptr e;
+  // Waits for the batch in flight and keeps its first failure.
+  void collect() {
+    if (!current_.valid()) return;
+    const batch_result& r = current_.get();
+    current_.wait_released();
+    idle_since_ = completed_at(r);
+    for (std::size_t k = 0; k < r.ranges.size() && !error_; ++k) {
+      const range_result& x = r.ranges[k];
+      if (x.ok()) continue;
+      const segment& sg = segs_[k];
+      const std::string path = sg.file->path().string();
       try {
-        q.seg.file->read_exact(q.seg.dst, q.seg.nbytes, q.seg.file_offset);
-      } catch (...) {
-        e = std::current_exception();
-      }
-      lock.lock();
-      --in_flight_;
-      if (e) {
-        // Every lower segment was handed out before this one, so the lowest failure is among those that ran.
-        if (q.index < error_index_) {
-          error_ = e;
-          error_index_ = q.index;
+        if (x.error == errno_code(ENODATA)) {
+          throw short_read_error(path, static_cast<std::int64_t>(sg.file_offset), sg.nbytes, x.nbytes);
         }
-        failed_ = true;
-        queue_.clear();
+        throw error(x.error, "pread", path, static_cast<std::int64_t>(sg.file_offset), sg.nbytes);
+      } catch (...) {
+        error_ = std::current_exception();
       }
-      if (!busy_locked()) idle_since_ = steady_clock::now();
-      cv_.notify_all();  // a reading slot is free, or the reads are over
     }
+    current_ = batch_future();
+  }
+
+  steady_clock::time_point completed_at(const batch_result& r) const {
+    return submitted_ + std::chrono::duration_cast<steady_clock::duration>(std::chrono::duration<double>(r.seconds));
   }
 
   const unsigned depth_;
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<queued> queue_;
-  std::vector<std::thread> threads_;  // touched by the loading thread only
-  std::size_t queued_ = 0;            // segments queued so far (under the lock)
-  unsigned in_flight_ = 0;
-  unsigned peak_ = 0;
-  bool closed_ = false;
-  bool stopped_ = false;
-  bool failed_ = false;
-  std::exception_ptr error_;
-  std::size_t error_index_ = SIZE_MAX;
-  std::optional<steady_clock::time_point> first_read_;
+  batch_future current_;
+  std::vector<segment> segs_;
+  steady_clock::time_point submitted_{};
   steady_clock::time_point idle_since_{};
+  std::optional<steady_clock::time_point> first_read_;
+  std::exception_ptr error_;
+  unsigned peak_ = 0;
 };
 
 // A new allocation of the model of `nbytes` on options.device: the caller's (checked) or the loader's own.
@@ -580,7 +529,7 @@ model load(const std::filesystem::path& path, const load_options& options) {
       std::max<std::size_t>(options.pipeline_segment_bytes / k_host_alignment * k_host_alignment, k_host_alignment);
   // Declared after the files and the memory it reads into, so that on every way out it is destroyed first:
   // its reads drain before either goes.
-  segment_pipeline pipeline(options.pipeline_depth);
+  segment_batches pipeline(options.pipeline_depth);
   // Only this thread queues segments, so during a step of its own the reads can run dry but not resume: the
   // step overlapped them from its start until they ran dry.
   auto account = [&](steady_clock::time_point t0, bool busy, double& total) {
@@ -611,9 +560,7 @@ model load(const std::filesystem::path& path, const load_options& options) {
     try {
       s.view = allocate(*m.storage_, s.nbytes, options);
       if (m.storage_->allocations.size() == 1) stats.path = s.file.plan(s.view);
-      pipeline.push(cut_segments(s, seg_bytes, stats));
-      // Headers remain: the queued segments read while this thread parses them.
-      if (fi + 1 < shards.size()) pipeline.read_in_background();
+      pipeline.push(cut_segments(s, seg_bytes, stats), fi + 1 == shards.size());
     } catch (...) {
       alloc_error = std::current_exception();
       pipeline.cancel();

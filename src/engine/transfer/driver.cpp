@@ -1207,7 +1207,8 @@ void run_batch(const transfer_core& core, const batch_ptr& b, const driver_limit
   }
   (void)write;
   for (auto& [device, ranges] : drive) run_driver(core, b, std::move(ranges), device, limits);
-  if (!singles.empty()) run_singles(core, b, std::move(singles), 4);
+  // Each single-range transfer is parallel itself: a few at once keep the device busy; the batch's depth wins.
+  if (!singles.empty()) run_singles(core, b, std::move(singles), b->options.queue_depth != 0 ? b->options.queue_depth : 4);
   if (!gds.empty()) run_cufile(core, b, std::move(gds));
   b->release_hold();  // every job above holds the batch itself
 }
