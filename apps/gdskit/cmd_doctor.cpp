@@ -122,16 +122,16 @@ void add_doctor_command(CLI::App& app) {
       }
       if (!opt->capture.empty()) {
         if (auto ec = doctor::write_capture(root, path, opt->capture)) {
-          fmt::print(stderr, "gdskit doctor: --capture {}: {}\n", opt->capture, ec.message());
+          fmt::print(stderr, "gdskit doctor: --capture {}: {}\n", printable(opt->capture), ec.message());
           exit_code() = 2;
           return;
         }
-        fmt::print(stderr, "capture written to {} ({} files)\n", opt->capture, root.recorded().size());
+        fmt::print(stderr, "capture written to {} ({} files)\n", printable(opt->capture), root.recorded().size());
       }
       std::fflush(stdout);
       exit_code() = report.result.exit_code();
     } catch (const std::exception& e) {
-      fmt::print(stderr, "gdskit doctor: {}\n", e.what());
+      fmt::print(stderr, "gdskit doctor: {}\n", printable(e.what()));
       exit_code() = 2;
     }
   });

@@ -7,6 +7,7 @@
 #include "common/json_text.hpp"
 
 #include "doctor/checks.hpp"
+#include "doctor/json_input.hpp"
 
 namespace gdskit::doctor {
 namespace {
@@ -81,11 +82,13 @@ void read_cufile_config(system_root& root, facts& f, layer& userspace) {
     userspace.checks.push_back(std::move(c));
     return;
   }
-  json j = json::parse(*r.text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  std::string why;
+  json j = parse_json_bounded(*r.text, /*comments=*/true, why);
   if (j.is_discarded() || !j.is_object()) {
+    if (why.empty()) why = "not a JSON object";
     c.state = status::warn;
-    c.summary = "/" + rel + " is not valid JSON: cuFile may refuse to start or ignore it";
-    c.evidence.push_back({rel, 0, "parse error"});
+    c.summary = "/" + rel + " is not usable JSON (" + why + "): cuFile may refuse to start or ignore it";
+    c.evidence.push_back({rel, 0, why});
     c.fix = "Restore a valid cufile.json (the packaged copy is /usr/local/cuda/gds/cufile.json).";
     userspace.checks.push_back(std::move(c));
     return;
@@ -121,8 +124,12 @@ void read_cufile_config(system_root& root, facts& f, layer& userspace) {
   if (const json* deny = at_path(j, {"denylist"}); deny != nullptr && deny->is_object()) {
     for (auto it = deny->begin(); it != deny->end(); ++it) {
       if (it.value().is_array() && !it.value().empty()) {
-        warns.push_back(fmt::format("denylist.{} = {}", it.key(), json_text(it.value(), -1)));
-        c.evidence.push_back({rel, line_of(*r.text, it.key()), fmt::format("denylist.{}: {}", it.key(), json_text(it.value(), -1))});
+        // A deny list is a few names; a hostile one is cut so the report stays readable.
+        std::string value = json_text(it.value(), -1);
+        if (value.size() > 200) value = value.substr(0, 200) + "...";
+        std::string key = it.key().size() > 64 ? it.key().substr(0, 64) + "..." : it.key();
+        warns.push_back(fmt::format("denylist.{} = {}", key, value));
+        c.evidence.push_back({rel, line_of(*r.text, it.key()), fmt::format("denylist.{}: {}", key, value)});
       }
     }
   }

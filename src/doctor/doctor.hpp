@@ -9,6 +9,7 @@
 #include "doctor/probe.hpp"
 #include "doctor/report.hpp"
 #include "doctor/system_root.hpp"
+#include "doctor/tar_reader.hpp"
 
 namespace gdskit::doctor {
 
@@ -51,10 +52,12 @@ class private_folder {
   std::error_code error_;
 };
 
-/// Unpacks a capture archive (.tar.gz from write_capture) into `dest`, an empty private folder. Refuses
-/// (EINVAL, `why` says what) archives with links or special files, absolute names, "..", more than 100000
-/// members or more than 512 MiB unpacked.
+/// Unpacks a capture archive (.tar.gz from write_capture) into `dest`, an empty private folder: gzip
+/// decompresses it (reading the archive as its standard input) and the tar stream is checked header by header
+/// as it is written out (tar_reader). Refuses (EINVAL, `why` says what) archives with links or special files,
+/// absolute names, "..", more members or more bytes than `limits` (100000, 512 MiB); on any error `dest` is
+/// left empty.
 std::error_code extract_capture(const std::filesystem::path& archive, const std::filesystem::path& dest,
-                                std::string& why);
+                                std::string& why, const tar_limits& limits = {});
 
 }  // namespace gdskit::doctor

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_text.hpp"
+#include "common/shell_text.hpp"
 
 #include "doctor/doctor.hpp"
 
@@ -51,6 +52,9 @@ json counts_json(const std::optional<io_path_counts>& c) {
 }  // namespace
 
 std::string render_text(const report& r, bool colour) {
+  // Every string below can hold bytes of a captured file or a path: escaped, so a hostile root cannot send
+  // escape sequences or bell characters to the terminal (the only escapes written are our colours).
+  const auto& safe = printable;
   std::string out;
   const char* bold = colour ? "\x1b[1m" : "";
   const char* reset = colour ? "\x1b[0m" : "";
@@ -58,24 +62,24 @@ std::string render_text(const report& r, bool colour) {
                      : r.result.kind == verdict_kind::true_gds ? "\x1b[1;32m"
                      : r.result.kind == verdict_kind::compat_only ? "\x1b[1;33m"
                                                                    : "\x1b[1;31m";
-  out += fmt::format("{}{}{}\n", vcol, r.result.line, reset);
-  out += fmt::format("root {}  path {}\n", r.root, r.path);
+  out += fmt::format("{}{}{}\n", vcol, safe(r.result.line), reset);
+  out += fmt::format("root {}  path {}\n", safe(r.root), safe(r.path));
   if (!r.result.reasons.empty()) {
     out += "why not GDS:\n";
-    for (const auto& why : r.result.reasons) out += "  - " + why + "\n";
+    for (const auto& why : r.result.reasons) out += "  - " + safe(why) + "\n";
   }
   for (const auto& l : r.layers) {
-    out += fmt::format("\n{} {}{}{}\n", tag(l.state(), colour), bold, l.title, reset);
+    out += fmt::format("\n{} {}{}{}\n", tag(l.state(), colour), bold, safe(l.title), reset);
     for (const auto& c : l.checks) {
-      out += fmt::format("  {} {:<24} {}\n", tag(c.state, colour), c.id, c.summary);
+      out += fmt::format("  {} {:<24} {}\n", tag(c.state, colour), safe(c.id), safe(c.summary));
       for (const auto& e : c.evidence) {
-        if (e.line > 0) out += fmt::format("          evidence: {}:{}: {}\n", e.file, e.line, e.text);
-        else out += fmt::format("          evidence: {}: {}\n", e.file, e.text);
+        if (e.line > 0) out += fmt::format("          evidence: {}:{}: {}\n", safe(e.file), e.line, safe(e.text));
+        else out += fmt::format("          evidence: {}: {}\n", safe(e.file), safe(e.text));
       }
-      if (!c.fix.empty() && c.state != status::ok) out += fmt::format("          fix: {}\n", c.fix);
+      if (!c.fix.empty() && c.state != status::ok) out += fmt::format("          fix: {}\n", safe(c.fix));
     }
   }
-  if (r.probe && !r.probe->ran) out += fmt::format("\nlive probe: not run ({})\n", r.probe->skipped_reason);
+  if (r.probe && !r.probe->ran) out += fmt::format("\nlive probe: not run ({})\n", safe(r.probe->skipped_reason));
   return out;
 }
 

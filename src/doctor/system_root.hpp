@@ -10,6 +10,8 @@
 #include <system_error>
 #include <vector>
 
+#include "posix/syscalls.hpp"
+
 namespace gdskit::doctor {
 
 /// Text of one file or command output, or why it could not be read. Never throws.
@@ -78,6 +80,8 @@ class system_root {
 
  private:
   std::filesystem::path abs(const std::string& rel) const;
+  // A captured file opened inside the root (open_in_root); on failure sets `failed` and returns no fd.
+  posix::unique_fd open_file(const std::string& rel, read_result& failed) const;
   read_result live_command(const std::string& name);
 
   std::filesystem::path root_;
@@ -86,6 +90,13 @@ class system_root {
   std::vector<std::string> capped_;
   void note_capped(const std::string& rel);
 };
+
+/// Opens `rel` under the folder `root` as the captured machine would see it: every component is resolved
+/// inside `root` (".." stops at it), symbolic links are followed only while they stay inside (a relative target
+/// that climbs above `root`, or any absolute target, is refused with EACCES and `why` saying so), at most 40 of
+/// them. The last component is opened with `flags` | O_NOFOLLOW | O_CLOEXEC. Returns no fd with `ec` set on failure.
+posix::unique_fd open_in_root(const std::filesystem::path& root, const std::string& rel, int flags, std::error_code& ec,
+                              std::string& why);
 
 /// Splits text into lines (no trailing '\n'; a final line without newline is kept).
 std::vector<std::string> split_lines(const std::string& text);
