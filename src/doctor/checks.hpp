@@ -53,6 +53,9 @@ std::string last_bdf_in(std::string_view s);
 std::string root_complex_in(std::string_view s);
 
 void read_cufile_config(system_root& root, facts& f, layer& userspace);
+/// The userspace.cufile_json check of the document `text` read from `rel` (relative to the root); sets what
+/// later layers need in `f`. Any bytes are acceptable input. Never throws.
+check judge_cufile_json(const std::string& text, const std::string& rel, facts& f);
 layer check_gpu(system_root& root, facts& f);
 layer check_kernel(system_root& root, facts& f);
 void check_userspace(system_root& root, facts& f, layer& userspace);

@@ -147,7 +147,8 @@ std::error_code tar_reader::on_header() {
     m.directory = type == '5' || (!raw.empty() && raw.back() == '/' && type != '0');
     std::string why;
     if (!normalise_member_name(raw, limits_.max_name_bytes, m.name, why)) return fail(why);
-    if (++members_ > limits_.max_members) return fail(fmt::format("more than {} members", limits_.max_members));
+    if (members_ >= limits_.max_members) return fail(fmt::format("more than {} members", limits_.max_members));
+    ++members_;
     if (m.directory) bytes = 0;
     if (bytes > limits_.max_total_bytes - std::min(total_, limits_.max_total_bytes))
       return fail(fmt::format("unpacks to more than {} MiB", limits_.max_total_bytes >> 20));
