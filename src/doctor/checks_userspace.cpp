@@ -241,6 +241,36 @@ void check_userspace(system_root& root, facts& f, layer& out) {
     }
   }
 
+  if (f.route.nvfs()) {
+    // libcufile reaches nvidia-fs through /dev/nvidia-fs*; a container (or a host without udev) can have the
+    // module loaded and no device nodes.
+    check c{"userspace.nvfs_devices", "nvidia-fs device nodes", status::unknown, impact::direct, "", {}, ""};
+    auto r = root.command("dev-nvidia-fs");
+    if (!r.ok()) {
+      c.summary = "the /dev/nvidia-fs* nodes were not recorded";
+      c.fix = "List them (ls /dev/nvidia-fs*), or capture again with this gdskit doctor.";
+    } else {
+      std::size_t n = 0;
+      for (const auto& l : split_lines(*r.text))
+        if (trim(l).rfind("nvidia-fs", 0) == 0) ++n;
+      c.evidence.push_back({"commands/dev-nvidia-fs.txt", 0, fmt::format("{} node(s)", n)});
+      if (n > 0) {
+        c.state = status::ok;
+        c.summary = fmt::format("{} /dev/nvidia-fs* node(s)", n);
+      } else {
+        c.state = status::fail;
+        c.summary = "nvidia-fs is loaded but /dev/nvidia-fs* is missing here: libcufile cannot reach it and runs in "
+                    "compat mode (and its error path closes the process's fd 0)";
+        c.fix = root.exists(".dockerenv") || root.exists("run/.containerenv")
+                    ? "Start the container with the nodes: --device /dev/nvidia-fs0 ... --device /dev/nvidia-fs15 (all "
+                      "of them), or the NVIDIA container toolkit's GDS option."
+                    : "Recreate the nodes (reload nvidia-fs: modprobe -r nvidia-fs && modprobe nvidia-fs) and check that "
+                      "udev runs.";
+      }
+    }
+    out.checks.push_back(std::move(c));
+  }
+
   {
     check c{"userspace.environment", "Container / WSL", status::ok, impact::direct, "", {}, ""};
     auto rel = root.read("proc/sys/kernel/osrelease");

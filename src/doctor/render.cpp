@@ -60,7 +60,8 @@ std::string render_text(const report& r, bool colour) {
   const char* reset = colour ? "\x1b[0m" : "";
   const char* vcol = !colour ? ""
                      : r.result.kind == verdict_kind::true_gds ? "\x1b[1;32m"
-                     : r.result.kind == verdict_kind::compat_only ? "\x1b[1;33m"
+                     : r.result.kind == verdict_kind::compat_only || r.result.kind == verdict_kind::not_proven
+                         ? "\x1b[1;33m"
                                                                    : "\x1b[1;31m";
   out += fmt::format("{}{}{}\n", vcol, safe(r.result.line), reset);
   out += fmt::format("root {}  path {}\n", safe(r.root), safe(r.path));
@@ -76,7 +77,8 @@ std::string render_text(const report& r, bool colour) {
         if (e.line > 0) out += fmt::format("          evidence: {}:{}: {}\n", safe(e.file), e.line, safe(e.text));
         else out += fmt::format("          evidence: {}: {}\n", safe(e.file), safe(e.text));
       }
-      if (!c.fix.empty() && c.state != status::ok) out += fmt::format("          fix: {}\n", safe(c.fix));
+      if (!c.fix.empty() && c.state != status::ok)
+        out += fmt::format("          {}: {}\n", c.state == status::unknown ? "to prove" : "fix", safe(c.fix));
     }
   }
   if (r.probe && !r.probe->ran) out += fmt::format("\nlive probe: not run ({})\n", safe(r.probe->skipped_reason));

@@ -169,6 +169,13 @@ read_result run_program(const std::string& cmdline) {
   return {std::move(out), {}};
 }
 
+// The first of `candidates` (absolute paths) that can be run; nullptr when none.
+const char* program_path(std::initializer_list<const char*> candidates) {
+  for (const char* p : candidates)
+    if (::access(p, X_OK) == 0) return p;
+  return nullptr;
+}
+
 bool program_exists(const char* name) {
   const char* path = std::getenv("PATH");
   std::stringstream ss(path != nullptr ? path : "/usr/bin:/bin:/usr/sbin:/sbin");
@@ -234,9 +241,12 @@ read_result system_root::grep(const std::string& rel, const std::vector<std::str
   return {std::move(out), {}, b.capped, {}};
 }
 
-std::vector<std::string> system_root::list(const std::string& rel, std::error_code& ec) {
+std::vector<std::string> system_root::list(const std::string& rel, std::error_code& ec, bool record_links) {
   std::vector<std::string> names;
   ec.clear();
+  // Folders of links (sysfs slaves and holders) are kept in a capture as one X.link file per entry.
+  constexpr std::size_t max_recorded_links = 4096;
+  std::size_t recorded_links = 0;
   if (!live_) {
     std::string why;
     posix::unique_fd fd = open_in_root(root_, rel, O_RDONLY | O_DIRECTORY, ec, why);
@@ -249,14 +259,27 @@ std::vector<std::string> system_root::list(const std::string& rel, std::error_co
     fd.release();  // closedir closes it
     // A folder of a hostile root can hold millions of entries: the checks never need more than these.
     constexpr std::size_t max_entries = 100000;
+    std::vector<std::string> links;
     while (const dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
+      std::string n = e->d_name;
       if (n == "." || n == "..") continue;
       if (names.size() >= max_entries) break;
-      names.push_back(n);
+      // "X.link" stands for the link X of the captured machine.
+      if (n.size() > 5 && n.compare(n.size() - 5, 5, ".link") == 0) {
+        links.push_back(n);
+        n.resize(n.size() - 5);
+      }
+      names.push_back(std::move(n));
     }
     ::closedir(d);
+    if (record_links) {
+      for (const auto& l : links) {
+        if (++recorded_links > max_recorded_links) break;
+        (void)read(rel + "/" + l, 4096);
+      }
+    }
     std::sort(names.begin(), names.end());
+    names.erase(std::unique(names.begin(), names.end()), names.end());
     return names;
   }
   fs::directory_iterator it(abs(rel), ec);
@@ -264,6 +287,11 @@ std::vector<std::string> system_root::list(const std::string& rel, std::error_co
   for (; it != fs::directory_iterator(); it.increment(ec)) {
     if (ec) break;
     names.push_back(it->path().filename().string());
+    if (record_links && it->is_symlink() && ++recorded_links <= max_recorded_links) {
+      std::error_code lec;
+      const auto target = fs::read_symlink(it->path(), lec);
+      if (!lec) recorded_[rel + "/" + names.back() + ".link"] = target.string() + "\n";
+    }
   }
   std::sort(names.begin(), names.end());
   return names;
@@ -273,7 +301,8 @@ bool system_root::exists(const std::string& rel) const {
   std::error_code ec;
   if (!live_) {
     std::string why;
-    return static_cast<bool>(open_in_root(root_, rel, O_PATH, ec, why));
+    return static_cast<bool>(open_in_root(root_, rel, O_PATH, ec, why)) ||
+           static_cast<bool>(open_in_root(root_, rel + ".link", O_PATH, ec, why));
   }
   return fs::exists(fs::symlink_status(abs(rel), ec));
 }
@@ -357,6 +386,29 @@ read_result system_root::live_command(const std::string& name) {
     std::string out;
     for (auto& n : names) out += n + "\n";
     return {std::move(out), {}};
+  }
+  if (name == "dev-nvidia-fs") {
+    auto names = list("dev", ec);
+    if (ec) return {std::nullopt, ec};
+    std::string out;
+    for (auto& n : names)
+      if (n.rfind("nvidia-fs", 0) == 0) out += n + "\n";
+    return {std::move(out), {}};
+  }
+  if (name == "modinfo-nvidia-fs" || name == "modinfo-nvidia") {
+    const char* prog = program_path({"/sbin/modinfo", "/usr/sbin/modinfo", "/usr/bin/modinfo"});
+    if (prog == nullptr) return {std::nullopt, std::make_error_code(std::errc::no_such_file_or_directory)};
+    return run_program(std::string(prog) + (name == "modinfo-nvidia" ? " nvidia" : " nvidia-fs"));
+  }
+  if (name == "dkms-status") {
+    const char* prog = program_path({"/usr/sbin/dkms", "/sbin/dkms", "/usr/bin/dkms"});
+    if (prog == nullptr) return {std::nullopt, std::make_error_code(std::errc::no_such_file_or_directory)};
+    return run_program(std::string(prog) + " status");
+  }
+  if (name == "mokutil-sb-state") {
+    const char* prog = program_path({"/usr/bin/mokutil", "/bin/mokutil", "/usr/sbin/mokutil"});
+    if (prog == nullptr) return {std::nullopt, std::make_error_code(std::errc::no_such_file_or_directory)};
+    return run_program(std::string(prog) + " --sb-state");
   }
   if (name == "ls-sys-bus-pci-devices") {
     auto names = list("sys/bus/pci/devices", ec);

@@ -52,9 +52,11 @@ class system_root {
   /// Reads a file and keeps only lines containing one of `needles`; only those lines are recorded
   /// (how /proc/kallsyms, many MiB, is read and captured). At most max_scan_bytes are scanned.
   read_result grep(const std::string& rel, const std::vector<std::string>& needles);
-  /// Entry names of a folder, sorted; error when absent or unreadable.
-  std::vector<std::string> list(const std::string& rel, std::error_code& ec);
-  /// Whether a path exists (recorded as a listing of its parent would be too much; not recorded).
+  /// Entry names of a folder, sorted; error when absent or unreadable. In a capture an entry "X.link" is the
+  /// link X of the captured machine and is listed as X. With `record_links`, every entry that is a link is
+  /// recorded as "<rel>/X.link" holding its target (how sysfs slaves and holders folders reach a capture).
+  std::vector<std::string> list(const std::string& rel, std::error_code& ec, bool record_links = false);
+  /// Whether a path (or, in a capture, the link X.link standing for it) exists; not recorded.
   bool exists(const std::string& rel) const;
   /// Target of a symlink (live: readlink; capture: the text of <rel>.link).
   read_result link_target(const std::string& rel);
