@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <functional>
 
+#include "common/shell_text.hpp"
 #include "doctor/doctor.hpp"
 #include "doctor/tar_reader.hpp"
 #include "posix/syscalls.hpp"
@@ -113,8 +114,17 @@ private_folder::~private_folder() {
 }
 
 std::error_code write_capture(const system_root& root, const std::string& path, const fs::path& out) {
+  std::string why;
+  return write_capture(root, path, out, why);
+}
+
+std::error_code write_capture(const system_root& root, const std::string& path, const fs::path& out, std::string& why) {
+  auto failed = [&](std::error_code ec, const std::string& what) {
+    why = what + ": " + ec.message();
+    return ec;
+  };
   private_folder stage;
-  if (stage.error()) return stage.error();
+  if (stage.error()) return failed(stage.error(), "cannot make a staging folder under $TMPDIR");
   std::error_code ec;
   auto files = root.recorded();
   files["commands/doctor-path.txt"] = path + "\n";
@@ -125,15 +135,34 @@ std::error_code write_capture(const system_root& root, const std::string& path, 
     while (!r.empty() && r.front() == '/') r.erase(0, 1);
     fs::path dst = stage.path() / r;
     fs::create_directories(dst.parent_path(), ec);
-    if (ec) return ec;
-    if ((ec = write_file(dst, content))) return ec;
+    if (ec) return failed(ec, "cannot stage it under $TMPDIR");
+    if ((ec = write_file(dst, content))) return failed(ec, "cannot stage it under $TMPDIR");
   }
   // tar writes the archive to a pipe and gdskit writes the file, so a full disk is reported as ENOSPC and the
-  // partial archive removed, never left as a truncated file.
-  posix::unique_fd fd(posix::open_retry(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644, ec));
-  if (!fd) return ec;
+  // partial archive removed, never left as a truncated file. O_NONBLOCK: a FIFO without a reader is refused,
+  // not waited on.
+  posix::unique_fd fd(posix::open_retry(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0644, ec));
+  if (!fd) {
+    std::error_code pec;
+    const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+    if (ec == std::errc::no_such_file_or_directory && !fs::exists(parent, pec)) {
+      why = "cannot create it: the folder " + printable(parent.string()) + " does not exist";
+      return ec;
+    }
+    if (const auto st = fs::status(out, pec); !pec && fs::exists(st) && !fs::is_regular_file(st)) {
+      why = "not a regular file: --capture writes a new .tar.gz file";
+      return std::make_error_code(std::errc::invalid_argument);
+    }
+    return failed(ec, "cannot create it");
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    why = "not a regular file: --capture writes a new .tar.gz file";
+    return std::make_error_code(std::errc::invalid_argument);
+  }
   std::uint64_t offset = 0;
-  ec = run_program(program_path("tar"), {"-czf", "-", "-C", fs::absolute(stage.path()).string(), "."}, -1,
+  const char* tar = program_path("tar");
+  ec = run_program(tar, {"-czf", "-", "-C", fs::absolute(stage.path()).string(), "."}, -1,
                    [&](const char* data, std::size_t n) {
     std::error_code wec;
     posix::pwrite_full(fd.get(), data, n, offset, wec);
@@ -142,7 +171,12 @@ std::error_code write_capture(const system_root& root, const std::string& path, 
   });
   if (!ec && posix::sys().fdatasync(fd.get()) != 0) ec = {errno, std::generic_category()};
   fd.reset();
-  if (ec) ::unlink(out.c_str());
+  if (ec) {
+    ::unlink(out.c_str());
+    if (ec == std::errc::io_error) why = std::string(tar) + " failed to write the archive";
+    else if (ec == std::errc::no_such_file_or_directory) why = std::string(tar) + " could not be run: " + ec.message();
+    else why = ec.message();
+  }
   return ec;
 }
 

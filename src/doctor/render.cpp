@@ -51,11 +51,45 @@ json counts_json(const std::optional<io_path_counts>& c) {
 
 }  // namespace
 
-std::string render_text(const report& r, bool colour) {
+namespace {
+
+// The failed checks that mean no NVIDIA GPU can be used at all (no driver, or none known to it).
+std::vector<const check*> no_gpu_checks(const report& r) {
+  std::vector<const check*> out;
+  if (r.probe && r.probe->ran) return out;
+  for (const auto& l : r.layers)
+    if (l.id == "gpu")
+      for (const auto& c : l.checks)
+        if ((c.id == "gpu.driver" || c.id == "gpu.devices") && c.state == status::fail) out.push_back(&c);
+  return out;
+}
+
+}  // namespace
+
+std::string render_text(const report& r, bool colour, bool all_layers) {
   // Every string below can hold bytes of a captured file or a path: escaped, so a hostile root cannot send
   // escape sequences or bell characters to the terminal (the only escapes written are our colours).
   const auto& safe = printable;
   std::string out;
+  if (const auto missing = no_gpu_checks(r); !all_layers && !missing.empty()) {
+    const char* red = colour ? "\x1b[1;31m" : "";
+    const char* off = colour ? "\x1b[0m" : "";
+    out += fmt::format("{}No usable NVIDIA GPU here: GPUDirect Storage (and cuFile) cannot work.{}\n", red, off);
+    for (const check* c : missing) {
+      out += fmt::format("  {}: {}\n", safe(c->id), safe(c->summary));
+      if (!c->fix.empty()) out += fmt::format("    fix: {}\n", safe(c->fix));
+    }
+    std::size_t others = 0;
+    for (const auto& l : r.layers) others += l.id != "gpu";
+    out += "gdskit still reads and writes files here, through host memory.\n";
+    // What that I/O starts from on this device (live systems only).
+    for (const auto& l : r.layers)
+      for (const auto& c : l.checks)
+        if (c.id == "storage.profile") out += fmt::format("  {}: {}\n", safe(c.id), safe(c.summary));
+    out += fmt::format("root {}  path {}; `gdskit doctor --all` shows the {} other layers\n", safe(r.root), safe(r.path),
+                       others);
+    return out;
+  }
   const char* bold = colour ? "\x1b[1m" : "";
   const char* reset = colour ? "\x1b[0m" : "";
   const char* vcol = !colour ? ""

@@ -21,3 +21,18 @@ for root in "$src"/tests/fixtures/systems/corpus/*/; do
 done
 [ "$n" -ge 15 ] || fail "only $n corpus roots"
 echo "ok ($n roots)"
+
+# A machine without a usable NVIDIA GPU gets a few lines (that first, what to fix, --all for the layers);
+# --all and --json still give every layer, and a machine with a GPU always does.
+short=$("$gdskit" doctor --root "$src/tests/fixtures/systems/corpus/case-16" --no-color)
+[ $? -eq 1 ] || fail "no-GPU root: exit code"
+[ "$(wc -l <<<"$short")" -le 8 ] || fail "no-GPU report is $(wc -l <<<"$short") lines: $short"
+head -1 <<<"$short" | grep -q '^No usable NVIDIA GPU here' || fail "no-GPU report does not say so first: $short"
+grep -q 'version magic' <<<"$short" || fail "no-GPU report hides the cause: $short"
+grep -q -- '--all' <<<"$short" || fail "no-GPU report does not point at --all: $short"
+full=$("$gdskit" doctor --root "$src/tests/fixtures/systems/corpus/case-16" --no-color --all)
+grep -q 'storage.mount' <<<"$full" || fail "--all does not show every layer"
+"$gdskit" doctor --root "$src/tests/fixtures/systems/corpus/case-16" --json | grep -q '"storage.mount"' || fail "--json lost layers"
+"$gdskit" doctor --root "$src/tests/fixtures/systems/gds-ok-nvme-ext4" --no-color | grep -q 'storage.mount' ||
+  fail "a machine with a GPU lost its layers"
+echo "ok (short report without a GPU)"
