@@ -239,7 +239,10 @@ load_failure why_not_loaded(system_root& root, const facts& f, const std::string
     }
     // The DKMS build log says why the build failed.
     std::error_code ec;
-    for (const auto& ver : root.list("var/lib/dkms/" + stem, ec)) {
+    // A handful of versions is what DKMS keeps; a hostile root's thousands are not each opened.
+    auto versions = root.list("var/lib/dkms/" + stem, ec);
+    if (versions.size() > 8) versions.resize(8);
+    for (const auto& ver : versions) {
       const std::string log = "var/lib/dkms/" + stem + "/" + ver + "/build/make.log";
       auto r = root.grep(log, {"error:", "Error "});
       if (r.ok() && !r.text->empty()) {

@@ -102,4 +102,16 @@ run_doctor "$r"
 LC_ALL=C grep -q $'[\x01-\x08\x0b-\x1f\x7f]' <<<"$out" && fail "control bytes reached the report: $(printf '%q' "$out")"
 grep -q 'x1b' <<<"$out" || fail "escapes not shown as text: $out"
 
+# --capture onto a FIFO or a folder is refused at once (a FIFO without a reader used to block the doctor), and a
+# missing folder is named once.
+mkfifo "$work/fifo"
+err=$(timeout 20 "$gdskit" doctor --root "$base" --no-color --capture "$work/fifo" 2>&1 >/dev/null)
+rc=$?
+[ "$rc" -eq 2 ] || fail "--capture onto a FIFO: exit $rc: $err"
+grep -q 'not a regular file' <<<"$err" || fail "--capture onto a FIFO: $err"
+err=$("$gdskit" doctor --root "$base" --no-color --capture "$work/none/x.tar.gz" 2>&1 >/dev/null)
+[ $? -eq 2 ] || fail "--capture into a missing folder must exit 2"
+[ "$err" = "gdskit doctor: --capture $work/none/x.tar.gz: cannot create it: the folder $work/none does not exist" ] ||
+  fail "--capture into a missing folder: $err"
+
 echo "ok"
