@@ -88,6 +88,7 @@ std::string render_text(const report& r, bool colour, bool all_layers) {
         if (c.id == "storage.profile") out += fmt::format("  {}: {}\n", safe(c.id), safe(c.summary));
     out += fmt::format("root {}  path {}; `gdskit doctor --all` shows the {} other layers\n", safe(r.root), safe(r.path),
                        others);
+    if (r.probe) out += fmt::format("live probe: not run ({})\n", safe(r.probe->skipped_reason));
     return out;
   }
   const char* bold = colour ? "\x1b[1m" : "";
