@@ -177,7 +177,10 @@ layer check_kernel(system_root& root, facts& f) {
     check c{"kernel.nvme_hook", "NVMe nvfs hook", status::unknown, impact::direct, "", {}, ""};
     auto v1 = has_sym("nvme_v1_register_nvfs_dma_ops");
     auto v2 = has_sym("nvme_v2_register_nvfs_dma_ops");
+    // Only the kernel's own function counts: nvidia-fs's configure probes the base kernel, while DOCA-OFED's nvme
+    // carries a backport of its own (a module symbol, "[...]" in kallsyms) that nvidia-fs never sees.
     auto iter = has_sym("blk_rq_dma_map_iter_start");
+    if (iter.first > 0 && iter.second.find('[') != std::string::npos) iter = {0, {}};
     f.route.nvme_rdma_hook = has_sym("nvme_rdma_v1_register_nvfs_dma_ops").first > 0;
     // nvidia-fs 2.28.2 and later look for the v2 hook when the kernel it was built on has
     // blk_rq_dma_map_iter_start, else for v1; older releases know only v1.
