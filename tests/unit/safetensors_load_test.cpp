@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -622,18 +623,32 @@ TEST(SafetensorsLoad, FirstShardReadsBeforeLaterHeadersAreParsed) {
 }
 
 // The stats of a streamed load: the first read comes after the first header; the second shard's header work
-// is counted as overlapped with reads. The seam holds that header back until shard 1's data reads run, then
-// for 5 ms a read; shard 1's 25 segments of 2 ms each keep the two readers busy for longer than that.
+// is counted as overlapped with reads. The seam holds each of that header's two reads back until a data read of
+// shard 1 has begun, then for 5 ms; shard 1's data reads wait until both header reads have been let go, so the
+// reads stay busy through those 10 ms however the core groups or spreads them.
 TEST(SafetensorsLoad, StreamingStatsCountHeaderWorkOverlappedWithReads) {
   temp_dir dir;
   const auto c = write_checkpoint(dir, 3, 4, 100001);
   shard_reads reads(c);
+  std::atomic<bool> data_begun{false};
+  std::atomic<int> headers_let_go{0};
+  const auto spin_until = [](const auto& done) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!done() && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  };
   reads.before = [&](const shard_read& r) {
     if (r.header && r.shard == 1) {
-      reads.wait_for_data(0, std::chrono::seconds(5));
+      spin_until([&] { return data_begun.load(); });
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      headers_let_go.fetch_add(1);
     }
-    if (!r.header && r.shard == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (!r.header && r.shard == 0) {
+      data_begun = true;
+      spin_until([&] { return headers_let_go.load() >= 2; });
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
     return 0;
   };
   st::load_options o;

@@ -28,16 +28,16 @@ batch_state::batch_state(io_direction d, const batch_options& o, std::size_t nra
 
 batch_state::~batch_state() = default;
 
-void batch_state::record(std::size_t i, std::size_t nbytes, std::error_code ec, double latency_s) {
-  result_.ranges[i] = {nbytes, ec, latency_s};
+void batch_state::record(std::size_t i, std::size_t nbytes, std::error_code ec, double latency_s, std::uint32_t crc) {
+  result_.ranges[i] = {nbytes, ec, latency_s, crc};
   decided_[i].store(k_done, std::memory_order_release);
   if (undecided_.fetch_sub(1, std::memory_order_acq_rel) == 1) became_ready();
 }
 
-bool batch_state::complete(std::size_t i, std::size_t nbytes, std::error_code ec, double latency_s) {
+bool batch_state::complete(std::size_t i, std::size_t nbytes, std::error_code ec, double latency_s, std::uint32_t crc) {
   std::uint8_t expected = k_open;
   if (!decided_[i].compare_exchange_strong(expected, k_claimed, std::memory_order_acq_rel)) return false;
-  record(i, nbytes, ec, latency_s);
+  record(i, nbytes, ec, latency_s, crc);
   return true;
 }
 
@@ -60,8 +60,8 @@ void batch_state::unclaim(std::size_t i) noexcept {
   }
 }
 
-void batch_state::finish(std::size_t i, std::size_t nbytes, std::error_code ec, double latency_s) {
-  record(i, nbytes, ec, latency_s);
+void batch_state::finish(std::size_t i, std::size_t nbytes, std::error_code ec, double latency_s, std::uint32_t crc) {
+  record(i, nbytes, ec, latency_s, crc);
 }
 
 std::size_t batch_state::complete_rest(std::error_code ec) {
@@ -105,6 +105,7 @@ void batch_state::became_ready() {
     if (r.error) ++result_.failed;
   }
   result_.routes = {routed_host.load(), routed_staged.load(), routed_gds.load(), requests.load()};
+  result_.checksum_mismatches = checksum_mismatches.load();
   result_.seconds = std::chrono::duration<double>(clock::now() - started).count();
   if (on_ready) {
     try {

@@ -26,6 +26,7 @@
 #include "engine/thread_pool.hpp"
 #include "engine/transfer/core.hpp"
 #include "engine/transfer/stream_route.hpp"
+#include "gdskit/checksum.hpp"
 #include "gdskit/error.hpp"
 #include "posix/anon_memory.hpp"
 #include "posix/syscalls.hpp"
@@ -45,12 +46,12 @@ std::uint64_t align_up(std::uint64_t v, std::size_t a) { return (v + a - 1) / a 
 
 // ---- staging memory ----------------------------------------------------------------------------------------
 
-// Slots of 4 KiB << k carved from chunks of 8 MiB, kept per size on free lists. Chunks come from the group
+// Slots of 4 KiB << k carved from chunks of 16 MiB, kept per size on free lists. Chunks come from the group
 // copier (pinned, for GPU memory) or anonymous memory (host bounces), and go back when the driver ends.
 class staging {
  public:
-  static constexpr std::size_t k_chunk = std::size_t{8} << 20;
-  static constexpr unsigned k_classes = 12;  // 4 KiB .. 8 MiB
+  static constexpr std::size_t k_chunk = std::size_t{16} << 20;
+  static constexpr unsigned k_classes = 13;  // 4 KiB .. 16 MiB
 
   explicit staging(group_copier* device) : device_(device) {}
   ~staging() {
@@ -66,7 +67,7 @@ class staging {
     while ((k_block << k) < nbytes) ++k;
     return k;
   }
-  // A slot of at least `nbytes` (<= 8 MiB), 4 KiB aligned; nullptr when no chunk can be had.
+  // A slot of at least `nbytes` (<= 16 MiB), 4 KiB aligned; nullptr when no chunk can be had.
   std::byte* take(std::size_t nbytes) {
     const unsigned k = class_of(nbytes);
     auto& list = free_[k];
@@ -132,6 +133,8 @@ struct request {
   bool to_device = false;    // the ranges' memory is GPU memory (copies through the group copier)
   std::vector<delivery> parts;
   std::vector<std::uint8_t> claimed;  // reads to GPU memory: the parts whose copies were queued under a claim
+  std::vector<std::uint32_t> crcs;     // checksummed reads: each part's CRC32C
+  std::uint32_t crc = 0;               // checksummed writes (one range): the CRC32C of the bytes written
   std::error_code ec;
   bool eof = false;
   std::chrono::steady_clock::time_point issued{};  // first submission to the kernel
@@ -549,6 +552,8 @@ class planner_cursor {
     const auto& r = range(i);
     const open_file& f = *r.file;
     if (!host_memory(r.memory) || !f.choice.direct) return false;
+    // A checksummed read is checked in staging before it may touch the caller's memory.
+    if (!write && b_.options.checksum != batch_checksum::none) return false;
     const std::size_t a = f.choice.alignment;
     return r.offset % a == 0 && r.memory.nbytes % a == 0 && reinterpret_cast<std::uintptr_t>(r.memory.data) % a == 0 &&
            (write || r.memory.nbytes > 0);
@@ -571,6 +576,10 @@ class planner_cursor {
     }
     if (in_place(first, write) && len == r0.memory.nbytes && len % f.choice.alignment == 0) {
       split_in_place(first, len, splits);
+      return;
+    }
+    if (b_.options.checksum != batch_checksum::none && (write || len > max_request_)) {
+      whole_staged(first, len, write);
       return;
     }
     if (len > max_request_ || write) {
@@ -616,8 +625,11 @@ class planner_cursor {
     std::uint64_t pos = r.offset;
     const std::uint64_t end = r.offset + len;
     std::size_t parts = 0;
+    // A checksummed range is one request: its checksum covers all of it.
+    const bool whole = b_.options.checksum != batch_checksum::none;
     while (pos < end) {
-      const std::uint64_t stop = std::min<std::uint64_t>(end, align_down(pos, max_request_) + max_request_);
+      const std::uint64_t stop =
+          whole ? end : std::min<std::uint64_t>(end, align_down(pos, max_request_) + max_request_);
       request q = make(f, write, pos, static_cast<std::size_t>(stop - pos));
       const std::size_t at = static_cast<std::size_t>(pos - r.offset);
       q.parts.push_back({i, at, 0, q.nbytes});
@@ -636,6 +648,16 @@ class planner_cursor {
       pos = stop;
     }
     mark_split(i, parts, splits);
+  }
+
+  // A checksummed range that cannot be joined with others: one request for all of it, through one staging slot
+  // (a write that is not block-aligned goes whole through the page cache).
+  void whole_staged(std::size_t i, std::size_t len, bool write) {
+    const auto& r = range(i);
+    request q = make(*r.file, write, r.offset, len);
+    q.parts.push_back({i, 0, 0, len});
+    finish_staged(q);
+    pending_.push_back(std::move(q));
   }
 
   // A long range, or any write: pieces of at most a request, each through staging. A write's partial blocks
@@ -838,7 +860,11 @@ class driver {
     for (const auto& p : r.parts) {
       if (p.range_off == 0) (r.to_device ? b_.routed_staged : b_.routed_host).fetch_add(1, std::memory_order_relaxed);
     }
-    if (!r.staged) return true;
+    if (!r.staged) {
+      // In place: a checksummed write's bytes are the caller's (one request for the whole range).
+      if (r.write && checksummed()) r.crc = crc32c(r.buf, r.nbytes);
+      return true;
+    }
     r.buf = staging_.take(r.io_nbytes);
     if (r.buf == nullptr) {
       fail_parts(r, errno_code(ENOMEM));
@@ -853,12 +879,15 @@ class driver {
         return false;
       }
       const auto& mem = b_.ranges[p.range].memory;
-      std::memcpy(r.buf + (r.offset - r.io_offset) + p.req_off, static_cast<const std::byte*>(mem.data) + p.range_off,
-                  p.nbytes);
+      std::byte* at = r.buf + (r.offset - r.io_offset) + p.req_off;
+      std::memcpy(at, static_cast<const std::byte*>(mem.data) + p.range_off, p.nbytes);
+      if (checksummed()) r.crc = crc32c(at, p.nbytes);
       b_.unclaim(p.range);
     }
     return true;
   }
+
+  bool checksummed() const { return b_.options.checksum != batch_checksum::none; }
 
   void start(request* r) {
     if (r->issued == std::chrono::steady_clock::time_point{}) r->issued = std::chrono::steady_clock::now();
@@ -895,7 +924,7 @@ class driver {
       return;
     }
     if (r.write) {
-      for (const auto& p : r.parts) part_done(p, p.nbytes, r);
+      for (const auto& p : r.parts) part_done(p, p.nbytes, r, false, r.crc);
       release(r);
       return;
     }
@@ -909,9 +938,11 @@ class driver {
     const std::size_t head = static_cast<std::size_t>(r.offset - r.io_offset);
     bool queued = false;
     r.claimed.assign(r.parts.size(), 0);
+    r.crcs.assign(r.parts.size(), 0);
     for (std::size_t k = 0; k < r.parts.size(); ++k) {
       const delivery& p = r.parts[k];
       const std::size_t n = std::min(p.nbytes, got > p.req_off ? got - p.req_off : 0);
+      if (checksummed() && !verified(r, k, n)) continue;
       if (n == 0 || !b_.claim(p.range)) {
         if (n == 0) part_done(p, 0, r);
         continue;
@@ -924,7 +955,7 @@ class driver {
         continue;
       }
       std::memcpy(static_cast<std::byte*>(mem.data) + p.range_off, r.buf + head + p.req_off, n);
-      part_done(p, n, r, true);
+      part_done(p, n, r, true, r.crcs[k]);
     }
     if (queued) {
       group_.push_back(&r);
@@ -933,8 +964,30 @@ class driver {
     release(r);
   }
 
-  // One part of a range is over with `n` of its bytes moved; `claimed` when the caller holds the range's claim.
-  void part_done(const delivery& p, std::size_t n, const request& r, bool claimed = false) {
+  // Checks part k of a checksummed read in staging: true when its `n` bytes are the whole range and match the
+  // range's checksum; otherwise the range completes here (ENODATA short, EBADMSG different) and nothing of it is
+  // delivered.
+  bool verified(request& r, std::size_t k, std::size_t n) {
+    const delivery& p = r.parts[k];
+    const std::size_t head = static_cast<std::size_t>(r.offset - r.io_offset);
+    const std::uint32_t c = crc32c(r.buf + head + p.req_off, n);
+    r.crcs[k] = c;
+    const double latency = std::chrono::duration<double>(std::chrono::steady_clock::now() - r.issued).count();
+    if (n < b_.ranges[p.range].memory.nbytes) {
+      b_.complete(p.range, n, errno_code(ENODATA), latency, c);
+      return false;
+    }
+    if (c != b_.ranges[p.range].crc32c) {
+      b_.checksum_mismatches.fetch_add(1, std::memory_order_relaxed);
+      b_.complete(p.range, 0, errno_code(EBADMSG), latency, c);
+      return false;
+    }
+    return true;
+  }
+
+  // One part of a range is over with `n` of its bytes moved; `claimed` when the caller holds the range's claim;
+  // `crc` the range's checksum (checksummed batches, whose ranges are one part each).
+  void part_done(const delivery& p, std::size_t n, const request& r, bool claimed = false, std::uint32_t crc = 0) {
     const double latency = r.issued == std::chrono::steady_clock::time_point{} ? 0.0
         : std::chrono::duration<double>(std::chrono::steady_clock::now() - r.issued).count();
     const std::size_t want = p.nbytes;
@@ -947,9 +1000,9 @@ class driver {
       if (b_.dir == io_direction::read && moved < mem.nbytes && b_.options.exact) ec = errno_code(ENODATA);
       (void)want;
       if (claimed) {
-        b_.finish(p.range, moved, ec, latency);
+        b_.finish(p.range, moved, ec, latency, crc);
       } else {
-        b_.complete(p.range, moved, ec, latency);
+        b_.complete(p.range, moved, ec, latency, crc);
       }
       return;
     }
@@ -1028,6 +1081,7 @@ class driver {
           } else if (b_.stopping()) {
             release(*r);
           } else {
+            if (checksummed()) r->crc = crc32c(r->buf + (r->offset - r->io_offset), r->nbytes);
             ready_writes_.push_back(r);
           }
           continue;
@@ -1042,7 +1096,7 @@ class driver {
             splits_.erase(p.range);
             b_.finish(p.range, 0, ec);
           } else {
-            part_done(p, n, *r, true);
+            part_done(p, n, *r, true, r->crcs.empty() ? 0 : r->crcs[k]);
           }
         }
         release(*r);
