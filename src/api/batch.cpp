@@ -173,8 +173,17 @@ batch_future& batch_future::operator=(batch_future&& o) noexcept {
 bool batch_future::ready() const { return need(state_).ready(); }
 void batch_future::wait() const { need(state_).wait_ready(); }
 bool batch_future::wait_for(std::chrono::nanoseconds timeout) const {
-  return need(state_).wait_ready_until(std::chrono::steady_clock::now() +
-                                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout));
+  const detail::batch_state& s = need(state_);
+  using clock = std::chrono::steady_clock;
+  if (timeout <= std::chrono::nanoseconds::zero()) return s.ready();
+  const clock::time_point now = clock::now();
+  // A timeout past the clock's range (nanoseconds::max() for "forever") would overflow now + timeout into the
+  // past: it waits without one.
+  if (timeout >= clock::time_point::max() - now) {
+    s.wait_ready();
+    return true;
+  }
+  return s.wait_ready_until(now + std::chrono::duration_cast<clock::duration>(timeout));
 }
 int batch_future::fd() const { return need(state_).event_fd(); }
 bool batch_future::cancel() const {

@@ -201,6 +201,28 @@ TEST_P(batch_variants, checksummed_writes_report_the_checksum_of_what_they_wrote
   }
 }
 
+// A read longer than one request that runs past the end of the file: split into requests, it moved only the
+// bytes the file has (and, exact, fails with ENODATA), whatever the engine.
+TEST_P(batch_variants, a_split_read_past_the_end_counts_only_the_bytes_that_exist) {
+  const auto d = random_bytes((5 << 20) + 123, 16);
+  test::write_file(*dir_ / "f", d);
+  file_handle f(*dir_ / "f", open_mode::read, {}, config_);
+  std::vector<std::uint8_t> mem((6 << 20) + 1, 0xEE);
+  const io_range one{&f, 1000, buffer_view::host(mem.data() + 1, 6 << 20)};  // unaligned: through staging
+  const std::size_t exist = d.size() - 1000;
+  const batch_result r = read_batch(std::span(&one, 1));
+  ASSERT_TRUE(r.ranges[0].ok()) << r.ranges[0].error.message();
+  EXPECT_EQ(r.ranges[0].nbytes, exist);
+  EXPECT_EQ(r.nbytes, exist);
+  EXPECT_EQ(0, std::memcmp(mem.data() + 1, d.data() + 1000, exist));
+  EXPECT_EQ(mem[1 + exist], 0xEE);
+  batch_options o;
+  o.exact = true;
+  const batch_result e = read_batch(std::span(&one, 1), o);
+  EXPECT_EQ(e.ranges[0].error, errno_code(ENODATA));
+  EXPECT_EQ(e.ranges[0].nbytes, exist);
+}
+
 INSTANTIATE_TEST_SUITE_P(engines, batch_variants,
                          ::testing::Values(variant{engine_kind::io_uring, direct_mode::automatic},
                                            variant{engine_kind::io_uring, direct_mode::on},
@@ -348,6 +370,25 @@ TEST_F(batch_test, deadline_completes_a_hung_batch_and_release_waits_for_the_ker
   let_go = true;
   fut.wait_released();
   EXPECT_TRUE(fut.released());
+}
+
+TEST_F(batch_test, wait_for_the_longest_timeout_waits_until_ready) {
+  test::write_file(dir_ / "f", random_bytes(100'000, 17));
+  settings s;
+  s.engine = engine_kind::threads;
+  file_handle f(dir_ / "f", open_mode::read, {}, s);
+  posix::syscall_table t = posix::real_syscalls();
+  const auto real_pread = t.pread;
+  t.pread = [real_pread](int fd, void* b, std::size_t n, off_t off) -> ssize_t {
+    std::this_thread::sleep_for(50ms);
+    return real_pread(fd, b, n, off);
+  };
+  posix::scoped_syscalls guard(t);
+  std::vector<std::uint8_t> mem(1000);
+  const io_range one{&f, 7, buffer_view::host(mem.data(), mem.size())};
+  batch_future fut = submit_reads(std::span(&one, 1));
+  EXPECT_TRUE(fut.wait_for(std::chrono::nanoseconds::max())) << "returned before the batch was ready";
+  EXPECT_TRUE(fut.ready());
 }
 
 TEST_F(batch_test, event_fd_becomes_readable_and_cancel_after_completion_changes_nothing) {

@@ -113,7 +113,10 @@ struct batch_state {
 };
 
 /// Fires batches' deadlines from one process-wide thread that sleeps until the earliest one (no polling).
-/// The timer holds a weak reference: a batch that completes before its deadline costs nothing more.
+/// The timer holds a weak reference, dropped when the batch becomes ready: a batch that completes before its
+/// deadline costs nothing more.
 void arm_deadline(const std::shared_ptr<batch_state>& state, batch_state::clock::time_point when);
+/// How many batches the deadline timer still holds (tests: a batch is let go once it is ready).
+std::size_t armed_deadlines();
 
 }  // namespace gdskit::detail

@@ -224,11 +224,23 @@ class thread_executor final : public executor {
   void wait(std::vector<request*>& out) override {
     for (;;) {
       {
-        std::lock_guard lock(st_->mutex);
+        std::unique_lock lock(st_->mutex);
         if (!st_->finished.empty()) {
           inflight_ -= st_->finished.size();
           out.insert(out.end(), st_->finished.begin(), st_->finished.end());
           st_->finished.clear();
+          return;
+        }
+        if (st_->started == 0 && !st_->queue.empty()) {
+          // The workers are jobs of the shared pool, and no thread of it has taken one yet: the drivers of other
+          // batches may hold every thread, each waiting like this one. The driver runs a request itself, so that
+          // every batch moves however busy the pool is.
+          request* r = st_->queue.front();
+          st_->queue.pop_front();
+          lock.unlock();
+          run_one(*r);
+          --inflight_;
+          out.push_back(r);
           return;
         }
       }
@@ -263,9 +275,25 @@ class thread_executor final : public executor {
     std::vector<request*> finished;
     bool closing = false;
     unsigned workers = 0;
+    unsigned started = 0;  // workers that got a thread of the pool
     int wake_fd = -1;
   };
+  // Moves a request's bytes until it is finished (short transfers continued, EINTR retried).
+  static void run_one(request& r) {
+    for (;;) {
+      const std::size_t left = r.io_nbytes - r.done;
+      const auto at = static_cast<off_t>(r.io_offset + r.done);
+      const ssize_t n = r.write ? posix::sys().pwrite(r.fd, r.buf + r.done, left, at)
+                                : posix::sys().pread(r.fd, r.buf + r.done, left, at);
+      if (n < 0 && errno == EINTR) continue;
+      if (account(r, n < 0 ? -errno : static_cast<int>(n))) return;
+    }
+  }
   static void work(shared& s) {
+    {
+      std::lock_guard lock(s.mutex);
+      ++s.started;
+    }
     for (;;) {
       request* r = nullptr;
       {
@@ -275,18 +303,11 @@ class thread_executor final : public executor {
         r = s.queue.front();
         s.queue.pop_front();
       }
-      while (true) {
-        std::error_code ec;
-        const std::size_t left = r->io_nbytes - r->done;
-        const ssize_t n = r->write ? posix::sys().pwrite(r->fd, r->buf + r->done, left, static_cast<off_t>(r->io_offset + r->done))
-                                   : posix::sys().pread(r->fd, r->buf + r->done, left, static_cast<off_t>(r->io_offset + r->done));
-        if (n < 0 && errno == EINTR) continue;
-        if (account(*r, n < 0 ? -errno : static_cast<int>(n))) break;
-      }
-      {
-        std::lock_guard lock(s.mutex);
-        s.finished.push_back(r);
-      }
+      run_one(*r);
+      std::lock_guard lock(s.mutex);
+      s.finished.push_back(r);
+      // Still under the lock: once the driver has taken the request it may end and close the descriptor (whose
+      // number may then be another file's).
       const std::uint64_t one = 1;
       (void)!::write(s.wake_fd, &one, sizeof one);
     }
@@ -509,8 +530,14 @@ class uring_executor final : public executor {
 
 struct split_state {
   std::size_t parts_left = 0;
-  std::size_t eof_at = SIZE_MAX;  // first byte of the range past end of file
+  // First byte of the range past end of file: where the size at the start of the batch clipped it, lowered by
+  // a part that came back short.
+  std::size_t eof_at = SIZE_MAX;
   std::size_t moved = 0;
+  // Parts whose bytes are being delivered into the range (copies to GPU memory under way): its one claim is held
+  // while any is, and given back (or the range finished) with the last of them.
+  unsigned claims = 0;
+  std::error_code ec;  // the first part that failed: the range fails once no copy of it is under way
 };
 
 class planner_cursor {
@@ -647,7 +674,7 @@ class planner_cursor {
       ++parts;
       pos = stop;
     }
-    mark_split(i, parts, splits);
+    mark_split(i, parts, len, splits);
   }
 
   // A checksummed range that cannot be joined with others: one request for all of it, through one staging slot
@@ -684,13 +711,17 @@ class planner_cursor {
       finish_staged(q);
       pending_.push_back(std::move(q));
     }
-    mark_split(i, cuts.size(), splits);
+    mark_split(i, cuts.size(), len, splits);
   }
 
-  void mark_split(std::size_t i, std::size_t parts, std::unordered_map<std::size_t, split_state>& splits) {
+  // `len`: the bytes of the range the parts cover (a read clipped at the end of the file covers fewer than its
+  // memory holds, and must not count the rest as read).
+  void mark_split(std::size_t i, std::size_t parts, std::size_t len,
+                  std::unordered_map<std::size_t, split_state>& splits) {
     if (parts <= 1) return;
     for (std::size_t k = pending_.size() - parts; k < pending_.size(); ++k) pending_[k].split = true;
     splits[i].parts_left = parts;
+    splits[i].eof_at = len;
   }
 
   // Decides descriptor and kernel range of a request that goes through staging.
@@ -943,7 +974,7 @@ class driver {
       const delivery& p = r.parts[k];
       const std::size_t n = std::min(p.nbytes, got > p.req_off ? got - p.req_off : 0);
       if (checksummed() && !verified(r, k, n)) continue;
-      if (n == 0 || !b_.claim(p.range)) {
+      if (n == 0 || !claim_part(p.range)) {
         if (n == 0) part_done(p, 0, r);
         continue;
       }
@@ -985,7 +1016,20 @@ class driver {
     return true;
   }
 
-  // One part of a range is over with `n` of its bytes moved; `claimed` when the caller holds the range's claim;
+  // Takes range `i`'s claim for the delivery of one part. The parts of a split range share the claim: a part
+  // whose copy starts while another's is under way joins it instead of being refused.
+  bool claim_part(std::size_t i) {
+    const auto it = splits_.find(i);
+    if (it != splits_.end() && it->second.claims > 0) {
+      ++it->second.claims;
+      return true;
+    }
+    if (!b_.claim(i)) return false;
+    if (it != splits_.end()) it->second.claims = 1;
+    return true;
+  }
+
+  // One part of a range is over with `n` of its bytes moved; `claimed` when it was delivered under claim_part();
   // `crc` the range's checksum (checksummed batches, whose ranges are one part each).
   void part_done(const delivery& p, std::size_t n, const request& r, bool claimed = false, std::uint32_t crc = 0) {
     const double latency = r.issued == std::chrono::steady_clock::time_point{} ? 0.0
@@ -1009,14 +1053,27 @@ class driver {
     split_state& s = it->second;
     s.moved += n;
     if (n < want) s.eof_at = std::min(s.eof_at, p.range_off + n);
+    if (claimed) --s.claims;
     if (--s.parts_left > 0) {
-      if (claimed) b_.unclaim(p.range);
+      if (claimed && s.claims == 0) {
+        if (s.ec) {
+          const std::error_code failed = s.ec;
+          splits_.erase(it);
+          b_.finish(p.range, 0, failed, latency);
+        } else {
+          b_.unclaim(p.range);
+        }
+      }
       return;
     }
     const auto& mem = b_.ranges[p.range].memory;
-    const std::size_t moved = std::min(s.eof_at, mem.nbytes);
-    std::error_code ec;
-    if (b_.dir == io_direction::read && moved < mem.nbytes && b_.options.exact) ec = errno_code(ENODATA);
+    std::size_t moved = std::min(s.eof_at, mem.nbytes);
+    std::error_code ec = s.ec;
+    if (ec) {
+      moved = 0;
+    } else if (b_.dir == io_direction::read && moved < mem.nbytes && b_.options.exact) {
+      ec = errno_code(ENODATA);
+    }
     splits_.erase(it);
     if (claimed) {
       b_.finish(p.range, moved, ec, latency);
@@ -1025,11 +1082,27 @@ class driver {
     }
   }
 
-  void fail_parts(request& r, std::error_code ec) {
-    for (const auto& p : r.parts) {
-      splits_.erase(p.range);
+  // One part of a range failed with `ec`; `claimed` as for part_done. A split range whose other parts are being
+  // copied into its memory fails once those copies have landed, never while they may still land.
+  void part_failed(const delivery& p, std::error_code ec, bool claimed) {
+    auto it = splits_.find(p.range);
+    if (it != splits_.end()) {
+      split_state& s = it->second;
+      if (!s.ec) s.ec = ec;
+      if (claimed) --s.claims;
+      --s.parts_left;
+      if (s.claims > 0) return;
+      splits_.erase(it);
+    }
+    if (claimed) {
+      b_.finish(p.range, 0, ec);
+    } else {
       b_.complete(p.range, 0, ec);
     }
+  }
+
+  void fail_parts(request& r, std::error_code ec) {
+    for (const auto& p : r.parts) part_failed(p, ec, false);
   }
 
   void release(request& r) {
@@ -1093,8 +1166,7 @@ class driver {
           if (r->claimed[k] == 0) continue;
           const std::size_t n = std::min(p.nbytes, got > p.req_off ? got - p.req_off : 0);
           if (ec) {
-            splits_.erase(p.range);
-            b_.finish(p.range, 0, ec);
+            part_failed(p, ec, true);
           } else {
             part_done(p, n, *r, true, r->crcs.empty() ? 0 : r->crcs[k]);
           }
