@@ -276,12 +276,27 @@ def test_kill_9_of_a_writer_then_right_bytes_or_misses():
         folder, progress = os.path.join(d, "store"), os.path.join(d, "progress")
         env = dict(os.environ)
         hits = 0
-        for delay in (0.6, 1.1):
+        for round_ in range(2):
+            if os.path.exists(progress):
+                os.unlink(progress)
             p = subprocess.Popen([sys.executable, "-c", CHILD, folder, progress], env=env)
-            time.sleep(delay)
+            # Once the writer is under way (on a loaded machine its start alone can take a second), a random
+            # moment later.
+            start = time.monotonic()
+            while time.monotonic() - start < 30 and p.poll() is None:
+                try:
+                    if int(open(progress).read() or 0) >= 40:
+                        break
+                except (OSError, ValueError):
+                    pass
+                time.sleep(0.02)
+            time.sleep((0.05, 0.25)[round_])
             p.send_signal(signal.SIGKILL)
             p.wait()
-            upto = int(open(progress).read() or 0) if os.path.exists(progress) else 0
+            try:
+                upto = int(open(progress).read() or 0)
+            except (OSError, ValueError):
+                upto = 0
             with BlockStore(folder, capacity_bytes=2 << 20, block_bytes=8192, namespace="crash") as s:
                 keys = list(range(upto))
                 out = np.zeros((len(keys), 8192), dtype=np.uint8)
