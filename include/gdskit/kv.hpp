@@ -103,6 +103,10 @@ struct store_options {
   std::size_t staging_bytes = 0;
   /// Threads that run submit_put/submit_get (0: 4).
   unsigned async_workers = 0;
+  /// Reserve each data file's whole size when the store is made (fallocate), so that a disk too small is
+  /// refused at open and writes never wait on block allocation; false: sparse files that grow as blocks are
+  /// written (never past the capacity either way). Block devices are used as they are.
+  bool preallocate = true;
   /// Rebuild the index by reading every block header even when a checkpoint exists (to measure the scan).
   bool ignore_checkpoint = false;
   /// I/O settings of the store's files (O_DIRECT mode, engine, ...).

@@ -217,7 +217,8 @@ void add_kv_bindings(py::module_& m) {
   py::class_<store_object, std::shared_ptr<store_object>>(m, "KVStore", "A KV-cache block store (see gdskit.kv).")
       .def(py::init([](const std::vector<std::filesystem::path>& paths, std::uint64_t capacity_bytes,
                        std::size_t block_bytes, const std::string& name_space, const std::string& durability,
-                       double deadline_s, const std::string& admission, std::size_t staging_bytes) {
+                       double deadline_s, const std::string& admission, std::size_t staging_bytes,
+                       bool preallocate) {
              kv::store_options o;
              o.paths = paths;
              o.capacity_bytes = capacity_bytes;
@@ -242,6 +243,7 @@ void add_kv_bindings(py::module_& m) {
              }
              o.deadline = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(deadline_s));
              o.staging_bytes = staging_bytes;
+             o.preallocate = preallocate;
              auto s = std::make_shared<store_object>();
              translated([&] {
                py::gil_scoped_release unlocked;
@@ -251,7 +253,8 @@ void add_kv_bindings(py::module_& m) {
              return s;
            }),
            py::arg("paths"), py::arg("capacity_bytes"), py::arg("block_bytes"), py::arg("namespace"),
-           py::arg("durability"), py::arg("deadline_s"), py::arg("admission"), py::arg("staging_bytes"))
+           py::arg("durability"), py::arg("deadline_s"), py::arg("admission"), py::arg("staging_bytes"),
+           py::arg("preallocate"))
       .def("put", [](const store_object& s, const py::object& keys, const std::vector<std::uintptr_t>& ptrs, int device,
                      std::optional<double> deadline_s) {
              auto k = keys_of(keys);

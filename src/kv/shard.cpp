@@ -629,8 +629,8 @@ std::uint64_t shard::recover(bool created, bool ignore_checkpoint, recovery_info
     }
 
     // Read the headers of the slots to rescan, many at a time.
-    constexpr std::size_t per_batch = 1024;
-    aligned_bytes pages = aligned_zeroed(per_batch * page_bytes);
+    const std::size_t per_batch = std::min<std::size_t>(1024, rescan.size());
+    aligned_bytes pages = per_batch == 0 ? aligned_bytes() : aligned_zeroed(per_batch * page_bytes);
     for (std::size_t first = 0; first < rescan.size(); first += per_batch) {
       const std::size_t n = std::min(per_batch, rescan.size() - first);
       std::vector<io_range> ranges(n);

@@ -268,7 +268,8 @@ void block_store::impl::open() {
       sb.namespace_hash = ns_hash;
       sb.name_space = options.name_space;
       sb.created_unix_ns = static_cast<std::uint64_t>(now_ns);
-      detail::create_volume(volumes[i], sb, geometry, options.mode == durability::persist, options.io);
+      detail::create_volume(volumes[i], sb, geometry, options.mode == durability::persist, options.preallocate,
+                            options.io);
       index_of[i] = static_cast<std::uint32_t>(i);
     }
   } else {
@@ -329,7 +330,9 @@ void block_store::impl::open() {
   const std::size_t want = options.staging_bytes != 0 ? options.staging_bytes : std::size_t{128} << 20;
   const std::size_t slabs = std::clamp<std::size_t>(want / geometry.slot_bytes, 4, 4096);
   staging = std::make_unique<detail::staging_pool>(geometry.slot_bytes, slabs, gpu);
-  max_batch = std::max<std::size_t>(1, slabs / 4);
+  // Windows of at most 16 blocks: a call of many keys keeps several in flight and checks one while the next
+  // ones are read, and concurrent calls share the slabs.
+  max_batch = std::clamp<std::size_t>(slabs / 4, 1, 16);
 
   const io_choice& choice = shards.front()->file().choice();
   direct = choice.direct;

@@ -137,7 +137,8 @@ opened_volume open_volume(const fs::path& path, const settings& io) {
   return v;
 }
 
-void create_volume(opened_volume& v, const superblock& sb, const layout& geometry, bool sync, const settings& io) {
+void create_volume(opened_volume& v, const superblock& sb, const layout& geometry, bool sync, bool preallocate,
+                   const settings& io) {
   alignas(page_bytes) static thread_local std::uint8_t page[page_bytes];
   encode_superblock(sb, std::span<std::uint8_t, page_bytes>(page, page_bytes));
   if (v.block_device) {
@@ -157,7 +158,14 @@ void create_volume(opened_volume& v, const superblock& sb, const layout& geometr
     create.create = create.truncate = true;
     try {
       file_handle f(tmp, open_mode::read_write, create, io);
-      f.truncate(geometry.end_bytes);  // sparse: the store takes disk space as blocks are written
+      // The whole capacity is reserved now (a disk too small fails here, not in a put later), and ext4 and XFS
+      // run O_DIRECT writes into reserved blocks in parallel where they take turns filling holes. Where the
+      // file system cannot reserve, the file is sparse and takes space as blocks are written.
+      if (preallocate) {
+        f.reserve(geometry.end_bytes);
+      } else {
+        f.truncate(geometry.end_bytes);
+      }
       f.pwrite(page, page_bytes, 0);
       if (sync) f.sync();
       f.close();

@@ -35,8 +35,9 @@ opened_volume open_volume(const std::filesystem::path& path, const settings& io)
 
 /// Writes the superblock of a new volume of `geometry`: for a folder as a new data file (written under a
 /// temporary name and renamed, so a crash leaves no half-made store), for a block device at its start.
-/// `sync`: fdatasync before it counts as made.
-void create_volume(opened_volume& v, const superblock& sb, const layout& geometry, bool sync, const settings& io);
+/// `sync`: fdatasync before it counts as made. `preallocate`: reserve the data file's space now (fallocate).
+void create_volume(opened_volume& v, const superblock& sb, const layout& geometry, bool sync, bool preallocate,
+                   const settings& io);
 
 /// The text of a path or namespace safe to print: control characters and non-ASCII bytes escaped.
 std::string printable(std::string_view text);

@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -459,6 +461,30 @@ TEST_F(kv_store, bad_input_is_refused_before_any_io) {
   EXPECT_EQ(code_of([&] { s.lookup(two); }), std::errc::bad_file_descriptor);
 }
 
+TEST_F(kv_store, a_disk_too_small_is_refused_at_open_and_nothing_is_left) {
+  posix::syscall_table t = posix::real_syscalls();
+  t.fallocate = [](int, int, off_t, off_t) -> int {
+    errno = ENOSPC;
+    return -1;
+  };
+  {
+    posix::scoped_syscalls full(t);
+    try {
+      block_store s(options(4096, 8 << 20));
+      FAIL() << "a store was made on a full disk";
+    } catch (const error& e) {
+      EXPECT_EQ(e.code(), std::errc::no_space_on_device);
+    }
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "store" / detail::data_file_name));
+  EXPECT_FALSE(fs::exists(dir_ / "store" / (std::string(detail::data_file_name) + ".tmp")));
+  store_options sparse = options(4096, 8 << 20);
+  sparse.preallocate = false;
+  block_store s(sparse);
+  EXPECT_LT(s.stats().physical_bytes, std::uint64_t{1} << 20);  // grows as blocks are written
+  EXPECT_EQ(put_keys(s, int_keys(0, 4), 4096).ok_count, 4u);
+}
+
 TEST_F(kv_store, foreign_or_damaged_files_are_left_alone) {
   fs::create_directories(dir_ / "store");
   const fs::path data = dir_ / "store" / detail::data_file_name;
@@ -527,6 +553,60 @@ TEST_F(kv_store, several_paths_striped_and_reopened_in_any_order) {
   }
   o.paths = {dir_ / "a", dir_ / "c"};
   EXPECT_THROW(block_store s(o), error);  // half a store
+}
+
+// A store on a whole block device (a loop device over a file here): made on a blank device, reopened, and a
+// device holding something else refused untouched.
+TEST_F(kv_store, block_device_store) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root for a loop device";
+  const fs::path img = dir_ / "disk.img";
+  test::write_file(img, std::vector<std::uint8_t>(16 << 20, 0));
+  std::string dev;
+  {
+    const std::string cmd = "losetup -f --show " + img.string() + " 2>/dev/null";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (p == nullptr) GTEST_SKIP() << "no losetup";
+    char line[256] = {};
+    if (std::fgets(line, sizeof line, p) != nullptr) dev = line;
+    ::pclose(p);
+    while (!dev.empty() && (dev.back() == '\n' || dev.back() == ' ')) dev.pop_back();
+  }
+  if (dev.empty()) GTEST_SKIP() << "no free loop device (losetup -f failed)";
+  struct detach {
+    std::string dev;
+    ~detach() { (void)std::system(("losetup -d " + dev + " 2>/dev/null").c_str()); }
+  } cleanup{dev};
+  store_options o = options(8192, 64 << 20);
+  o.paths = {dev};
+  try {
+    block_store s(o);  // a 16 MiB device cannot hold 64 MiB
+    FAIL() << "a store larger than its device was made";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::errc::invalid_argument);
+  }
+  o.capacity_bytes = 12 << 20;
+  const std::vector<key> keys = int_keys(0, 40);
+  {
+    block_store s(o);
+    EXPECT_EQ(put_keys(s, keys, 8192).ok_count, keys.size());
+    EXPECT_LE(s.stats().physical_bytes, o.capacity_bytes);
+  }
+  {
+    block_store s(o);
+    EXPECT_TRUE(s.stats().recovery.clean);
+    EXPECT_EQ(get_and_check(s, keys, 8192), keys.size());
+  }
+  // Something else on the device: refused, and left as it was.
+  {
+    std::fstream f(dev, std::ios::in | std::ios::out | std::ios::binary);
+    f.write("\x7f" "ELF not a store", 16);
+  }
+  try {
+    block_store s(o);
+    FAIL() << "a device holding something else was used";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::errc::bad_message);
+  }
 }
 
 TEST_F(kv_store, persist_mode_round_trip) {

@@ -188,10 +188,12 @@ class BlockStore:
     deadline_s: every call ends within this many seconds; unfinished keys are misses (or not stored).
     admission: "always", or "second_hit" (a key is stored the second time it is put).
     staging_bytes: memory through which blocks move and are checked (None: 128 MiB).
+    preallocate: reserve the whole capacity on disk when the store is made (a disk too small is refused at once);
+    False: files grow as blocks are written.
     """
 
     def __init__(self, paths, *, capacity_bytes, block_bytes, namespace: str = "", durability: str = "cache",
-                 deadline_s: float = 2.0, admission: str = "always", staging_bytes=None):
+                 deadline_s: float = 2.0, admission: str = "always", staging_bytes=None, preallocate: bool = True):
         if not isinstance(namespace, str):
             raise TypeError(f"namespace must be a str, not {type(namespace).__name__}")
         if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)):
@@ -199,7 +201,8 @@ class BlockStore:
         staging = 0 if staging_bytes is None else _count(staging_bytes, "staging_bytes")
         self._block_bytes = _count(block_bytes, "block_bytes")
         self._store = _gdskit.KVStore(_paths(paths), _count(capacity_bytes, "capacity_bytes"), self._block_bytes,
-                                      namespace, durability, float(deadline_s), admission, staging)
+                                      namespace, durability, float(deadline_s), admission, staging,
+                                      bool(preallocate))
 
     @property
     def block_bytes(self) -> int:
