@@ -173,7 +173,8 @@ struct block_store::impl {
                     detail::op_state* ctl);
   op_result run_put(std::span<const key> keys, std::span<const buffer_view> blocks, clock::time_point deadline,
                     detail::op_state* ctl);
-  void enqueue(std::function<void()> task);
+  /// Queues an asynchronous operation; false once close() has begun.
+  bool enqueue(std::function<void()> task);
   void worker_loop();
   void close();
   clock::time_point deadline_of(const op_options& o) const {
@@ -745,14 +746,16 @@ op_result block_store::impl::run_put(std::span<const key> keys, std::span<const 
 
 // ---- asynchronous operations ----
 
-void block_store::impl::enqueue(std::function<void()> task) {
+bool block_store::impl::enqueue(std::function<void()> task) {
   std::lock_guard lock(work_mutex);
+  if (stopping) return false;  // closing: no worker would take it
   work.push_back(std::move(task));
   if (idle_workers == 0 && workers.size() < max_workers) {
     workers.emplace_back([this] { worker_loop(); });
   } else {
     work_cv.notify_one();
   }
+  return true;
 }
 
 void block_store::impl::worker_loop() {
@@ -881,7 +884,8 @@ op_future submit_op(const std::shared_ptr<block_store::impl>& ptr, std::span<con
   state->wake = [staging] { staging->wake(); };
   std::vector<key> k(keys.begin(), keys.end());
   std::vector<buffer_view> v(views.begin(), views.end());
-  p.enqueue([&p, state, k = std::move(k), v = std::move(v), deadline, reads] {
+  const std::size_t n = k.size();
+  const bool queued = p.enqueue([&p, state, k = std::move(k), v = std::move(v), deadline, reads] {
     op_result r;
     try {
       std::shared_lock gate_lock(p.gate);
@@ -900,6 +904,12 @@ op_future submit_op(const std::shared_ptr<block_store::impl>& ptr, std::span<con
     }
     state->finish(std::move(r));
   });
+  if (!queued) {
+    op_result r;
+    r.ok.assign(n, false);
+    r.errors.assign(n, errno_code(EBADF));
+    state->finish(std::move(r));
+  }
   return op_future(std::move(state));
 }
 
