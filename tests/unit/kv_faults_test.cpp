@@ -64,7 +64,7 @@ class kv_faults : public ::testing::TestWithParam<engine_kind> {
   void TearDown() override {
     // The seam's table may only change while nothing runs through it: wait for late requests to end.
     if (store_) {
-      for (int i = 0; i < 500 && store_->stats().quarantined != 0; ++i) std::this_thread::sleep_for(10ms);
+      for (int i = 0; i < 2000 && store_->stats().quarantined != 0; ++i) std::this_thread::sleep_for(10ms);
     }
     seam_.reset();
     store_.reset();
@@ -195,7 +195,7 @@ TEST_P(kv_faults, eio_on_reads_is_a_miss_and_blocks_stay) {
 TEST_P(kv_faults, slow_reads_end_at_the_deadline_and_nothing_lands_afterwards) {
   const auto keys = keys_from(0, 6);
   ASSERT_EQ(put(keys).ok_count, 6u);
-  inject(fault::slow_reads, 1200ms);
+  inject(fault::slow_reads, 700ms);
   std::vector<std::vector<std::uint8_t>> rows;
   const auto t0 = std::chrono::steady_clock::now();
   const op_result g = get(keys, rows, op_options{std::chrono::steady_clock::now() + 200ms});
@@ -203,9 +203,10 @@ TEST_P(kv_faults, slow_reads_end_at_the_deadline_and_nothing_lands_afterwards) {
   EXPECT_LT(took, 900ms) << "the get outlived its deadline";
   EXPECT_EQ(g.ok_count, 0u);
   EXPECT_EQ(g.errors[0], std::errc::timed_out);
-  std::this_thread::sleep_for(1500ms);  // the held requests end now, into the store's memory only
+  // The held requests end now (one after another where one thread completes them all), into the store's
+  // memory only.
+  for (int i = 0; i < 2000 && store_->stats().quarantined != 0; ++i) std::this_thread::sleep_for(10ms);
   for (const auto& r : rows) EXPECT_TRUE(untouched(r)) << "bytes landed after the get returned";
-  for (int i = 0; i < 500 && store_->stats().quarantined != 0; ++i) std::this_thread::sleep_for(10ms);
   EXPECT_EQ(store_->stats().quarantined, 0u);
   clear();
   EXPECT_EQ(get(keys, rows).ok_count, 6u);
@@ -219,7 +220,7 @@ TEST_P(kv_faults, slow_writes_end_at_the_deadline_and_their_slots_come_back) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 900ms);
   EXPECT_EQ(p.ok_count, 0u);
   EXPECT_EQ(p.errors[0], std::errc::timed_out);
-  for (int i = 0; i < 500 && store_->stats().quarantined != 0; ++i) std::this_thread::sleep_for(10ms);
+  for (int i = 0; i < 2000 && store_->stats().quarantined != 0; ++i) std::this_thread::sleep_for(10ms);
   clear();
   // Every slot is usable again: the whole capacity fills.
   for (int round = 0; round < 8; ++round) EXPECT_EQ(put(keys_from(1000 + round * 8, 8)).ok_count, 8u);
