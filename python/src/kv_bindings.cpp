@@ -120,8 +120,19 @@ struct future_object {
   py::object keep;
   ~future_object() {
     if (future) {
-      py::gil_scoped_release unlocked;
-      future.reset();  // waits until the operation ended (by its deadline at the latest)
+      // Waits until the operation ended (by its deadline at the latest), without the GIL unless the
+      // interpreter is shutting down (its thread states may be gone then).
+#if PY_VERSION_HEX >= 0x030D0000
+      const bool finalizing = Py_IsFinalizing() != 0;
+#else
+      const bool finalizing = _Py_IsFinalizing() != 0;
+#endif
+      if (finalizing) {
+        future.reset();
+      } else {
+        py::gil_scoped_release unlocked;
+        future.reset();
+      }
     }
     keep = py::object();
   }

@@ -331,9 +331,11 @@ void block_store::impl::open() {
   const std::size_t want = options.staging_bytes != 0 ? options.staging_bytes : std::size_t{128} << 20;
   const std::size_t slabs = std::clamp<std::size_t>(want / geometry.slot_bytes, 4, 4096);
   staging = std::make_unique<detail::staging_pool>(geometry.slot_bytes, slabs, gpu);
-  // Windows of at most 16 blocks: a call of many keys keeps several in flight and checks one while the next
-  // ones are read, and concurrent calls share the slabs.
-  max_batch = std::clamp<std::size_t>(slabs / 4, 1, 16);
+  // Windows of about 4 MiB (at least 16 blocks, at most a quarter of the slabs): a batch has a fixed cost, so
+  // small blocks go many to a batch, and a call of many large keys keeps several windows in flight and checks
+  // one while the next ones are read; concurrent calls share the slabs.
+  max_batch = std::clamp<std::size_t>(std::max<std::size_t>(16, (std::size_t{4} << 20) / geometry.slot_bytes), 1,
+                                      std::max<std::size_t>(1, slabs / 4));
 
   const io_choice& choice = shards.front()->file().choice();
   direct = choice.direct;
@@ -396,6 +398,15 @@ void block_store::impl::check_views(std::span<const key> keys, std::span<const b
 // ---- the pipeline both puts and gets run ----
 
 namespace {
+
+// A window's batch: every block of it in flight at once (a window is already bounded: at most about 4 MiB
+// or 16 blocks), by the operation's deadline.
+batch_options window_options(clock::time_point deadline, std::size_t ranges) {
+  batch_options bo;
+  bo.deadline = deadline;
+  bo.queue_depth = static_cast<unsigned>(std::max<std::size_t>(1, ranges));
+  return bo;
+}
 
 // A fresh outcome for `n` keys: nothing decided yet.
 op_result undecided(std::size_t n) {
@@ -508,8 +519,7 @@ op_result block_store::impl::run_get(std::span<const key> keys, std::span<const 
       w.items.push_back(p);
       ranges.push_back({&p.sh->file(), p.sh->geometry().slot_position(p.t.slot), staging->view(w.slabs[j], io_bytes)});
     }
-    batch_options bo;
-    bo.deadline = deadline;
+    const batch_options bo = window_options(deadline, ranges.size());
     try {
       w.fut = submit_reads(ranges, bo);
     } catch (const std::system_error& e) {
@@ -643,8 +653,7 @@ op_result block_store::impl::run_put(std::span<const key> keys, std::span<const 
     w.slabs.assign(slabs.begin(), slabs.begin() + static_cast<std::ptrdiff_t>(used));
     staging->give(std::vector<std::uint8_t*>(slabs.begin() + static_cast<std::ptrdiff_t>(used), slabs.end()));
     if (w.items.empty()) return pos;
-    batch_options bo;
-    bo.deadline = deadline;
+    const batch_options bo = window_options(deadline, ranges.size());
     try {
       w.fut = submit_writes(ranges, bo);
     } catch (const std::system_error& e) {
@@ -701,8 +710,7 @@ op_result block_store::impl::run_put(std::span<const key> keys, std::span<const 
         which.push_back(j);
       }
       if (!heads.empty()) {
-        batch_options bo;
-        bo.deadline = deadline;
+        const batch_options bo = window_options(deadline, heads.size());
         try {
           batch_future hf = submit_writes(heads, bo);
           if (ctl != nullptr) ctl->track(&hf);
