@@ -20,6 +20,8 @@
 namespace py = pybind11;
 namespace st = gdskit::safetensors;
 
+void add_kv_bindings(py::module_& m);  // kv_bindings.cpp: gdskit.kv
+
 namespace {
 
 using gdskit_python::file_object;
@@ -512,4 +514,5 @@ PYBIND11_MODULE(_gdskit, m) {
   });
 
   add_save_functions(m);
+  add_kv_bindings(m);
 }
