@@ -243,18 +243,19 @@ class _Layout:
 
     def gather(self, torch, gpu_ids, stream):
         """A uint8 staging tensor [len(gpu_ids) // factor, block_bytes] of those GPU blocks."""
-        ids = torch.as_tensor(gpu_ids, dtype=torch.int64).to(self.device)
-        rows = torch.empty((len(ids), self.gpu_block_bytes), dtype=torch.uint8, device=self.device)
+        # Everything on our stream, the index upload included: the stream already waits for the engine's.
         with _on(torch, stream):
+            ids = torch.as_tensor(gpu_ids, dtype=torch.int64).to(self.device)
+            rows = torch.empty((len(ids), self.gpu_block_bytes), dtype=torch.uint8, device=self.device)
             for v, off, nb in zip(self.views, self.offsets, self.row_bytes):
                 rows[:, off:off + nb].copy_(v.index_select(0, ids).reshape(len(ids), -1).view(torch.uint8))
         return rows.view(len(ids) // self.factor, self.block_bytes)
 
     def scatter(self, torch, staging, gpu_ids, skip: int, stream):
         """Writes staging rows into the GPU blocks gpu_ids, dropping the first `skip` GPU blocks' worth."""
-        ids = torch.as_tensor(gpu_ids, dtype=torch.int64).to(self.device)
         rows = staging.view(-1, self.gpu_block_bytes)[skip:]
         with _on(torch, stream):
+            ids = torch.as_tensor(gpu_ids, dtype=torch.int64).to(self.device)
             for v, off, nb in zip(self.views, self.offsets, self.row_bytes):
                 part = rows[:, off:off + nb].contiguous().view(v.dtype).view((len(ids),) + tuple(v.shape[1:]))
                 v.index_copy_(0, ids, part)
