@@ -38,7 +38,7 @@ def _rows(blocks, n, block_bytes, writable):
     def as_np(x):
         if hasattr(x, "detach"):  # torch
             if x.device.type != "cpu":
-                raise ValueError("the stand-in store takes CPU tensors only")
+                raise ValueError("the stand-in store takes CPU and CUDA tensors only")
             if not x.is_contiguous():
                 raise ValueError("blocks must be contiguous")
             x = x.numpy()
@@ -63,6 +63,11 @@ def _rows(blocks, n, block_bytes, writable):
         if r.size != block_bytes:
             raise ValueError(f"a block of {r.size} bytes, not {block_bytes}")
     return rows
+
+
+def _on_gpu(blocks):
+    first = blocks[0] if isinstance(blocks, (list, tuple)) and blocks else blocks
+    return hasattr(first, "is_cuda") and first.is_cuda
 
 
 def _check_keys(keys):
@@ -154,6 +159,8 @@ class BlockStore:
 
     # -- synchronous API --------------------------------------------------------------------------------------
     def put(self, keys, blocks):
+        if _on_gpu(blocks):  # GPU memory goes through host copies here (the real store moves it itself)
+            blocks = [b.cpu() for b in blocks] if isinstance(blocks, (list, tuple)) else blocks.cpu()
         keys = _check_keys(keys)
         rows = _rows(blocks, len(keys), self.block_bytes, writable=False)
         self._check_open()
@@ -177,6 +184,15 @@ class BlockStore:
         return out
 
     def get(self, keys, out):
+        if _on_gpu(out):
+            import torch
+            host = torch.empty(out.shape, dtype=out.dtype)
+            hits = self.get(keys, host)
+            for i, hit in enumerate(hits):
+                if hit:
+                    out[i].copy_(host[i])
+            torch.cuda.synchronize(out.device)
+            return hits
         keys = _check_keys(keys)
         rows = _rows(out, len(keys), self.block_bytes, writable=True)
         self._check_open()

@@ -371,9 +371,10 @@ def _block_bytes(block_size):
     return (block_size // GPU_BLOCK) * LAYERS * 2 * GPU_BLOCK * HEADS * DIM * 2
 
 
-def _caches(num_gpu_blocks, kv_first=True):
+def _caches(num_gpu_blocks, kv_first=True, device="cpu"):
     shape = (2, num_gpu_blocks, GPU_BLOCK, HEADS, DIM) if kv_first else (num_gpu_blocks, 2, GPU_BLOCK, HEADS, DIM)
-    return {f"model.layers.{i}.self_attn": torch.zeros(shape, dtype=torch.bfloat16) for i in range(LAYERS)}
+    return {f"model.layers.{i}.self_attn": torch.zeros(shape, dtype=torch.bfloat16, device=device)
+            for i in range(LAYERS)}
 
 
 def _block_hashes(tokens):
@@ -388,12 +389,12 @@ class Engine:
     """Requests, a free list of GPU blocks, and the KV the "model" computes: the contents of a GPU block are a
     function of its block hash, so a loaded block can be checked against what the model would compute."""
 
-    def __init__(self, tmp, kv_first=True, num_gpu_blocks=48, **cfg):
+    def __init__(self, tmp, kv_first=True, num_gpu_blocks=48, device="cpu", **cfg):
         self.config = _config(tmp, num_gpu_blocks=num_gpu_blocks, **cfg)
         self.sched_spec = create_spec(self.config)      # scheduler process
         self.worker_spec = create_spec(self.config)     # worker process
         self.kv_first = kv_first
-        self.caches = _caches(num_gpu_blocks, kv_first)
+        self.caches = _caches(num_gpu_blocks, kv_first, device)
         self.sched = Scheduler(self.sched_spec)
         self.worker = Worker(self.worker_spec, self.caches)
         self.free = list(range(num_gpu_blocks))
@@ -407,13 +408,13 @@ class Engine:
     def compute(self, gpu_id, block_hash):
         g = torch.Generator().manual_seed(int.from_bytes(block_hash[:8], "little"))
         for v in self.views():
-            v[gpu_id].copy_(torch.randn(v[gpu_id].shape, generator=g).to(v.dtype))
+            v[gpu_id].copy_(torch.randn(v[gpu_id].shape, generator=g).to(v.dtype).to(v.device))
 
     def check(self, gpu_id, block_hash):
         g = torch.Generator().manual_seed(int.from_bytes(block_hash[:8], "little"))
         for v in self.views():
             want = torch.randn(v[gpu_id].shape, generator=g).to(v.dtype)
-            assert torch.equal(v[gpu_id].view(torch.int16), want.view(torch.int16)), f"GPU block {gpu_id} differs"
+            assert torch.equal(v[gpu_id].cpu().view(torch.int16), want.view(torch.int16)), f"GPU block {gpu_id} differs"
 
     def run(self, req, gpu_prefix_blocks=0, steps=200):
         """Schedules a request whole (one prefill step), runs its transfers to completion and finishes it.
@@ -473,8 +474,8 @@ def _request(rid, tokens):
 
 # ---- tests ----------------------------------------------------------------------------------------------------
 
-def _store_then_load(kv_first):
-    eng = Engine(_fresh(), kv_first=kv_first)
+def _store_then_load(kv_first, device="cpu"):
+    eng = Engine(_fresh(), kv_first=kv_first, device=device)
     prompt = list(range(1000, 1040))                       # 10 GPU blocks = 5 offloaded blocks
     a = _request("a", prompt)
     ext, ids = eng.run(a)
@@ -495,6 +496,13 @@ def test_store_then_load_flash_attention_layout():
 
 def test_store_then_load_blocks_first_layout():
     _store_then_load(kv_first=False)
+
+
+def test_store_then_load_cuda_caches_through_the_cuda_stream():
+    if not torch.cuda.is_available():
+        return "no CUDA device (the handlers' stream and event path runs on a GPU machine)"
+    eng = _store_then_load(kv_first=True, device="cuda")
+    assert eng.worker_spec._transfers.stream is not None
 
 
 def test_load_after_an_unaligned_gpu_prefix_skips_the_cached_part():
