@@ -249,13 +249,15 @@ def run(a, store_class=None, out=print):
     prompt = torch.randint(0, a.vocab, (1, a.tokens), generator=g)
     follow = torch.randint(0, a.vocab, (1, a.new_tokens), generator=g)
     keys = block_keys(prompt[0].tolist(), a.block_tokens, namespace)
-    store = store_class(store_dir, capacity_bytes=capacity, block_bytes=bbytes, namespace=namespace,
-                        durability="cache", deadline_s=a.deadline_s)
     try:
-        report.update(_measure(torch, a, store, keys, bbytes, prompt, follow, transformers, device, dtype,
-                               head_dim, save_path, out))
+        store = store_class(store_dir, capacity_bytes=capacity, block_bytes=bbytes, namespace=namespace,
+                            durability="cache", deadline_s=a.deadline_s)
+        try:
+            report.update(_measure(torch, a, store, keys, bbytes, prompt, follow, transformers, device, dtype,
+                                   head_dim, save_path, out))
+        finally:
+            store.close()
     finally:
-        store.close()
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     return report
