@@ -15,6 +15,7 @@
 #include <system_error>
 #include <unordered_map>
 
+#include "formats/safetensors_index.hpp"
 #include "formats/safetensors_open.hpp"
 #include "formats/sha256.hpp"
 #include "gdskit/batch.hpp"
@@ -31,11 +32,8 @@ constexpr std::size_t k_host_alignment = 4096;
 // gathered through the staging buffer, since many tiny requests cost more than the bytes skipped between them.
 constexpr std::uint64_t k_direct_segment_bytes = std::uint64_t{256} << 10;
 
-[[noreturn]] void invalid(const std::string& what) { 
+[[noreturn]] void invalid(const std::string& what) {
   throw error(errno_code(EINVAL), "safetensors load: " + what);
-}
-[[noreturn]] void bad_index(const std::filesystem::path& p, const std::string& what) {
-  throw error(errno_code(EBADMSG), "safetensors index", p.string(), -1, 0, what);
 }
 
 std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
@@ -66,35 +64,6 @@ bool matches(const std::string& entry, const std::string& name) {
 }
 
 bool ends_with(const std::string& s, std::string_view suffix) { return s.ends_with(suffix); }
-
-std::vector<shard> read_index(const std::filesystem::path& index) {
-  const std::string text = formats::read_small_file(index, max_header_bytes);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    bad_index(index, fmt::format("invalid JSON: {}", e.what()));
-  }
-  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
-    bad_index(index, "no \"weight_map\" object");
-  }
-  std::map<std::string, std::vector<std::string>> by_file;
-  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-    if (!it.value().is_string()) bad_index(index, fmt::format("weight_map entry \"{}\" is not a string", it.key()));
-    std::filesystem::path rel(it.value().get<std::string>());
-    if (rel.empty() || rel.is_absolute()) {
-      bad_index(index, fmt::format("weight_map entry \"{}\" names no relative file", it.key()));
-    }
-    for (const auto& part : rel) {
-      if (part == "..") bad_index(index, fmt::format("weight_map entry \"{}\" leaves the folder", it.key()));
-    }
-    by_file[rel.string()].push_back(it.key());
-  }
-  if (by_file.empty()) bad_index(index, "weight_map is empty");
-  std::vector<shard> out;
-  for (auto& [file, names] : by_file) out.push_back({index.parent_path() / file, std::move(names)});
-  return out;
-}
 
 // Where one selected tensor goes and which bytes of its file it needs.
 struct item {
@@ -200,13 +169,13 @@ std::string model::sha256_hex(const loaded_tensor& t) const {
 std::vector<shard> resolve_shards(const std::filesystem::path& path) {
   namespace fs = std::filesystem;
   // An index by name is read as one, even when it is not a file (EISDIR then, naming it).
-  if (ends_with(path.filename().string(), ".index.json")) return read_index(path);
+  if (ends_with(path.filename().string(), ".index.json")) return formats::read_index(path);
   std::error_code ec;
   const bool folder = fs::is_directory(path, ec);
   if (ec && ec != std::errc::no_such_file_or_directory) throw error(ec, "stat", path.string(), -1, 0);
   if (folder) {
     const fs::path preferred = path / "model.safetensors.index.json";
-    if (fs::exists(fs::symlink_status(preferred, ec))) return read_index(preferred);
+    if (fs::exists(fs::symlink_status(preferred, ec))) return formats::read_index(preferred);
     std::vector<fs::path> indexes, files;
     fs::directory_iterator it(path, ec), end;
     for (; !ec && it != end; it.increment(ec)) {
@@ -222,10 +191,11 @@ std::vector<shard> resolve_shards(const std::filesystem::path& path) {
       // Two indexes (say fp16 and fp32 variants) name different shards: loading every file would mix them.
       throw error(errno_code(EINVAL), "safetensors load", path.string(), -1, 0,
                   fmt::format("the folder has {} index files ({}, {}{}): name the one to load", indexes.size(),
-                              indexes[0].filename().string(), indexes[1].filename().string(),
+                              printable_name(indexes[0].filename().string()),
+                              printable_name(indexes[1].filename().string()),
                               indexes.size() > 2 ? ", ..." : ""));
     }
-    if (indexes.size() == 1) return read_index(indexes.front());
+    if (indexes.size() == 1) return formats::read_index(indexes.front());
     if (files.empty()) {
       throw error(errno_code(ENOENT), "safetensors load", path.string(), -1, 0,
                   "no *.safetensors or model.safetensors.index.json in this folder");
@@ -285,7 +255,9 @@ class selection {
   // Throws EINVAL for an `only` entry that matched no tensor of any shard.
   void check_every_entry_matched(const std::filesystem::path& path) const {
     for (std::size_t i = 0; i < only_.size(); ++i) {
-      if (!used_[i]) invalid(fmt::format("no tensor matches \"{}\" in {}", only_[i], path.string()));
+      if (!used_[i]) {
+        invalid(fmt::format("no tensor matches \"{}\" in {}", printable_name(only_[i]), printable_name(path.string())));
+      }
     }
   }
 
@@ -634,7 +606,7 @@ load_stats load_into(const std::filesystem::path& path, const std::map<std::stri
   std::vector<std::pair<const tensor_info*, slice_plan>> work;
   for (const auto& [name, dst] : destinations) {
     const auto* t = h.find(name);
-    if (t == nullptr) invalid(fmt::format("{} has no tensor \"{}\"", path.string(), printable_name(name)));
+    if (t == nullptr) invalid(fmt::format("{} has no tensor \"{}\"", printable_name(path.string()), printable_name(name)));
     auto plan = plan_slice(*t, options.slice);
     if (dst.nbytes < plan.nbytes()) {
       invalid(fmt::format("destination of \"{}\" holds {} bytes; the tensor needs {}", printable_name(name), dst.nbytes,

@@ -28,6 +28,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/json_bounded.hpp"
 #include "engine/thread_pool.hpp"
 #include "formats/sha256.hpp"
 #include "gdskit/error.hpp"
@@ -940,6 +941,84 @@ TEST(SafetensorsLoad, FolderWithTwoIndexesIsRefused) {
   }
   // Each index alone loads its own shard.
   EXPECT_EQ(st::load(dir / "m.fp32.safetensors.index.json").tensors().at(0).file.filename(), "fp32-1.safetensors");
+}
+
+// Text from an index or a folder listing reaches messages escaped: a name or file name holding ESC, BEL, a C1
+// control or a newline cannot drive the terminal that shows the error. The error's path() keeps the raw bytes
+// (programs open it); only the message is escaped.
+TEST(SafetensorsLoad, IndexTextInMessagesIsEscaped) {
+  temp_dir dir;
+  write_st(dir / "a.safetensors", {k_model[0]}, 1);
+  const std::string key = "evil\x1b[2J\x07\n\xc2\x9bname";
+  const auto idx = dir / "m.safetensors.index.json";
+  struct hostile {
+    std::string what;
+    std::string text;
+    int code;
+  };
+  const std::vector<hostile> cases = {
+      {"value not a string", nlohmann::json{{"weight_map", {{key, 5}}}}.dump(), EBADMSG},
+      {"leaves the folder", nlohmann::json{{"weight_map", {{key, "../a.safetensors"}}}}.dump(), EBADMSG},
+      {"absolute", nlohmann::json{{"weight_map", {{key, "/a.safetensors"}}}}.dump(), EBADMSG},
+      {"not in the header", nlohmann::json{{"weight_map", {{key, "a.safetensors"}}}}.dump(), EBADMSG},
+      {"missing shard", nlohmann::json{{"weight_map", {{"w", "\x1b[31mgone\x07.safetensors"}}}}.dump(), ENOENT},
+      {"syntax error", "{\"weight_map\": x\x1b\xc2\x9b[2J}", EBADMSG},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    gdskit::test::write_text(idx, c.text);
+    try {
+      st::load(idx);
+      ADD_FAILURE() << "loaded";
+    } catch (const gdskit::error& e) {
+      EXPECT_EQ(e.code().value(), c.code) << e.what();
+      const std::string what = e.what();
+      for (char raw : {'\x1b', '\x07', '\n'}) EXPECT_EQ(what.find(raw), std::string::npos) << what;
+      EXPECT_EQ(what.find("\xc2\x9b"), std::string::npos) << what;
+      if (c.code == ENOENT) {
+        EXPECT_NE(what.find("\\x1b[31mgone\\a.safetensors"), std::string::npos) << what;
+        EXPECT_EQ(e.path(), (dir / "\x1b[31mgone\x07.safetensors").string());
+      } else if (c.what != "syntax error") {
+        EXPECT_NE(what.find("evil\\x1b[2J\\a\\n\\u009bname"), std::string::npos) << what;
+      }
+    }
+  }
+  // Index files found in a folder are named escaped too.
+  std::filesystem::remove(idx);
+  std::ofstream(dir / "a\x1b]0;x\x07.safetensors.index.json") << R"({"weight_map":{"embed.weight":"a.safetensors"}})";
+  std::ofstream(dir / "b.safetensors.index.json") << R"({"weight_map":{"embed.weight":"a.safetensors"}})";
+  try {
+    st::load(dir.path());
+    ADD_FAILURE() << "a folder with two indexes loaded";
+  } catch (const gdskit::error& e) {
+    EXPECT_EQ(std::string(e.what()).find('\x1b'), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("a\\x1b]0;x\\a.safetensors.index.json"), std::string::npos) << e.what();
+  }
+}
+
+// An index nested deeper than the documented bound is refused as malformed, however deep: nothing walks it.
+TEST(SafetensorsLoad, IndexNestedBeyondTheBoundIsRefused) {
+  temp_dir dir;
+  write_st(dir / "a.safetensors", {k_model[0]}, 1);
+  const auto idx = dir / "m.safetensors.index.json";
+  auto nested = [](std::size_t depth) {
+    return "{\"metadata\": {\"extra\": " + std::string(depth, '[') + std::string(depth, ']') +
+           "}, \"weight_map\": {\"embed.weight\": \"a.safetensors\"}}";
+  };
+  // Within the bound (the object, "metadata", and 62 arrays): loads.
+  gdskit::test::write_text(idx, nested(gdskit::max_index_json_depth - 2));
+  EXPECT_EQ(st::load(idx).tensors().size(), 1u);
+  for (std::size_t depth : {gdskit::max_index_json_depth - 1, std::size_t{1000000}}) {
+    SCOPED_TRACE(depth);
+    gdskit::test::write_text(idx, nested(depth));
+    try {
+      st::load(idx);
+      ADD_FAILURE() << "loaded";
+    } catch (const gdskit::error& e) {
+      EXPECT_EQ(e.code().value(), EBADMSG);
+      EXPECT_NE(std::string(e.what()).find("nested more than 64 levels"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace
