@@ -489,6 +489,11 @@ buffer_view allocate(model::storage_impl& st, std::uint64_t nbytes, const load_o
 
 model load(const std::filesystem::path& path, const load_options& options) {
   const auto t_start = steady_clock::now();
+  // Before any file or allocation: a framework's allocate callback would fail with an error of its own.
+  if (std::string why; options.device >= 0 && !gpu_available(&why)) {
+    throw error(errno_code(ENODEV), "safetensors load", path.string(), -1, 0,
+                fmt::format("cuda:{}: no usable GPU: {}", options.device, why));
+  }
   const auto shards = resolve_shards(path);
   std::vector<shard_load> loads(shards.size());
   selection select(options.only);

@@ -1021,4 +1021,30 @@ TEST(SafetensorsLoad, IndexNestedBeyondTheBoundIsRefused) {
   }
 }
 
+// A CUDA destination without a usable GPU is ENODEV with the reason, before the caller's allocate callback runs
+// (a framework would raise its own error there) and before any file is opened.
+TEST(SafetensorsLoad, DeviceWithoutAGpuIsEnodevBeforeAllocating) {
+  std::string why;
+  if (gdskit::gpu_available(&why)) GTEST_SKIP() << "a GPU is usable here";
+  temp_dir dir;
+  write_st(dir / "a.safetensors", {k_model[0]}, 1);
+  st::load_options o;
+  o.device = 0;
+  bool called = false;
+  o.allocate = [&](std::uint64_t) -> gdskit::buffer_view {
+    called = true;
+    throw std::runtime_error("the allocate callback ran");
+  };
+  for (const auto& p : {dir / "a.safetensors", dir / "missing.safetensors"}) {
+    try {
+      st::load(p, o);
+      ADD_FAILURE() << "loaded";
+    } catch (const gdskit::error& e) {
+      EXPECT_EQ(e.code().value(), ENODEV) << e.what();
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_FALSE(called);
+}
+
 }  // namespace
