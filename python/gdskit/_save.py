@@ -6,6 +6,7 @@ under their final name only once whole and on disk, and never replace an existin
 
 from __future__ import annotations
 
+import math
 import os
 
 from . import _gdskit
@@ -33,6 +34,8 @@ _NUMPY_DTYPES = {
 
 # huggingface_hub's units for max_shard_size: decimal.
 _SIZE_UNITS = {"TB": 10**12, "GB": 10**9, "MB": 10**6, "KB": 10**3}
+# Byte counts are 64-bit in the format and in the engine.
+_MAX_BYTES = 2**64 - 1
 
 
 def last_save_stats() -> dict:
@@ -48,8 +51,8 @@ def parse_shard_size(size) -> int:
     if isinstance(size, bool):
         raise ValueError(f"max_shard_size must be an int or a string like '5GB', not {size!r}")
     if isinstance(size, int):
-        if size <= 0:
-            raise ValueError(f"max_shard_size must be positive, not {size}")
+        if not 0 < size <= _MAX_BYTES:
+            raise ValueError(f"max_shard_size must be 1 to 2**64-1 bytes, not {size}")
         return size
     if not isinstance(size, str):
         raise ValueError(f"max_shard_size must be an int or a string like '5GB', not {size!r}")
@@ -61,9 +64,11 @@ def parse_shard_size(size) -> int:
         value = float(text[:-2].strip())
     except ValueError as e:
         raise ValueError(f"Could not parse the size value from '{size}': {e}") from e
+    if not math.isfinite(value):
+        raise ValueError(f"max_shard_size must be a finite size, not {size!r}")
     n = int(value * _SIZE_UNITS[unit])
-    if n <= 0:
-        raise ValueError(f"max_shard_size must be positive, not {size!r}")
+    if not 0 < n <= _MAX_BYTES:
+        raise ValueError(f"max_shard_size must be 1 byte to 2**64-1 bytes, not {size!r}")
     return n
 
 
@@ -107,6 +112,15 @@ class _RowStager:
         self.block = self.contiguous(self.t[first:last])
         ptr = self.sync(self.block)
         return ptr, (last - first) * self.row_bytes
+
+
+def _utf8(text: str, what: str) -> str:
+    """text, which the format stores as UTF-8; ValueError for a str that has no UTF-8 form (a lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} {text!r} is not valid UTF-8 text ({e.reason} at position {e.start})") from None
+    return text
 
 
 def _torch_entry(torch, name, t, budget, keep):
@@ -216,6 +230,7 @@ def _prepare(tensors, staging_bytes):
     for k, v in tensors.items():
         if not isinstance(k, str):
             raise TypeError(f"tensor names must be str, not {type(k).__name__} ({k!r})")
+        _utf8(k, "tensor name")
         if torch is not None and isinstance(v, torch.Tensor):
             kinds.add("torch")
             if v.layout != torch.strided:
@@ -256,6 +271,8 @@ def _metadata(metadata):
     for k, v in metadata.items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise TypeError(f"metadata must map str to str; {k!r}: {v!r} does not")
+        _utf8(k, "metadata key")
+        _utf8(v, "metadata value")
     return list(metadata.items())
 
 
@@ -266,7 +283,8 @@ def save_file(tensors, filename, metadata=None, *, overwrite: bool = False, stag
     Tensors: torch tensors on the CPU (written from their memory, no copy) or CUDA devices (written straight
     from device memory through pinned staging), or numpy arrays. Non-contiguous ones are made contiguous a block
     of rows at a time within `staging_bytes`. Tensors whose memory overlaps are refused (RuntimeError), as
-    safetensors does. metadata: {str: str}, written in its order.
+    safetensors does. metadata: {str: str}, written in its order. Names and metadata must be UTF-8 text
+    (ValueError for a str with a lone surrogate).
 
     The file appears under `filename` only once whole and synced to disk; an error or interruption leaves an
     existing file as it was and no temporary file. An existing file is replaced only with overwrite=True, else

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Hostile and odd inputs at the Python surface: paths with NUL bytes or unencodable characters, names that are
+not UTF-8 text, absurd shard sizes, CUDA devices without a GPU, conjugate and negative views, and saves of many
+small arrays (the shared-memory check must stay n log n).
+
+    PYTHONPATH=<build>/python /usr/bin/python3 python/tests/test_safety.py      # or: pytest python/tests
+Exit status 77 when gdskit cannot be imported. Parts that need torch or numpy skip with the reason.
+"""
+import errno
+import os
+import struct
+import sys
+import tempfile
+import time
+
+try:
+    import gdskit
+except ImportError as e:  # pragma: no cover
+    print(f"SKIP: cannot import gdskit ({e}); build with -DGDSKIT_BUILD_PYTHON=ON and set PYTHONPATH")
+    sys.exit(77)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_gdskit import write_st  # noqa: E402  (the one safetensors writer of the tests)
+from test_save import _np, _torch  # noqa: E402
+
+
+def _raises(exc, fn, *args, **kwargs):
+    """Calls fn and returns the exception it raised, which must be an `exc` (never pybind's TypeError for
+    arguments it could not convert)."""
+    try:
+        fn(*args, **kwargs)
+    except exc as e:
+        assert "incompatible function arguments" not in str(e), e
+        return e
+    raise AssertionError(f"{getattr(fn, '__name__', fn)} must raise {exc.__name__}")
+
+
+def test_nul_and_unencodable_paths_are_value_errors():
+    # As Python's own open(): a NUL byte is a ValueError, a str that has no bytes in the file system's encoding
+    # (a lone surrogate outside the surrogateescape range) a UnicodeEncodeError, which is a ValueError too.
+    with tempfile.TemporaryDirectory() as d:
+        good = os.path.join(d, "m.safetensors")
+        write_st(good, {"w": ("U8", (2,), b"ab")})
+        for bad in (good + "\0x", os.path.join(d, "\ud800.safetensors")):
+            calls = [
+                (gdskit.load_safetensors_raw, (bad,)),
+                (gdskit.header, (bad,)),
+                (gdskit.load_file, (bad,)),
+                (gdskit.safe_open, (bad,)),
+                (gdskit.File, (bad,)),
+                (gdskit.read, (bad, bytearray(2))),
+                (gdskit.plan, (bad, "cpu")),
+            ]
+            np = _np()
+            if np is not None:
+                calls += [(gdskit.load_safetensors, (bad,)),
+                          (gdskit.save_file, ({"a": np.zeros(2)}, bad)),
+                          (gdskit.save_sharded, ({"a": np.zeros(2)}, bad))]
+            for fn, args in calls:
+                e = _raises(ValueError, fn, *args)
+                assert isinstance(e, ValueError), (fn, e)
+        assert sorted(os.listdir(d)) == ["m.safetensors"], os.listdir(d)
+    return None
+
+
+def test_names_that_are_not_utf8_text_are_value_errors():
+    np = _np()
+    if np is None:
+        return "skip: numpy not installed"
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "x.safetensors")
+        lone = "w\ud800"
+        e = _raises(ValueError, gdskit.save_file, {lone: np.zeros(2)}, p)
+        assert "UTF-8" in str(e), e
+        _raises(ValueError, gdskit.save_file, {"a": np.zeros(2)}, p, metadata={lone: "v"})
+        _raises(ValueError, gdskit.save_file, {"a": np.zeros(2)}, p, metadata={"k": lone})
+        _raises(ValueError, gdskit.save_sharded, {lone: np.zeros(2)}, os.path.join(d, "s"))
+        assert not os.listdir(d)
+        write_st(p, {"w": ("U8", (2,), b"ab")})
+        _raises(ValueError, gdskit.load_safetensors_raw, p, only=[lone])
+        _raises(ValueError, gdskit.load_safetensors, p, only=lone)
+    return None
+
+
+def test_shard_sizes_beyond_64_bits_or_not_finite_are_value_errors():
+    np = _np()
+    if np is None:
+        return "skip: numpy not installed"
+    with tempfile.TemporaryDirectory() as d:
+        for size in ("1e30GB", "infGB", "-infGB", "nanGB", "1e400MB", 2 ** 64, 2 ** 70, "18446744073709551616KB"):
+            e = _raises(ValueError, gdskit.save_sharded, {"a": np.zeros(2)}, d, max_shard_size=size)
+            assert not isinstance(e, OverflowError), (size, e)
+        assert not os.listdir(d)
+        # The largest size that fits is taken: one shard.
+        written = gdskit.save_sharded({"a": np.zeros(2)}, d, max_shard_size=2 ** 64 - 1)
+        assert [os.path.basename(w) for w in written] == ["model.safetensors"]
+    return None
+
+
+if __name__ == "__main__":
+    from runner import run_tests  # noqa: E402
+
+    sys.exit(run_tests(dict(globals())))
