@@ -6,6 +6,7 @@ under their final name only once whole and on disk, and never replace an existin
 
 from __future__ import annotations
 
+import heapq
 import math
 import os
 
@@ -211,13 +212,28 @@ def _check_shared(torch, tensors):
             f" loading them again: {failing}. Save one tensor per storage (clone the others) instead.")
 
 
+def _byte_bounds(np):
+    try:
+        from numpy.lib.array_utils import byte_bounds  # noqa: PLC0415  (numpy 2)
+    except ImportError:
+        byte_bounds = np.byte_bounds
+    return byte_bounds
+
+
 def _check_shared_numpy(np, arrays):
-    items = [(k, a) for k, a in arrays.items() if a.nbytes]
-    failing = []
-    for i, (k, a) in enumerate(items):
-        for k2, b in items[i + 1:]:
-            if np.shares_memory(a, b):
-                failing.append({k, k2})
+    # Sorted by the first byte each array touches, so only arrays whose spans overlap are compared (exactly,
+    # with np.shares_memory: interleaved strided views share a span but no byte): n log n for arrays in memory of
+    # their own, however many.
+    bounds = _byte_bounds(np)
+    spans = sorted((*bounds(a), i, k) for i, (k, a) in enumerate(arrays.items()) if a.nbytes)
+    failing, open_spans = [], []  # open_spans: a heap of (end, i, name) of spans not yet passed
+    for start, end, i, k in spans:
+        while open_spans and open_spans[0][0] <= start:
+            heapq.heappop(open_spans)
+        for _, _, k2 in open_spans:
+            if np.shares_memory(arrays[k2], arrays[k]):
+                failing.append({k2, k})
+        heapq.heappush(open_spans, (end, i, k))
     if failing:
         raise RuntimeError(f"Some arrays share memory: {failing}. Save one array per buffer (copy the others).")
 
