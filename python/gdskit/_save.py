@@ -115,6 +115,21 @@ class _RowStager:
         return ptr, (last - first) * self.row_bytes
 
 
+def _lazy(t) -> bool:
+    """Whether t is a conjugate or negative view: its memory holds the original values, and torch applies the
+    conjugation or negation only when the values are read, so its bytes are not its values."""
+    return bool(t.is_conj() or (hasattr(t, "is_neg") and t.is_neg()))
+
+
+def _resolved(t):
+    """t with its values in its memory: a copy for a conjugate or negative view, t itself otherwise."""
+    if t.is_conj():
+        t = t.resolve_conj()
+    if hasattr(t, "is_neg") and t.is_neg():
+        t = t.resolve_neg()
+    return t
+
+
 def _utf8(text: str, what: str) -> str:
     """text, which the format stores as UTF-8; ValueError for a str that has no UTF-8 form (a lone surrogate)."""
     try:
@@ -139,7 +154,12 @@ def _torch_entry(torch, name, t, budget, keep):
     if st_dtype == "F4" and shape:
         shape[-1] *= 2  # two 4-bit values per byte: the header counts elements, as safetensors does
     nbytes = t.numel() * t.element_size()
-    if t.is_contiguous() or nbytes == 0:
+    lazy = _lazy(t)
+    if lazy and t.dim() == 0:
+        t = _resolved(t)  # one value: resolved whole (the stager works in rows)
+        keep.append(t)
+        lazy = False
+    if (t.is_contiguous() and not lazy) or nbytes == 0:
         return (name, st_dtype, shape, t.data_ptr() if nbytes else 0, nbytes, device, None)
 
     def sync(block):
@@ -147,7 +167,9 @@ def _torch_entry(torch, name, t, budget, keep):
             torch.cuda.current_stream(device).synchronize()
         return block.data_ptr()
 
-    stager = _RowStager(t, nbytes, budget, lambda x: x.contiguous(), sync, keep)
+    # Strided tensors, and conjugate or negative views (whose memory holds the original values), are written a
+    # block of rows at a time, each block made contiguous with its values resolved.
+    stager = _RowStager(t, nbytes, budget, lambda x: _resolved(x).contiguous(), sync, keep)
     keep.append(stager)
     return (name, st_dtype, shape, 0, nbytes, device, stager)
 
@@ -177,10 +199,11 @@ def _torch_extent(t):
 
 def _check_shared(torch, tensors):
     # Like safetensors: tensors of one storage whose bytes overlap are refused (saving both would store the
-    # memory twice and load them as independent tensors); disjoint views of one storage are fine.
+    # memory twice and load them as independent tensors); disjoint views of one storage are fine. Conjugate and
+    # negative views are written as their resolved values, bytes of their own, so they share nothing on disk.
     groups = {}
     for k, v in tensors.items():
-        if v.device.type == "meta":
+        if v.device.type == "meta" or _lazy(v):
             continue
         try:
             storage = v.untyped_storage()
@@ -298,7 +321,8 @@ def save_file(tensors, filename, metadata=None, *, overwrite: bool = False, stag
 
     Tensors: torch tensors on the CPU (written from their memory, no copy) or CUDA devices (written straight
     from device memory through pinned staging), or numpy arrays. Non-contiguous ones are made contiguous a block
-    of rows at a time within `staging_bytes`. Tensors whose memory overlaps are refused (RuntimeError), as
+    of rows at a time within `staging_bytes`, as are conjugate and negative views (c.conj(), torch._neg_view),
+    which are written as their values. Tensors whose memory overlaps are refused (RuntimeError), as
     safetensors does. metadata: {str: str}, written in its order. Names and metadata must be UTF-8 text
     (ValueError for a str with a lone surrogate).
 
