@@ -168,7 +168,8 @@ class safe_open:  # noqa: N801 (the safetensors library's name)
             part = f.get_slice("embed.weight")[:, :1024]   # reads only the bytes the slice needs
 
     framework: "pt" (torch tensors) or "np" (numpy arrays; CPU only). Raises ValueError for a bad framework or
-    device, OSError subclasses for I/O errors and SafetensorError for a malformed file."""
+    device (or a path with a NUL byte), OSError(ENODEV) for a CUDA device without a usable GPU, OSError
+    subclasses for I/O errors and SafetensorError for a malformed file."""
 
     def __init__(self, filename, framework="pt", device="cpu"):
         self._framework = _check_framework(framework)
@@ -176,6 +177,12 @@ class safe_open:  # noqa: N801 (the safetensors library's name)
         if self._framework == "np" and self._device >= 0:
             raise ValueError("framework \"np\" gives numpy arrays, which live on the CPU: use device=\"cpu\"")
         path = _fspath(filename)
+        if self._device >= 0:
+            # Documented as for gdskit.plan: without a usable GPU, OSError(ENODEV) with the reason (the tensors
+            # would otherwise fail later, in the framework's own allocator, with its own error).
+            usable, why = _gdskit.gpu_available()
+            if not usable:
+                raise OSError(_errno.ENODEV, f"cuda:{self._device}: no usable GPU: {why}", path)
         _refuse_folder(path)
         self._handle = _gdskit.FileHandle(path, "r")
         entries, metadata = self._handle.header()

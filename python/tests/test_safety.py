@@ -97,6 +97,28 @@ def test_shard_sizes_beyond_64_bits_or_not_finite_are_value_errors():
     return None
 
 
+def test_cuda_device_without_a_gpu_is_enodev():
+    ok, why = gdskit.gpu_available()
+    if ok:
+        return "skip: a GPU is usable here"
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "m.safetensors")
+        write_st(p, {"w": ("F32", (2,), struct.pack("<2f", 1, 2))})
+        calls = [(gdskit.load_safetensors_raw, (p,), {"device": "cuda:0"})]
+        if _torch() is not None:
+            calls += [(gdskit.safe_open, (p,), {"framework": "pt", "device": "cuda:0"}),
+                      (gdskit.load_file, (p,), {"device": "cuda:0"}),
+                      (gdskit.load_safetensors, (p,), {"device": "cuda:0", "framework": "torch"})]
+        for fn, args, kwargs in calls:
+            try:
+                fn(*args, **kwargs)
+                raise AssertionError(f"{fn.__name__} on cuda:0 must fail without a GPU")
+            except OSError as e:
+                assert e.errno == errno.ENODEV, (fn.__name__, e)
+                assert why and why in str(e), (fn.__name__, str(e), why)
+    return None
+
+
 def _check_shared(np, arrays):
     from gdskit import _save  # noqa: PLC0415
 
