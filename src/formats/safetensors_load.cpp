@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -287,8 +288,18 @@ struct shard_load {
   buffer_view view;
 };
 
-// Contiguous items merge into runs; each run starts at an address congruent to its file offset modulo 4 KiB,
-// so the O_DIRECT engine can read the aligned middle straight into place. Strided slices follow the runs.
+// The alignment a piece of `nbytes` gets in the allocation: a power of two no larger than the piece (so the
+// padding never exceeds the bytes it places: a file cannot make the allocation grow beyond about three times the
+// bytes selected, however it scatters them), at least as large as any element in it (elements are powers of
+// two no larger than the piece), at most `cap`.
+std::uint64_t placement_alignment(std::uint64_t nbytes, std::uint64_t cap) {
+  return std::min<std::uint64_t>(cap, std::bit_floor(std::max<std::uint64_t>(nbytes, 1)));
+}
+
+// Contiguous items merge into runs; each run starts at an address congruent to its file offset modulo 4 KiB
+// (modulo the run's own size rounded down to a power of two for runs under 4 KiB, which O_DIRECT does not read
+// into place anyway), so the O_DIRECT engine can read the aligned middle straight into place and every element
+// is as aligned in memory as in the file. Strided slices follow the runs.
 void lay_out(shard_load& s, std::uint64_t coalesce_gap_bytes) {
   std::sort(s.items.begin(), s.items.end(), [](const item& a, const item& b) {
     return a.info->file_offset_bytes + a.plan.first_offset < b.info->file_offset_bytes + b.plan.first_offset;
@@ -311,14 +322,15 @@ void lay_out(shard_load& s, std::uint64_t coalesce_gap_bytes) {
   }
   std::uint64_t cursor = 0;
   for (auto& r : s.runs) {
-    r.alloc_offset = align_up(cursor, k_host_alignment) + r.file_begin % k_host_alignment;
+    const std::uint64_t a = placement_alignment(r.file_end - r.file_begin, k_host_alignment);
+    r.alloc_offset = align_up(cursor, a) + r.file_begin % a;
     for (auto* it : r.items) {
       it->alloc_offset = r.alloc_offset + (it->info->file_offset_bytes + it->plan.first_offset - r.file_begin);
     }
     cursor = r.alloc_offset + (r.file_end - r.file_begin);
   }
   for (auto* it : s.strided) {
-    it->alloc_offset = align_up(cursor, 256);
+    it->alloc_offset = align_up(cursor, placement_alignment(it->plan.nbytes(), 256));
     cursor = it->alloc_offset + it->plan.nbytes();
   }
   s.nbytes = std::max<std::uint64_t>(cursor, 1);

@@ -996,6 +996,36 @@ TEST(SafetensorsLoad, IndexTextInMessagesIsEscaped) {
   }
 }
 
+// The allocation is sized by the bytes selected, not by how a file scatters them: runs are placed congruent to
+// their file offset modulo a power of two no larger than themselves (4 KiB for runs that O_DIRECT can read into
+// place), so a file of many one-byte tensors with gaps between them (read one by one when nothing is
+// coalesced, as the distributed load asks) cannot make a 4 KiB allocation per byte.
+TEST(SafetensorsLoad, AllocationIsBoundedByTheBytesSelected) {
+  temp_dir dir;
+  std::vector<spec> specs;
+  const std::size_t n = 20000;
+  for (std::size_t i = 0; i < n; ++i) {
+    specs.push_back({fmt::format("t{:05d}", i), i % 3 == 0 ? "F16" : "U8", {1}, i % 3 == 0 ? 2u : 1u, 1});
+  }
+  auto w = write_st(dir / "scattered.safetensors", specs, 7);
+  st::load_options o;
+  o.coalesce_gap_bytes = 0;
+  auto m = st::load(dir / "scattered.safetensors", o);
+  ASSERT_EQ(m.tensors().size(), n);
+  std::map<std::string, std::uint64_t> file_offset;
+  for (const auto& t : st::read_header(dir / "scattered.safetensors").tensors) file_offset[t.name] = t.file_offset_bytes;
+  std::uint64_t selected = 0, allocated = 0;
+  for (const auto& t : m.tensors()) {
+    selected += t.data.nbytes;
+    EXPECT_EQ(view_bytes(t), w.bytes.at(t.name)) << t.name;
+    // Elements stay as aligned in memory as they are in the file (the allocation is 4 KiB aligned).
+    const auto address = reinterpret_cast<std::uintptr_t>(t.data.data);
+    if (t.dtype == st::dtype::F16) EXPECT_EQ(address % 2, file_offset.at(t.name) % 2) << t.name;
+  }
+  for (const auto& a : m.allocations()) allocated += a.nbytes;
+  EXPECT_LE(allocated, 3 * selected + 4096) << "selected " << selected;
+}
+
 // An index nested deeper than the documented bound is refused as malformed, however deep: nothing walks it.
 TEST(SafetensorsLoad, IndexNestedBeyondTheBoundIsRefused) {
   temp_dir dir;
