@@ -191,6 +191,58 @@ def test_conjugate_and_negative_views_are_saved_as_their_values():
     return None
 
 
+def test_slices_read_through_a_bounded_window():
+    np = _np()
+    if np is None:
+        return "skip: numpy not installed"
+    import tracemalloc  # noqa: PLC0415
+
+    from gdskit import _safetensors  # noqa: PLC0415
+
+    rows, cols = 4096, 4096
+    raw = np.random.default_rng(5).integers(0, 256, rows * cols, dtype=np.uint8)
+    full = raw.reshape(rows, cols)
+    knobs = ("_GATHER_WINDOW_BYTES", "_PICK_INDEXES", "_SEGMENTS_AT_ONCE")
+    saved = {k: getattr(_safetensors, k, None) for k in knobs}
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "x.safetensors")
+        write_st(p, {"x": ("U8", (rows, cols), raw.tobytes())})
+        try:
+            # Small bounds, so that what they bound shows against the 16 MiB tensor.
+            for k, v in zip(knobs, (1 << 20, 1 << 12, 1 << 12)):
+                setattr(_safetensors, k, v)
+            with gdskit.safe_open(p, framework="np") as f:
+                for index, want in (((slice(None), 5), full[:, 5]), ((slice(None), slice(None, None, 2)),
+                                                                       full[:, ::2]),
+                                    ((slice(3, 4000, 7), slice(10, 20)), full[3:4000:7, 10:20])):
+                    tracemalloc.start()
+                    try:
+                        got = f.get_slice("x")[index]
+                        _, peak = tracemalloc.get_traced_memory()
+                    finally:
+                        tracemalloc.stop()
+                    assert np.array_equal(got, want), index
+                    # The result, plus at most a window and the indexes that pick from it (and small change).
+                    assert peak < want.nbytes + (3 << 20), (index, peak, want.nbytes)
+            # Chunk and window edges everywhere: random slices of a 3-d tensor, against numpy's own slicing.
+            for k, v in zip(knobs, (4096, 7, 5)):
+                setattr(_safetensors, k, v)
+            small = np.random.default_rng(6).integers(0, 2**31, 9 * 37 * 41, dtype=np.int32)
+            q = os.path.join(d, "small.safetensors")
+            write_st(q, {"y": ("I32", (9, 37, 41), small.tobytes())})
+            cube = small.reshape(9, 37, 41)
+            rng = np.random.default_rng(7)
+            with gdskit.safe_open(q, framework="np") as f:
+                for _ in range(60):
+                    index = tuple(slice(int(rng.integers(0, n)), int(rng.integers(0, n + 1)), int(rng.integers(1, 4)))
+                                  if rng.random() < 0.8 else int(rng.integers(0, n)) for n in cube.shape)
+                    assert np.array_equal(f.get_slice("y")[index], cube[index]), index
+        finally:
+            for k, v in saved.items():
+                setattr(_safetensors, k, v)
+    return None
+
+
 if __name__ == "__main__":
     from runner import run_tests  # noqa: E402
 
