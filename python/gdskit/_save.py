@@ -118,12 +118,12 @@ class _RowStager:
 def _lazy(t) -> bool:
     """Whether t is a conjugate or negative view: its memory holds the original values, and torch applies the
     conjugation or negation only when the values are read, so its bytes are not its values."""
-    return bool(t.is_conj() or (hasattr(t, "is_neg") and t.is_neg()))
+    return bool((hasattr(t, "is_conj") and t.is_conj()) or (hasattr(t, "is_neg") and t.is_neg()))
 
 
 def _resolved(t):
     """t with its values in its memory: a copy for a conjugate or negative view, t itself otherwise."""
-    if t.is_conj():
+    if hasattr(t, "is_conj") and t.is_conj():
         t = t.resolve_conj()
     if hasattr(t, "is_neg") and t.is_neg():
         t = t.resolve_neg()

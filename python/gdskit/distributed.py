@@ -104,7 +104,7 @@ def _read_headers(path, only):
     """Files in load order, their tensors as [_Info] in file order, each file's header size in bytes, and what
     identifies the checkpoint across ranks: per file (name relative to the path, size, digest of its header)."""
     shards = _gdskit.resolve_shards(os.fspath(path))
-    base = os.fspath(path) if os.path.isdir(path) else os.path.dirname(os.fspath(path))
+    base = os.fspath(path) if os.path.isdir(path) else (os.path.dirname(os.fspath(path)) or os.curdir)
     files, infos, header_sizes, identity = [], [], [], []
     used = [False] * len(only or [])
     for fi, (file, names) in enumerate(shards):
@@ -143,7 +143,10 @@ def _same_checkpoint(identities, plans):
             continue
         names0, names = [f[0] for f in mine], [f[0] for f in other]
         if names != names0:
-            what = f"rank 0 sees the files {names0!r}, rank {r} {names!r}"
+            i = next((i for i, (a, b) in enumerate(zip(names0, names)) if a != b), min(len(names0), len(names)))
+            say = lambda ns: repr(ns[i]) if i < len(ns) else "nothing"  # noqa: E731
+            what = (f"file {i + 1} is {say(names0)} of {len(names0)} on rank 0 and {say(names)} of {len(names)} "
+                    f"on rank {r}")
         else:
             (f, size0, h0), (_, size, h) = next((a, b) for a, b in zip(mine, other) if a != b)
             what = (f"{f!r} is {size0} bytes on rank 0 and {size} on rank {r}" if size != size0 else

@@ -495,6 +495,32 @@ def test_load_refuses_ranks_that_see_different_files():
         _check_ok(after)
 
 
+def test_checkpoint_differences_are_named():
+    from gdskit.distributed import _same_checkpoint  # noqa: PLC0415  (pure: what every rank computes alike)
+    a = [("model-00001-of-00002.safetensors", 100, "h1"), ("model-00002-of-00002.safetensors", 200, "h2")]
+    cases = [
+        ([a, a[:1]], "file 2 is 'model-00002-of-00002.safetensors' of 2 on rank 0 and nothing of 1 on rank 1"),
+        ([a, a, [a[0], ("other.safetensors", 200, "h2")]], "file 2 is 'model-00002-of-00002.safetensors' of 2 on "
+                                                            "rank 0 and 'other.safetensors' of 2 on rank 2"),
+        ([a, [a[0], (a[1][0], 199, "h2")]], "'model-00002-of-00002.safetensors' is 200 bytes on rank 0 and 199 on "
+                                             "rank 1"),
+        ([a, [(a[0][0], 100, "h9"), a[1]]], "the header of 'model-00001-of-00002.safetensors' differs between rank 0 "
+                                             "and rank 1"),
+    ]
+    for identities, words in cases:
+        try:
+            _same_checkpoint(identities, ["p"] * len(identities))
+            raise AssertionError(f"{identities} passed")
+        except OSError as e:
+            assert e.errno == errno.EINVAL and words in str(e), str(e)
+    try:
+        _same_checkpoint([a, a], ["p", "q"])
+        raise AssertionError("different plans passed")
+    except OSError as e:
+        assert "rank 0 and rank 1 planned different loads" in str(e), str(e)
+    _same_checkpoint([a, a, a], ["p", "p", "p"])
+
+
 def test_world_1_and_2():
     with tempfile.TemporaryDirectory() as d:
         (one,) = run_cases(1, [case(1, "llama", tp=[[0, 1]], folder=d)], d)
