@@ -243,6 +243,24 @@ def test_slices_read_through_a_bounded_window():
     return None
 
 
+def test_npy_header_text_in_messages_is_escaped():
+    if not hasattr(gdskit, "gather_rows"):
+        return "skip: this gdskit has no gather_rows"
+    with tempfile.TemporaryDirectory() as d:
+        for descr in ("<\x1b[2Jf4", "<f\x1b]0;x\x07", "\x1b\u009b"):
+            header = "{'descr': '%s', 'fortran_order': False, 'shape': (2,), }" % descr
+            raw = header.encode("utf-8")
+            raw += b" " * ((64 - (10 + len(raw) + 1) % 64) % 64) + b"\n"
+            p = os.path.join(d, "x.npy")
+            with open(p, "wb") as f:
+                f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(raw)) + raw + bytes(8))
+            e = _raises(OSError, gdskit.gather_rows, p, [0])
+            assert e.errno == errno.EBADMSG, e
+            for raw_char in ("\x1b", "\x07", "\u009b"):
+                assert raw_char not in str(e), str(e)
+    return None
+
+
 if __name__ == "__main__":
     from runner import run_tests  # noqa: E402
 
