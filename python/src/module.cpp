@@ -2,7 +2,7 @@
 // capsules and objects with __dlpack__), so there is no build dependency on torch or numpy.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-#include <pybind11/stl/filesystem.h>
+#include "path_caster.hpp"
 
 #include <cerrno>
 #include <chrono>
