@@ -3,7 +3,7 @@
 // and arrays it checked. Every call releases the GIL while the store works.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-#include <pybind11/stl/filesystem.h>
+#include "path_caster.hpp"
 
 #include <cerrno>
 #include <chrono>

@@ -218,7 +218,7 @@ void run_batch_worker(worker& w, const std::atomic<bool>& stop, clock_type::time
   std::uint64_t pos = w.begin, planned = 0;
   std::vector<io_range> ranges;
   ranges.reserve(nb);
-  std::map<std::uint64_t, std::uint64_t> taken;  // a write batch's file ranges: start -> end
+  std::map<std::uint64_t, std::uint64_t> taken;  // the batch's file ranges: start -> end
   batch_options o;
   o.queue_depth = nb;
   o.exact = true;  // a short read is an error, as in the other types
@@ -229,18 +229,17 @@ void run_batch_worker(worker& w, const std::atomic<bool>& stop, clock_type::time
     taken.clear();
     for (unsigned k = 0; k < nb && (j.seconds > 0 || planned < w.length); ++k) {
       auto [off, n] = next_range(w, pos);
-      if (writing) {
-        // The ranges of one write batch must not overlap in the file (their order is not defined): a random
-        // offset is drawn again a few times, and a batch that cannot get another distinct range goes as it is.
-        for (int tries = 0; tries < 8 && overlaps(taken, off, n) && is_random(j.type); ++tries) {
-          std::tie(off, n) = next_range(w, pos);
-        }
-        if (overlaps(taken, off, n)) {
-          if (!is_random(j.type)) pos -= n;  // the sequential cursor went round: this range starts the next batch
-          break;
-        }
-        taken.emplace(off, off + n);
+      // The ranges of one write batch must not overlap in the file (their order is not defined): a random
+      // offset is drawn again a few times, and a batch that cannot get another distinct range goes as it is.
+      // Reads draw the same way, so that a read run with the same -k replays a write run's ranges (-V).
+      for (int tries = 0; tries < 8 && overlaps(taken, off, n) && is_random(j.type); ++tries) {
+        std::tie(off, n) = next_range(w, pos);
       }
+      if (overlaps(taken, off, n)) {
+        if (!is_random(j.type)) pos -= n;  // the sequential cursor went round: this range starts the next batch
+        break;
+      }
+      taken.emplace(off, off + n);
       planned += n;
       if (writing && (j.verify || j.refill)) {
         fill_pattern(j.seed, off, scratch.data(), n);

@@ -39,6 +39,9 @@ grep -q '^IoType: RANDWRITE XferType: CPU_BATCH Threads: 3 ' <<<"$out" || fail "
 grep -q 'verify: *OK' <<<"$out" || fail "batched write not verified: $out"
 grep -q 'path: *host (asked -x host-batch): batch core: [0-9]* batches of up to 7 ranges; ranges by route: host [1-9]' \
   <<<"$out" || fail "batched path: $out"
+# A random read with the same -k replays the random write's ranges, redrawn where they overlapped, and checks them.
+out=$("$gdskit" bench -f "$work/batch" -s 3M -i 4K:64K:4K -w 3 -I 2 -x host-batch -B 7 -V -k 9 --quiet) \
+  || fail "batched random read of the random write: $out"
 out=$("$gdskit" bench -f "$work/batch" -s 3M -i 64K -w 3 -I 1 -x host-batch -B 5 -V -k 9 --quiet) \
   || fail "batched sequential write: $out"
 json=$("$gdskit" bench -f "$work/batch" -s 3M -i 64K -w 3 -I 0 -x host-batch -B 5 -V -k 9 --cold --json --quiet) \
