@@ -124,6 +124,7 @@ def test_torch_cpu_and_cuda():
         stream = torch.cuda.Stream()
         gpu_out.zero_()
         seen = torch.empty_like(gpu_out)
+        torch.cuda.synchronize()  # the zeros are in place before the get (the core copies on its own stream)
         f = s.submit_get(gpu_keys, gpu_out, stream=stream)
         with torch.cuda.stream(stream):
             seen.copy_(gpu_out)
@@ -135,7 +136,7 @@ def test_torch_cpu_and_cuda():
         put_keys = list(range(300, 308))
         fresh = torch.from_numpy(blocks_for(put_keys)).cuda()
         target = torch.zeros_like(fresh)
-        stream.synchronize()
+        torch.cuda.synchronize()
         with torch.cuda.stream(stream):
             if hasattr(torch.cuda, "_sleep"):
                 torch.cuda._sleep(50_000_000)  # tens of milliseconds of a busy stream
