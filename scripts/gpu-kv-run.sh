@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine: the KV-cache block store's tests with a GPU, `gdskit bench kv` on two disks and the end-to-end
 # run with a real model runtime, in one go and within about 8 minutes, from the portable pack
-# (scripts/gpu-kv-pack.sh: .carry/bin/{gdskit,kv_store_test,kv_faults_test}, .carry/lib, .carry/include) and the
+# (scripts/gpu-pack.sh: .carry/bin/{gdskit,kv_store_test,kv_faults_test}, .carry/lib, .carry/include) and the
 # RAM-backed loop device script copied to .carry/tools/fastdisk.sh.
 #   scripts/gpu-kv-run.sh OUT_DIR
 # Environment: FAST_GIB (RAM loop device size, default 16), KV_TOKENS (end-to-end prompt, default 16384),
@@ -14,7 +14,7 @@ set -uo pipefail
 out=${1:?usage: scripts/gpu-kv-run.sh OUT_DIR}
 mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2
 cd "$(dirname "$0")/.." || exit 2
-carry=$(cd .carry 2>/dev/null && pwd) || { echo "gpu-kv-run: no .carry folder: make the pack with scripts/gpu-kv-pack.sh" >&2; exit 2; }
+carry=$(cd .carry 2>/dev/null && pwd) || { echo "gpu-kv-run: no .carry folder: make the pack with scripts/gpu-pack.sh" >&2; exit 2; }
 bin=$carry/bin
 budget=${KV_BUDGET_S:-470}
 gpu=(--gpu "${KV_GPU-0}")
@@ -43,7 +43,7 @@ step() {  # step NAME TIMEOUT_S COMMAND...  (skipped when it could not finish wi
 
 for f in "$bin/gdskit" "$bin/kv_store_test" "$bin/kv_faults_test" "$carry/lib/libgdskit.a" "$carry/tools/fastdisk.sh"; do
   if [ ! -e "$f" ]; then
-    echo "gpu-kv-run: $f is missing: make the pack with scripts/gpu-kv-pack.sh (and copy fastdisk.sh to .carry/tools)" >&2
+    echo "gpu-kv-run: $f is missing: make the pack with scripts/gpu-pack.sh (and copy fastdisk.sh to .carry/tools)" >&2
     exit 2
   fi
 done
