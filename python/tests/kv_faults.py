@@ -4,12 +4,17 @@ The adapter tests run the real store on temporary folders. What they need beyond
 
 - damage_block(root, key, block_bytes): damages the data of `key`'s block on disk (found by the key in its
   header), so that the store's checksum turns the next get of it into a miss, as a bad sector would.
+- fresh_folder(prefix): a new temporary folder, removed when the test process ends (a store reserves its
+  whole capacity on disk when it is made).
 - Faulty: the real store with two faults that cannot be caused for one chosen key from Python (the syscall
   seam that fails or slows a device is C++ only): keys in faults["put_fail"] are withheld from the store's
   puts and reported not stored (as ENOSPC would), and with faults["delay_s"] a submitted operation reports
   done only after that many seconds or cancel() (the real store answers within milliseconds here).
 """
+import atexit
 import os
+import shutil
+import tempfile
 import threading
 
 from gdskit.kv import BlockStore
@@ -23,6 +28,12 @@ _PAGE = 4096
 def reset():
     faults["put_fail"].clear()
     faults["delay_s"] = 0.0
+
+
+def fresh_folder(prefix: str) -> str:
+    folder = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def damage_block(root, key: bytes, block_bytes: int) -> int:

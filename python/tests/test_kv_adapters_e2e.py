@@ -13,7 +13,6 @@ the real gdskit.kv.BlockStore on temporary folders.
 import importlib.util
 import os
 import sys
-import tempfile
 import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -24,6 +23,7 @@ except ImportError as e:  # pragma: no cover
     print(f"SKIP: torch is needed ({e})")
     sys.exit(77)
 try:
+    import kv_faults
     from gdskit.kv import BlockStore
 except ImportError as e:  # pragma: no cover
     print(f"SKIP: cannot import gdskit.kv ({e}); build with -DGDSKIT_BUILD_PYTHON=ON and set PYTHONPATH")
@@ -162,7 +162,7 @@ def test_cache_layers_reads_every_cache_layout():
 
 
 def test_drop_tree_leaves_files_intact():
-    tmp = tempfile.mkdtemp(prefix="kv-e2e-")
+    tmp = kv_faults.fresh_folder("kv-e2e-")
     os.makedirs(os.path.join(tmp, "a", "b"))
     p = os.path.join(tmp, "a", "b", "f")
     with open(p, "wb") as f:
@@ -174,7 +174,7 @@ def test_drop_tree_leaves_files_intact():
 
 
 def _tiny(*extra):
-    tmp = tempfile.mkdtemp(prefix="kv-e2e-")
+    tmp = kv_faults.fresh_folder("kv-e2e-")
     return tmp, e2e.parse(["--store", tmp, "--device", "cpu", "--tiny", *extra])
 
 
@@ -220,7 +220,7 @@ def test_a_corrupted_block_fails_the_run():
 
 
 def test_arguments_are_checked():
-    tmp = tempfile.mkdtemp(prefix="kv-e2e-")
+    tmp = kv_faults.fresh_folder("kv-e2e-")
     for bad in (["--tokens", "100", "--block-tokens", "64"], ["--heads", "5"], ["--rounds", "0"]):
         try:
             e2e.parse(["--store", tmp, *bad])
@@ -237,7 +237,7 @@ def test_main_without_a_store_in_the_build_skips():
         has_store = hasattr(sys.modules["gdskit.kv"], "BlockStore")
     except ImportError:
         has_store = False
-    tmp = tempfile.mkdtemp(prefix="kv-e2e-")
+    tmp = kv_faults.fresh_folder("kv-e2e-")
     os.environ["GDSKIT_E2E_NO_TRANSFORMERS"] = "1"
     try:
         code = e2e.main(["--store", tmp, "--device", "cpu", "--tiny"])

@@ -160,9 +160,8 @@ def _config(tmp, **params):
 
 
 def _fresh():
-    import tempfile
     kv_faults.reset()
-    return tempfile.mkdtemp(prefix="kv-lmcache-")
+    return kv_faults.fresh_folder("kv-lmcache-")
 
 
 def _readable(fd):

@@ -18,7 +18,6 @@ import importlib
 import os
 import subprocess
 import sys
-import tempfile
 import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -195,7 +194,7 @@ def _extra(tmp, **more):
 
 def _fresh():
     kv_faults.reset()
-    return tempfile.mkdtemp(prefix="kv-sglang-")
+    return kv_faults.fresh_folder("kv-sglang-")
 
 
 def _attached(pages, layout="page_first"):

@@ -21,7 +21,6 @@ import importlib
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import types
 from collections import defaultdict
@@ -466,7 +465,7 @@ class Engine:
 
 def _fresh():
     kv_faults.reset()
-    return tempfile.mkdtemp(prefix="kv-vllm-")
+    return kv_faults.fresh_folder("kv-vllm-")
 
 
 def _request(rid, tokens):
