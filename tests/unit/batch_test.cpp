@@ -241,6 +241,14 @@ TEST(crc32c, known_values_and_continuation) {
   EXPECT_EQ(crc32c(digits, 0), 0u);
   const std::vector<std::uint8_t> zeros(32, 0);
   EXPECT_EQ(crc32c(zeros.data(), zeros.size()), 0x8A9136AAu);  // RFC 3720 B.4: 32 bytes of zeros
+  std::vector<std::uint8_t> ones(32, 0xFF), up(32), down(32);   // ... of ones, increasing, decreasing
+  for (int i = 0; i < 32; ++i) {
+    up[i] = static_cast<std::uint8_t>(i);
+    down[i] = static_cast<std::uint8_t>(31 - i);
+  }
+  EXPECT_EQ(crc32c(ones.data(), 32), 0x62A8AB43u);
+  EXPECT_EQ(crc32c(up.data(), 32), 0x46DD794Eu);
+  EXPECT_EQ(crc32c(down.data(), 32), 0x113FDB5Cu);
   const auto d = random_bytes(100'003, 9);
   for (std::size_t cut : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4096}, std::size_t{99'999}}) {
     EXPECT_EQ(crc32c(d.data() + cut, d.size() - cut, crc32c(d.data(), cut)), crc32c(d.data(), d.size())) << cut;
