@@ -1308,10 +1308,17 @@ void run_batch(const transfer_core& core, const batch_ptr& b, const driver_limit
   std::vector<std::size_t> singles, gds;
   std::map<int, std::vector<std::size_t>> drive;  // -1: host memory; else the GPU
   const bool write = b->dir == io_direction::write;
+  // Checksums are computed where the bytes sit in host memory: only the driver's host and staged routes have
+  // them there, so a checksummed range never goes to the single-range path or to cuFile.
+  const bool checked = b->options.checksum != batch_checksum::none;
   for (std::size_t i = 0; i < b->ranges.size(); ++i) {
     const detail::batch_range& r = b->ranges[i];
     if (r.memory.nbytes == 0) {
       b->complete(i, 0, {});
+      continue;
+    }
+    if (checked) {
+      drive[host_memory(r.memory) ? -1 : (r.memory.device < 0 ? 0 : r.memory.device)].push_back(i);
       continue;
     }
     if (r.memory.nbytes >= limits.stream_bytes) {
