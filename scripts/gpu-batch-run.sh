@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On a GPU machine: the transfer core's tests and benchmarks in one go, from binaries scripts/gpu-pack.sh built
 # (.carry/bin, .carry/lib) and the RAM-backed loop device script copied to .carry/tools/fastdisk.sh.
-#   scripts/gpu-batch-run.sh OUT_DIR [SECONDS_PER_RUN]      WHAT=tests|bench|all|seq (default all)
+#   scripts/gpu-batch-run.sh OUT_DIR [SECONDS_PER_RUN]
+# WHAT: "all" (default), or a list of sections: "tests bench cli gather seq". Logs are also packed into
+# OUT_DIR.logs.tgz.
 # Logs go to OUT_DIR; a summary prints last. Measures on the loop device and on the machine's own disk.
 set -uo pipefail
 out=$1
@@ -42,32 +44,39 @@ build_ext() {
 py=/tmp/gdskit-py
 build_ext python_build . "$carry/lib" "$py"
 
-if [ "${WHAT:-all}" = all ] || [ "${WHAT:-}" = tests ]; then
+want() { [ "${WHAT:-all}" = all ] || [[ " ${WHAT} " == *" $1 "* ]]; }
+if want tests; then
   step unit_batch 300 env TMPDIR="$fast" bash -c "$bin/batch_test --gtest_brief=1 && $bin/batch_driver_test --gtest_brief=1"
   step gpu_paths 300 env TMPDIR="$fast" "$bin/gpu_paths_test" --gtest_brief=1
   step python_batch 300 env PYTHONPATH="$py" TMPDIR="$fast" python3 -m pytest -q -p no:cacheprovider python/tests/test_batch.py
 fi
-if [ "${WHAT:-all}" = all ] || [ "${WHAT:-}" = bench ]; then
+if want bench; then
   TAIL=40 step batch_bench_fast 900 "$bin/batch_bench" "$fast/bb.dat" 8G "$secs" "4K:64,64K:64,2M:16" --json "$out/batch_fast.json"
   TAIL=40 step batch_bench_virtio 900 "$bin/batch_bench" "$slow/bb.dat" 4G "$secs" "4K:64,64K:64,2M:16" --json "$out/batch_virtio.json"
   rm -f "$slow/bb.dat" "$fast/bb.dat"
+fi
+if want cli; then
   # gdskit bench: the batch types against one worker per request, 4 KiB random reads at depth 64, cold.
   g="$bin/gdskit"
   f="$fast/cli.dat"
   "$g" bench -f "$f" -s 4G -i 1M -w 8 -I 1 -x host --quiet > "$out/cli_prep.log" 2>&1
-  for x in "-x 6 -B 64 -w 1" "-x 7 -B 64 -w 1" "-x host-batch -B 64 -w 1" "-x staged -w 64" "-x host -w 64"; do
+  for x in "-x 6 -B 64 -w 1 -s 4G" "-x 7 -B 64 -w 1 -s 4G" "-x host-batch -B 64 -w 1 -s 4G" \
+           "-x staged -w 64 -s 64M" "-x host -w 64 -s 64M"; do
     name=cli_$(echo "$x" | tr -c 'a-z0-9' '_')
-    TAIL=8 step "$name" 120 "$g" bench -f "$f" -s 4G -i 4K -I 2 -T "$secs" --cold $x -k 5 --json --quiet
+    TAIL=3 step "$name" 120 "$g" bench -f "$f" -i 4K -I 2 -T "$secs" --cold $x -k 5 --json --quiet
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['results'][0]; print('   ', sys.argv[2], 'GiB/s %.3f' % r['throughput_gib_s'], 'p999 %.0f us' % r['latency_us']['p999'], 'CPU-s/GiB %.3f' % r['cpu']['s_per_gib'], 'path', r['path']['ran'])" "$out/$name.log" "$x" >> "$summary" 2>&1
   done
   TAIL=8 step cli_x6_verify 120 "$g" bench -f "$f" -s 256M -i 4K:1M:4K -I 3 -x 6 -B 100 -V -k 11 --quiet
   TAIL=8 step cli_x6_verify_read 120 "$g" bench -f "$f" -s 256M -i 4K:1M:4K -I 2 -x 6 -B 100 -V -k 11 --quiet
   TAIL=8 step cli_x7_verify_read 120 "$g" bench -f "$f" -s 256M -i 4K:1M:4K -I 2 -x 7 -B 100 -V -k 11 --quiet
   rm -f "$f"
+fi
+if want gather; then
   TAIL=20 step gather_fast 900 env PYTHONPATH="$py" PYTHONUNBUFFERED=1 python3 scripts/gather-bench.py \
       --file "$fast/emb.npy" --size-gib 8 --row-bytes 4096 --rows 100000 --rounds 3 --ring "$bin/batch_bench" \
       --json "$out/gather_fast.json"
 fi
-if [ "${WHAT:-}" = seq ]; then
+if want seq; then
   # Sequential loads and saves before the batch core (.carry/before: library and sources of that commit) and
   # now, alternating in one run, with fastsafetensors (.carry/peers) as the peer on the same checkpoint.
   pyb=/tmp/gdskit-py-before
@@ -105,4 +114,5 @@ PY
 fi
 bash "$carry/tools/fastdisk.sh" down /mnt/gdskit-fast
 echo "== done" >> "$summary"
+tar -C "$out" -czf "$out.logs.tgz" . 2>/dev/null
 cat "$summary"

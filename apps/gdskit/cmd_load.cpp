@@ -227,7 +227,14 @@ void add_load_command(CLI::App& app) {
   cmd->add_option("--only", flags->only,
                   "tensor names to load; an entry ending in '.' or '*' is a prefix (repeatable)");
   cmd->add_option("--rank", flags->rank, "tensor-parallel rank (with --world)");
-  cmd->add_option("--world", flags->world, "tensor-parallel world size")->check(CLI::PositiveNumber);
+  cmd->add_option("--world", flags->world, "tensor-parallel world size")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            return v.find_first_not_of("0123456789") == std::string::npos && v.find_first_not_of('0') != std::string::npos
+                       ? std::string()
+                       : "must be a whole number of at least 1 (the ranks that share the tensors)";
+          },
+          "N>=1"));
   cmd->add_option("--split-dim", flags->split_dim, "dimension to split across ranks (default 0)");
   cmd->add_option("--save", flags->save,
                   "write the loaded tensors to OUT (a .safetensors file, or a folder for a sharded checkpoint); "

@@ -136,8 +136,14 @@ void add_verify_command(CLI::App& app) {
       out["ok"] = all_ok;
       fmt::print("{}\n", gdskit::json_text(out));
     } else {
-      fmt::print("{}: {} size{} verified byte for byte\n", all_ok ? "PASS" : "FAIL", results.size(),
-                 results.size() == 1 ? "" : "s");
+      std::size_t passed = 0;
+      for (const auto& r : results) passed += r.ok ? 1 : 0;
+      if (all_ok) {
+        fmt::print("PASS: {} size{} verified byte for byte\n", results.size(), results.size() == 1 ? "" : "s");
+      } else {
+        fmt::print("FAIL: {} of {} size{} verified byte for byte; the others failed (above)\n", passed,
+                   results.size(), results.size() == 1 ? "" : "s");
+      }
     }
     // A byte that differs is the verification saying no; a transfer that failed is a run failure.
     exit_code() = all_ok ? exit_ok : mismatch ? exit_said_no : exit_run_failed;

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <optional>
 
 #include <fmt/format.h>
@@ -11,6 +12,7 @@
 #include "gdskit/buffer.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
+#include "gdskit/settings.hpp"
 
 namespace gdskit::gpu {
 namespace {
@@ -133,6 +135,9 @@ std::vector<verify_result> run_verify(const verify_options& o, const std::functi
           }
         }
       }
+    } catch (const std::bad_alloc&) {
+      r.ok = false;
+      r.error = fmt::format("could not allocate memory for {} (try smaller --sizes)", format_size(n));
     } catch (const std::exception& e) {
       r.ok = false;
       r.error = e.what();

@@ -26,4 +26,14 @@ grep -q '^PASS: 2 sizes' <<<"$out" || fail "verify --host: $out"
 echo keep >"$work/mine"
 expect 2 verify --host -f "$work/mine" --sizes 4K
 [ "$(cat "$work/mine")" = keep ] || fail "verify touched an existing file"
+# A size that cannot be allocated fails that size with the reason; the summary counts what passed.
+out=$("$gdskit" verify --host -D "$work" --sizes 4K,1T 2>&1); rc=$?
+[ $rc -ne 0 ] || fail "verify with an impossible size exited 0: $out"
+grep -q '^FAIL: 1 of 2 sizes verified byte for byte' <<<"$out" || fail "summary after a failed size: $out"
+grep -q 'could not allocate memory for 1.00 TiB' <<<"$out" || fail "allocation failure not explained: $out"
+grep -q 'bad_alloc' <<<"$out" && fail "raw exception text: $out"
+# A tensor-parallel world of 0 is refused in words.
+err=$("$gdskit" load "$work/none.safetensors" --world 0 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q 'at least 1' <<<"$err" || fail "--world 0: $rc $err"
+grep -q '1.79e308\|179769' <<<"$err" && fail "--world 0 prints the parser's range: $err"
 echo "ok"
