@@ -168,7 +168,18 @@ std::string render_plan(const std::vector<plan_step>& steps, const system_facts&
   out += "\n# === Rollback plan (run from the last step done backwards) ===\n";
   for (std::size_t i = steps.size(); i-- > 0;) {
     if (steps[i].rollback.empty()) continue;
-    out += fmt::format("# undo step {} ({}):\n#   {}\n", i + 1, printable(steps[i].title), printable(steps[i].rollback));
+    // The rollback is shell text built from quoted paths: printed as it is where escaping would only double
+    // its backslashes (the quoting of a path with a quote), so that the line runs once uncommented; any other
+    // byte the escaping changes (controls, bytes that are not UTF-8) keeps the escaped form.
+    const std::string& undo = steps[i].rollback;
+    std::string shown = printable(undo);
+    std::string halved;
+    for (std::size_t k = 0; k < shown.size(); ++k) {
+      halved += shown[k];
+      if (shown[k] == '\\' && k + 1 < shown.size() && shown[k + 1] == '\\') ++k;
+    }
+    if (halved == undo) shown = undo;
+    out += fmt::format("# undo step {} ({}):\n#   {}\n", i + 1, printable(steps[i].title), shown);
   }
   out += "# then reboot, and run `gdskit doctor` to confirm the stock driver is back.\n";
   return out;

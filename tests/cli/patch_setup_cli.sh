@@ -89,4 +89,11 @@ for sub in check diff; do
   run patch "$sub" --src "$work/caf$latin" --json
   python3 -c 'import json,sys; json.loads(sys.stdin.buffer.read())' <<<"$out" || fail "patch $sub --json: $out"
 done
+# A rollback comment for a path with a quote runs as written once uncommented: it names the same folder.
+quoted="$work/it's src"
+mkdir -p "$quoted"
+plan=$("$gdskit" setup plan --src "$quoted" 2>/dev/null)
+line=$(grep -m1 '^#   gdskit patch revert --src ' <<<"$plan") || fail "no revert line in the rollback comments: $plan"
+eval "set -- ${line#'#   gdskit patch revert --src '}"
+[ "$1" = "$quoted" ] || fail "the uncommented rollback names '$1', not '$quoted'"
 echo ok
