@@ -1,0 +1,93 @@
+// gdskit.File's compiled half (FileHandle), data-path plans and GPU availability.
+#include <cerrno>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "bindings.hpp"
+#include "gdskit/error.hpp"
+#include "gdskit/file.hpp"
+
+namespace gdskit::python {
+
+namespace {
+
+// (path, reasons) for reading `f` into memory on `device` (-1: host). Without a usable GPU a device plan is
+// ENODEV with the reason, as a read to that device would fail.
+py::tuple plan_tuple(const gdskit::file_handle& f, int device) {
+  gdskit::buffer_view v = gdskit::buffer_view::host(nullptr, 0);
+  if (device >= 0) {
+    std::string why;
+    if (!gdskit::gpu_available(&why)) {
+      throw gdskit::error(gdskit::errno_code(ENODEV), "plan", f.path().string(), -1, 0, "no usable GPU: " + why);
+    }
+    v = gdskit::buffer_view{nullptr, 0, gdskit::memory_kind::device, device};
+  }
+  auto d = f.plan(v);
+  return py::make_tuple(std::string(gdskit::to_string(d.path)), d.reasons);
+}
+
+}  // namespace
+
+void register_files(py::module_& m) {
+  m.def(
+      "plan",
+      [](const std::filesystem::path& path, int device) {
+        gdskit::file_handle f(path, gdskit::open_mode::read);
+        return plan_tuple(f, device);
+      },
+      py::arg("path"), py::arg("device") = 0, "The data path for reading this file to the device, and why.");
+
+  // ---- gdskit.File: one open file, read and written from any thread (the GIL is released during I/O). ----
+  py::class_<file_object, std::shared_ptr<file_object>>(m, "FileHandle", "An open file (see gdskit.File).")
+      .def(py::init([](const std::filesystem::path& path, const std::string& mode) {
+             auto f = std::make_shared<file_object>();
+             if (mode == "r") {
+               f->handle = std::make_shared<const gdskit::file_handle>(st::open_file(path));  // cannot hang on a FIFO
+             } else {
+               gdskit::open_options o;
+               gdskit::open_mode m = gdskit::open_mode::read_write;
+               if (mode == "r+") {
+               } else if (mode == "w" || mode == "w+") {
+                 o.create = o.truncate = true;
+                 if (mode == "w") m = gdskit::open_mode::write;
+               } else if (mode == "x" || mode == "x+") {
+                 o.create = o.exclusive = true;
+                 if (mode == "x") m = gdskit::open_mode::write;
+               } else {
+                 throw py::value_error("mode must be \"r\", \"r+\", \"w\", \"w+\", \"x\" or \"x+\", not \"" + mode + "\"");
+               }
+               f->handle = std::make_shared<const gdskit::file_handle>(path, m, o);
+             }
+             return f;
+           }),
+           py::arg("path"), py::arg("mode") = "r")
+      .def("read", &file_object::transfer<false>, py::arg("ptr"), py::arg("nbytes"), py::arg("offset"),
+           py::arg("device"), "Reads up to nbytes at offset into memory at ptr (device -1: host); returns the bytes read.")
+      .def("write", &file_object::transfer<true>, py::arg("ptr"), py::arg("nbytes"), py::arg("offset"),
+           py::arg("device"), "Writes nbytes from memory at ptr (device -1: host) at offset; returns nbytes.")
+      .def("write_gather", &file_object::write_gather, py::arg("ranges"),
+           "Writes every (ptr, nbytes, offset, device) range as one transfer (memory of one kind and device, no "
+           "overlaps); returns the bytes written.")
+      .def("plan", [](const file_object& f, int device) { return plan_tuple(*f.get(), device); }, py::arg("device"))
+      .def("size", [](const file_object& f) { return f.get()->size(); })
+      .def("reserve", [](const file_object& f, std::uint64_t nbytes) {
+             py::gil_scoped_release unlocked;
+             return f.get()->reserve(nbytes);
+           }, py::arg("nbytes"),
+           "Reserves disk space for the first nbytes and makes the file at least that long (fallocate); False "
+           "where the file system cannot reserve space (the size is set all the same).")
+      .def("header", [](const file_object& f) { return header_tuple(st::read_header(*f.get())); },
+           "The validated safetensors header of this file, as gdskit.header() gives it.")
+      .def("close", [](file_object& f) { f.handle.reset(); })
+      .def_property_readonly("closed", [](const file_object& f) { return !f.handle; });
+  // ---- end of gdskit.File ----
+
+  m.def("gpu_available", [] {
+    std::string why;
+    bool ok = gdskit::gpu_available(&why);
+    return py::make_tuple(ok, why);
+  });
+}
+
+}  // namespace gdskit::python
