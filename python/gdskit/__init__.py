@@ -5,8 +5,8 @@
     with gdskit.safe_open("model.safetensors", framework="pt") as f:           # as safetensors.safe_open
         part = f.get_slice("embed.weight")[:, :1024]
     tensors = gdskit.load_safetensors("model-dir/", device="cuda:0")          # files, indexes, folders, slices
-    with gdskit.File("data.bin") as f:                                         # reads into tensors and arrays
-        f.read(tensor, offset=0)
+    with gdskit.File("data.bin", "rb") as f:                                   # KvikIO's CuFile arguments
+        f.read(tensor, file_offset=0)
     path, reasons = gdskit.plan("model.safetensors", device="cuda:0")          # ("staged", ["nvidia-fs ..."])
 
 Devices are "cpu", "cuda", "cuda:N", N or a torch.device everywhere. Errors: OSError subclasses with errno and
@@ -210,7 +210,7 @@ def read(path, tensor, offset: int = 0) -> int:
     """Reads tensor.nbytes bytes at `offset` of the file into `tensor` (a contiguous torch tensor on the CPU or
     a CUDA device, or a C-contiguous numpy array). Returns the bytes read (fewer only at end of file)."""
     with File(path, "r") as f:
-        return f.read(tensor, offset)
+        return f.read(tensor, file_offset=offset)
 
 
 def plan(path, device="cuda:0"):

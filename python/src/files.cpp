@@ -1,4 +1,6 @@
 // gdskit.File's compiled half (FileHandle), data-path plans and GPU availability.
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <memory>
 #include <string>
@@ -11,6 +13,69 @@
 namespace gdskit::python {
 
 namespace {
+
+// An open() mode as gdskit.File takes it: r, w or x, then "+" and "b" in either order, each at most once.
+struct open_spec {
+  gdskit::open_mode mode = gdskit::open_mode::read;
+  gdskit::open_options options;
+};
+
+[[noreturn]] void refuse_mode(const std::string& text, const std::string& why) {
+  throw py::value_error("mode \"" + text + "\": " + why);
+}
+
+open_spec parse_mode(const std::string& text) {
+  static const std::string expected = "expected \"r\", \"w\" or \"x\", then \"+\" and \"b\" at most once each (\"rb\", \"r+b\", \"w+b\")";
+  static const std::string text_mode = "text mode is not supported: gdskit.File moves raw bytes";
+  auto refuse = [&text](const std::string& why) { refuse_mode(text, why); };
+  if (text.empty()) refuse("empty; use \"r\", \"r+\", \"w\", \"w+\", \"x\" or \"x+\" (\"b\" may be added)");
+  bool plus = false, binary = false;
+  for (std::size_t i = 1; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '+' && !plus) {
+      plus = true;
+    } else if (c == 'b' && !binary) {
+      binary = true;
+    } else if (c == 't') {
+      refuse(text_mode);
+    } else {
+      refuse(expected);
+    }
+  }
+  open_spec s;
+  switch (text[0]) {
+    case 'r':
+      s.mode = plus ? gdskit::open_mode::read_write : gdskit::open_mode::read;
+      break;
+    case 'w':
+      s.options.create = s.options.truncate = true;
+      s.mode = plus ? gdskit::open_mode::read_write : gdskit::open_mode::write;
+      break;
+    case 'x':
+      s.options.create = s.options.exclusive = true;
+      s.mode = plus ? gdskit::open_mode::read_write : gdskit::open_mode::write;
+      break;
+    case 'a':
+      refuse_mode(text, "append is not supported: reads and writes go to explicit offsets; use \"r+\" for an existing "
+             "file or \"w\" to create one");
+    case 't':
+      refuse_mode(text, text_mode);
+    default:
+      refuse_mode(text, expected);
+  }
+  return s;
+}
+
+// Files opened for writing must be regular files or new names: opening a FIFO for writing waits for a reader,
+// and a device is no place for these writes.
+void refuse_special(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return;  // a new name, or an error the open reports with its errno
+  if (S_ISDIR(st.st_mode)) throw gdskit::error(gdskit::errno_code(EISDIR), "open", path.string(), -1, 0, "a folder, not a file");
+  if (!S_ISREG(st.st_mode)) {
+    throw gdskit::error(gdskit::errno_code(EINVAL), "open", path.string(), -1, 0, "not a regular file");
+  }
+}
 
 // (path, reasons) for reading `f` into memory on `device` (-1: host). Without a usable GPU a device plan is
 // ENODEV with the reason, as a read to that device would fail.
@@ -41,23 +106,13 @@ void register_files(py::module_& m) {
   // ---- gdskit.File: one open file, read and written from any thread (the GIL is released during I/O). ----
   py::class_<file_object, std::shared_ptr<file_object>>(m, "FileHandle", "An open file (see gdskit.File).")
       .def(py::init([](const std::filesystem::path& path, const std::string& mode) {
+             const open_spec spec = parse_mode(mode);
              auto f = std::make_shared<file_object>();
-             if (mode == "r") {
+             if (spec.mode == gdskit::open_mode::read) {
                f->handle = std::make_shared<const gdskit::file_handle>(st::open_file(path));  // cannot hang on a FIFO
              } else {
-               gdskit::open_options o;
-               gdskit::open_mode m = gdskit::open_mode::read_write;
-               if (mode == "r+") {
-               } else if (mode == "w" || mode == "w+") {
-                 o.create = o.truncate = true;
-                 if (mode == "w") m = gdskit::open_mode::write;
-               } else if (mode == "x" || mode == "x+") {
-                 o.create = o.exclusive = true;
-                 if (mode == "x") m = gdskit::open_mode::write;
-               } else {
-                 throw py::value_error("mode must be \"r\", \"r+\", \"w\", \"w+\", \"x\" or \"x+\", not \"" + mode + "\"");
-               }
-               f->handle = std::make_shared<const gdskit::file_handle>(path, m, o);
+               refuse_special(path);
+               f->handle = std::make_shared<const gdskit::file_handle>(path, spec.mode, spec.options);
              }
              return f;
            }),
