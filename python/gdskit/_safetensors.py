@@ -2,92 +2,20 @@
 
 from __future__ import annotations
 
+import errno as _errno
 import os
 import stat as _stat
-import errno as _errno
 
+from . import _frameworks
 from . import _gdskit
 from ._devices import device_name, parse_device
 
 SafetensorError = _gdskit.SafetensorError
 
-# safetensors dtype -> (torch dtype name, numpy dtype name). The numpy name is the raw bits' integer type where
-# numpy has no such float (bfloat16, 8-bit floats). Packed 4-bit floats leave as bytes, two values per byte
-# (torch's float4_e2m1fn_x2 where it exists); 6-bit floats as flat bytes.
-_DTYPES = {
-    "F64": ("float64", "float64"), "F32": ("float32", "float32"), "F16": ("float16", "float16"),
-    "BF16": ("bfloat16", "uint16"), "C64": ("complex64", "complex64"),
-    "I64": ("int64", "int64"), "I32": ("int32", "int32"), "I16": ("int16", "int16"), "I8": ("int8", "int8"),
-    "U64": ("uint64", "uint64"), "U32": ("uint32", "uint32"), "U16": ("uint16", "uint16"), "U8": ("uint8", "uint8"),
-    "BOOL": ("bool", "bool"),
-    "F8_E4M3": ("float8_e4m3fn", "uint8"), "F8_E5M2": ("float8_e5m2", "uint8"), "F8_E8M0": ("float8_e8m0fnu", "uint8"),
-    "F4": ("float4_e2m1fn_x2", "uint8"), "F6_E2M3": (None, "uint8"), "F6_E3M2": (None, "uint8"),
-}
-_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "C64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8,
-             "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
 # Gaps up to this many bytes between the ranges a slice needs are read rather than skipped: the kernel reads
 # whole pages anyway, and one request costs more than a page.
 _SLICE_GAP_BYTES = 4096
 _F6 = ("F6_E2M3", "F6_E3M2")
-
-
-def _torch():
-    import torch  # noqa: PLC0415
-
-    return torch
-
-
-def _numpy():
-    import numpy  # noqa: PLC0415
-
-    return numpy
-
-
-def _element_shape(dtype: str, shape):
-    """The shape the framework sees, in elements of _element_bytes(dtype) bytes: the file's shape, except for
-    packed dtypes (F4: two values per byte along the last dimension; F6: flat bytes)."""
-    shape = list(shape)
-    if dtype == "F4":
-        if shape and shape[-1] % 2 == 0:
-            return shape[:-1] + [shape[-1] // 2]
-        return [_packed_nbytes(dtype, shape)]
-    if dtype in _F6:
-        return [_packed_nbytes(dtype, shape)]
-    return shape
-
-
-def _packed_nbytes(dtype: str, shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n * (4 if dtype == "F4" else 6) // 8
-
-
-def _element_bytes(dtype: str) -> int:
-    return _ITEMSIZE.get(dtype, 1)
-
-
-def _torch_dtype(torch, dtype: str):
-    name = _DTYPES[dtype][0]
-    found = getattr(torch, name, None) if name else None
-    if found is None:
-        if dtype in ("U16", "U32", "U64"):
-            raise TypeError(f"dtype {dtype} needs a torch with torch.{name} (2.3 or later); this is {torch.__version__}")
-        found = torch.uint8  # 8-bit and packed floats this torch lacks: the raw bytes
-    return found
-
-
-def _as_framework(framework: str, raw, dtype: str, shape, device: int):
-    """raw: a contiguous uint8 torch tensor or numpy array holding the tensor's bytes."""
-    eshape = _element_shape(dtype, shape)
-    if framework == "np":
-        np = _numpy()
-        return raw.view(np.dtype(_DTYPES[dtype][1])).reshape(eshape)
-    torch = _torch()
-    out = raw.view(_torch_dtype(torch, dtype)).reshape(eshape)
-    if device >= 0 and out.device.type != "cuda":
-        out = out.to(device_name(device))
-    return out
 
 
 def _check_framework(framework) -> str:
@@ -117,19 +45,10 @@ def _refuse_folder(path: str):
         raise IsADirectoryError(_errno.EISDIR, os.strerror(_errno.EISDIR), path)
 
 
-def _empty(framework: str, dtype: str, shape, device: int):
-    eshape = _element_shape(dtype, shape)
-    if framework == "np":
-        np = _numpy()
-        return np.zeros(eshape, dtype=np.dtype(_DTYPES[dtype][1]))
-    torch = _torch()
-    return torch.zeros(eshape, dtype=_torch_dtype(torch, dtype), device=device_name(device))
-
-
 def _byte_buffer(framework: str, nbytes: int, device: int):
     if framework == "np":
-        return _numpy().empty(nbytes, dtype="uint8")
-    torch = _torch()
+        return _frameworks.numpy().empty(nbytes, dtype="uint8")
+    torch = _frameworks.torch()
     return torch.empty(nbytes, dtype=torch.uint8, device=device_name(device))
 
 
@@ -139,16 +58,16 @@ def load_file(filename, device="cpu"):
     The tensors are views of one allocation (freed when the last of them is gone). Raises FileNotFoundError,
     IsADirectoryError, PermissionError, ... (OSError with errno and filename) and SafetensorError for a
     malformed file."""
-    from . import load_safetensors  # noqa: PLC0415
+    from . import _load  # noqa: PLC0415
 
     path = _fspath(filename)
     index = parse_device(device)
     _refuse_folder(path)
-    return load_safetensors(path, device=device_name(index), framework="torch")
+    return _load(path, index, framework="torch")
 
 
 class _Entry:
-    __slots__ = ("name", "dtype", "shape", "file_offset", "nbytes", "begin")
+    __slots__ = ("name", "dtype", "shape", "file_offset", "nbytes", "begin", "element_shape")
 
     def __init__(self, d):
         self.name = d["name"]
@@ -157,6 +76,7 @@ class _Entry:
         self.file_offset = d["file_offset"]
         self.begin = d["data_offsets"][0]
         self.nbytes = d["data_offsets"][1] - d["data_offsets"][0]
+        self.element_shape = _gdskit.element_shape(self.dtype, self.shape)
 
 
 class safe_open:  # noqa: N801 (the safetensors library's name)
@@ -225,10 +145,10 @@ class safe_open:  # noqa: N801 (the safetensors library's name)
     def get_tensor(self, name):
         entry = self._entry(name)
         if entry.nbytes == 0:
-            return _empty(self._framework, entry.dtype, entry.shape, self._device)
+            return _frameworks.empty(self._framework, entry.dtype, entry.element_shape, device_name(self._device))
         raw = _byte_buffer(self._framework, entry.nbytes, self._device)
         self._read(raw, entry.nbytes, entry.file_offset, self._device)
-        return _as_framework(self._framework, raw, entry.dtype, entry.shape, self._device)
+        return _frameworks.typed(self._framework, raw, entry.dtype, entry.element_shape)
 
     def get_slice(self, name):
         return _Slice(self, self._entry(name))
@@ -288,12 +208,12 @@ class _Slice:
         return self._entry.dtype
 
     def __getitem__(self, index):
-        np = _numpy()
+        np = _frameworks.numpy()
         entry, owner = self._entry, self._owner
         if entry.dtype in _F6:
             raise SafetensorError(_errno.EBADMSG, f"{entry.dtype} tensors cannot be sliced: 6-bit values share bytes")
-        shape = _element_shape(entry.dtype, entry.shape)
-        elem = _element_bytes(entry.dtype)
+        shape = entry.element_shape
+        elem = _frameworks.DTYPES[entry.dtype][1]
         sel = _normalize_index(index, shape)
         newshape = [count for (_, count, _, keep) in sel if keep]
         # Byte offsets of the segments, in file order: the dimensions after the last partly selected one are
@@ -306,7 +226,7 @@ class _Slice:
             total *= count
         framework, device = owner._framework, owner._device
         if total == 0:
-            return _empty(framework, entry.dtype, _file_shape(entry.dtype, newshape), device)
+            return _frameworks.empty(framework, entry.dtype, newshape, device_name(device))
         k = len(sel) - 1
         while k >= 0 and sel[k][0] == 0 and sel[k][2] == 1 and sel[k][1] == shape[k]:
             k -= 1
@@ -326,22 +246,15 @@ class _Slice:
         out = np.empty(total, dtype=np.uint8)
         _gather(owner, out, offsets, seg, entry.file_offset)
         if framework == "np":
-            return out.view(np.dtype(_DTYPES[entry.dtype][1])).reshape(newshape)
-        torch = _torch()
-        return _as_framework("pt", torch.from_numpy(out), entry.dtype, _file_shape(entry.dtype, newshape), device)
-
-
-def _file_shape(dtype, eshape):
-    # Inverse of _element_shape for what slicing can produce (F4 with an even last dimension).
-    if dtype == "F4" and eshape:
-        return list(eshape[:-1]) + [eshape[-1] * 2]
-    return list(eshape)
+            return _frameworks.typed("np", out, entry.dtype, newshape)
+        torch = _frameworks.torch()
+        return _frameworks.typed("pt", torch.from_numpy(out), entry.dtype, newshape).to(device_name(device))
 
 
 def _gather(owner, out, offsets, seg: int, base: int):
     """Reads segments of `seg` bytes at base + offsets (ascending) into `out`, one request per run of segments
     closer than _SLICE_GAP_BYTES."""
-    np = _numpy()
+    np = _frameworks.numpy()
     ends = offsets + seg
     breaks = np.nonzero(offsets[1:] - ends[:-1] > _SLICE_GAP_BYTES)[0] + 1
     pos = 0

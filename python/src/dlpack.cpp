@@ -70,13 +70,39 @@ bool raw_bytes_export(st::dtype t) {
   return t == d::F8_E5M2 || t == d::F8_E4M3 || t == d::F8_E8M0 || t == d::F4 || t == d::F6_E2M3 || t == d::F6_E3M2;
 }
 
+tensor_handle tensor_handle::make(std::shared_ptr<void> keep_alive, const gdskit::buffer_view& memory, st::dtype dtype,
+                                  const std::vector<std::uint64_t>& shape) {
+  tensor_handle h;
+  h.keep_alive = std::move(keep_alive);
+  h.data = memory.data;
+  h.nbytes = memory.nbytes;
+  h.device = memory.kind == gdskit::memory_kind::device ? memory.device : -1;
+  h.dtype = dtype;
+  h.tensor_shape.assign(shape.begin(), shape.end());
+  return h;
+}
+
+std::vector<std::int64_t> tensor_handle::export_shape() const {
+  if (raw) return {static_cast<std::int64_t>(nbytes)};
+  std::vector<std::uint64_t> s(tensor_shape.begin(), tensor_shape.end());
+  return element_shape(dtype, s);
+}
+
+tensor_handle tensor_handle::raw_bytes() const {
+  tensor_handle r = *this;
+  r.raw = true;
+  return r;
+}
+
+bool tensor_handle::aligned() const { return reinterpret_cast<std::uintptr_t>(data) % element_bytes(dtype) == 0; }
+
 py::capsule tensor_handle::to_capsule() const {
-  auto* ctx = new export_ctx{keep_alive, shape, {}};
+  auto* ctx = new export_ctx{keep_alive, export_shape(), {}};
   auto& m = ctx->managed;
   m.dl.data = data;
   m.dl.device = device < 0 ? dl_device{1, 0} : dl_device{2, device};
   m.dl.ndim = static_cast<std::int32_t>(ctx->shape.size());
-  m.dl.dtype = dl_type_of(dtype);
+  m.dl.dtype = raw ? dl_dtype{1, 8, 1} : dl_type_of(dtype);
   m.dl.shape = ctx->shape.data();
   m.dl.strides = nullptr;  // compact row-major
   m.dl.byte_offset = 0;
@@ -113,11 +139,17 @@ void register_dlpack(py::module_& m) {
              return py::make_tuple(2, static_cast<int>(t.device));
            })
       .def("capsule", &tensor_handle::to_capsule, "A fresh 'dltensor' capsule.")
+      .def("raw", &tensor_handle::raw_bytes,
+           "The same memory exported as its flat bytes (uint8, shape [nbytes]): every framework imports those.")
       .def("tobytes", &tensor_handle::to_bytes, "The raw bytes (host tensors only).")
       .def_property_readonly("dtype", [](const tensor_handle& t) { return std::string(st::to_string(t.dtype)); })
       .def_property_readonly("shape", [](const tensor_handle& t) { return t.tensor_shape; })
       .def_property_readonly("nbytes", [](const tensor_handle& t) { return t.nbytes; })
-      .def_property_readonly("raw_bytes", [](const tensor_handle& t) { return raw_bytes_export(t.dtype); })
+      .def_property_readonly("raw_bytes", [](const tensor_handle& t) { return t.raw || raw_bytes_export(t.dtype); })
+      .def_property_readonly("element_shape", &tensor_handle::export_shape,
+                             "The shape exported: the framework's element shape (packed dtypes differ from shape).")
+      .def_property_readonly("aligned", &tensor_handle::aligned,
+                             "Whether the address is a multiple of the element size (typed views need it).")
       .def_property_readonly("device", [](const tensor_handle& t) { return t.device; })
       .def_property_readonly("data_ptr", [](const tensor_handle& t) { return reinterpret_cast<std::uintptr_t>(t.data); });
 }

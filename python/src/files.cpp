@@ -77,15 +77,27 @@ void refuse_special(const std::filesystem::path& path) {
   }
 }
 
+}  // namespace
+
+void check_device(int device) {
+  if (device < 0) return;
+  std::string why;
+  if (!gdskit::gpu_available(&why)) raise_no_gpu(device, why);
+  const int n = gdskit::gpu_count();
+  if (device >= n) {
+    raise_os_error(ENODEV, "cuda:" + std::to_string(device) + ": no such device (the machine has " +
+                               std::to_string(n) + (n == 1 ? " GPU)" : " GPUs)"), "");
+  }
+}
+
+namespace {
+
 // (path, reasons) for reading `f` into memory on `device` (-1: host). Without a usable GPU a device plan is
 // ENODEV with the reason, as a read to that device would fail.
 py::tuple plan_tuple(const gdskit::file_handle& f, int device) {
   gdskit::buffer_view v = gdskit::buffer_view::host(nullptr, 0);
   if (device >= 0) {
-    std::string why;
-    if (!gdskit::gpu_available(&why)) {
-      throw gdskit::error(gdskit::errno_code(ENODEV), "plan", f.path().string(), -1, 0, "no usable GPU: " + why);
-    }
+    check_device(device);
     v = gdskit::buffer_view{nullptr, 0, gdskit::memory_kind::device, device};
   }
   auto d = f.plan(v);
@@ -137,6 +149,10 @@ void register_files(py::module_& m) {
       .def("close", [](file_object& f) { f.handle.reset(); })
       .def_property_readonly("closed", [](const file_object& f) { return !f.handle; });
   // ---- end of gdskit.File ----
+
+  m.def("check_device", &check_device, py::arg("device"),
+        "Raises OSError(ENODEV) with the reason when CUDA device `device` (>= 0) cannot be used: no usable GPU, "
+        "or no such device. -1 (host memory) always passes.");
 
   m.def("gpu_available", [] {
     std::string why;

@@ -9,6 +9,7 @@ PYBIND11_MODULE(_gdskit, m) {
   m.doc() = "gdskit: storage <-> GPU memory transfers (compiled part; use the gdskit package)";
   m.attr("__version__") = GDSKIT_VERSION_TEXT;
   gp::register_errors(m);
+  gp::register_dtypes(m);
   gp::register_dlpack(m);
   gp::register_safetensors(m);
   gp::register_files(m);

@@ -1,5 +1,6 @@
 // Safetensors loads, headers and the shard plans the distributed save shares with the single-process one.
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -64,19 +65,7 @@ void register_safetensors(py::module_& m) {
         // The allocations live as long as any exported tensor: the model's shared storage is held by each.
         py::dict tensors;
         for (const auto& t : owner->tensors()) {
-          tensor_handle h;
-          h.keep_alive = keep;
-          h.data = t.data.data;
-          h.nbytes = t.data.nbytes;
-          h.device = t.data.kind == gdskit::memory_kind::device ? t.data.device : -1;
-          h.dtype = t.dtype;
-          for (auto d : t.shape) h.tensor_shape.push_back(static_cast<std::int64_t>(d));
-          if (raw_bytes_export(t.dtype) && st::bits_of(t.dtype) != 8) {
-            h.shape = {static_cast<std::int64_t>(t.data.nbytes)};
-          } else {
-            h.shape = h.tensor_shape;
-          }
-          tensors[py::str(t.name)] = py::cast(std::move(h));
+          tensors[py::str(t.name)] = py::cast(tensor_handle::make(keep, t.data, t.dtype, t.shape));
         }
         const auto& s = owner->stats();
         py::dict stats;
@@ -104,6 +93,44 @@ void register_safetensors(py::module_& m) {
       "stats). allocate(nbytes) -> (address, nbytes, owner), if given, supplies the allocations: one per shard "
       "with selected tensors, called in file order on the calling thread. "
       "coalesce_gap_bytes: the largest gap between selected tensors read in one request (0: only their bytes).");
+
+  m.def(
+      "load_bytes",
+      [](py::buffer data, py::object allocate) {
+        const py::buffer_info in = data.request();
+        if (in.ndim != 1 || in.itemsize != 1 || (in.ndim == 1 && in.strides[0] != 1)) {
+          throw py::type_error("load: data must be bytes or a contiguous byte buffer");
+        }
+        const auto* base = static_cast<const std::uint8_t*>(in.ptr);
+        const std::size_t n = static_cast<std::size_t>(in.size);
+        const st::header h = st::parse_header(base, n, n, "");
+        const std::size_t data_n = n - static_cast<std::size_t>(h.data_offset_bytes);
+        // The tensors' bytes are copied once, into memory the caller's allocator gives (a torch tensor) or
+        // into memory of their own, so they outlive `data` as safetensors' do.
+        std::shared_ptr<void> keep;
+        std::uint8_t* dst = nullptr;
+        if (!allocate.is_none()) {
+          py::tuple r = allocate(data_n);
+          auto owner = std::make_shared<py_owner>(py::object(r[2]));
+          dst = reinterpret_cast<std::uint8_t*>(r[0].cast<std::uintptr_t>());
+          if (r[1].cast<std::size_t>() < data_n) throw py::value_error("load: the allocation is too small");
+          keep = owner;
+        } else {
+          auto bytes = std::make_shared<std::vector<std::uint8_t>>(data_n);
+          dst = bytes->data();
+          keep = bytes;
+        }
+        if (data_n > 0) std::memcpy(dst, base + h.data_offset_bytes, data_n);
+        py::dict tensors;
+        for (const auto& t : h.tensors) {
+          const auto view = gdskit::buffer_view::host(dst + t.begin_bytes, static_cast<std::size_t>(t.nbytes()));
+          tensors[py::str(t.name)] = py::cast(tensor_handle::make(keep, view, t.dtype, t.shape));
+        }
+        return py::make_tuple(tensors, h.metadata);
+      },
+      py::arg("data"), py::arg("allocate") = py::none(),
+      "Parses a safetensors file held in memory: ({name: Tensor} in data order, metadata). The tensors' bytes "
+      "are copied into allocate(nbytes) -> (address, nbytes, owner), a host allocation, or memory of their own.");
 
   m.def("header", [](const std::filesystem::path& path) {
     return header_tuple(st::read_header(path));

@@ -16,28 +16,18 @@
 namespace gdskit::python {
 namespace {
 
-// OSError(errno, message, filename): Python picks the subclass (FileExistsError, ...) from the errno.
-[[noreturn]] void raise_save_error(const gdskit::error& e) {
-  const int code = e.code().category() == std::generic_category() ? e.code().value() : EIO;
-  PyObject* args = e.path().empty() ? Py_BuildValue("(is)", code, e.what())
-                                    : Py_BuildValue("(iss)", code, e.what(), e.path().c_str());
-  PyErr_SetObject(PyExc_OSError, args);
-  Py_XDECREF(args);
-  throw py::error_already_set();
-}
-
-// One entry of the facade's list: (name, dtype, shape, address, nbytes, device, source or None).
+// One entry of the facade's list: (name, framework, dtype, shape, address, nbytes, device, source or None), with
+// the framework ("torch" or "numpy") and its dtype name and shape: the table in dtypes.cpp gives the file's.
 // source(offset) -> (address, nbytes), for strided tensors staged piece by piece.
-using save_entry = std::tuple<std::string, std::string, std::vector<std::uint64_t>, std::uintptr_t, std::size_t, int,
-                              py::object>;
+using save_entry = std::tuple<std::string, std::string, std::string, std::vector<std::uint64_t>, std::uintptr_t,
+                              std::size_t, int, py::object>;
 
 std::vector<st::save_tensor> to_save_tensors(const std::vector<save_entry>& entries) {
   std::vector<st::save_tensor> out;
   out.reserve(entries.size());
-  for (const auto& [name, dtype_text, shape, ptr, nbytes, device, source] : entries) {
-    auto dt = st::parse_dtype(dtype_text);
-    if (!dt) throw py::type_error("gdskit.save: unknown safetensors dtype \"" + dtype_text + "\"");
-    st::save_tensor t{name, *dt, shape, {}, {}};
+  for (const auto& [name, framework, dtype_name, shape, ptr, nbytes, device, source] : entries) {
+    const st::dtype dt = dtype_from_framework(framework, dtype_name, name);
+    st::save_tensor t{name, dt, file_shape(dt, shape), {}, {}};
     if (source.is_none()) {
       t.data = nbytes == 0 ? gdskit::buffer_view{nullptr, 0, gdskit::memory_kind::host, -1}
                            : view_for(ptr, nbytes, device);
@@ -113,14 +103,7 @@ void register_save(py::module_& m) {
           worker.join();
         }
         if (interrupted) throw py::error_already_set();
-        if (failure) {
-          try {
-            std::rethrow_exception(failure);
-          } catch (const gdskit::error& e) {
-            if (e.code() == std::errc::invalid_argument && e.path().empty()) throw py::value_error(e.what());
-            raise_save_error(e);
-          }
-        }
+        if (failure) std::rethrow_exception(failure);  // the module's translator makes it a Python exception
         return save_stats_dict(s);
       },
       py::arg("path"), py::arg("tensors"), py::arg("metadata"), py::arg("overwrite"), py::arg("sharded"),
@@ -128,12 +111,35 @@ void register_save(py::module_& m) {
       "Saves [(name, dtype, shape, address, nbytes, device, source)] to a file (or a sharded folder); returns stats.");
 
   m.def(
-      "save_layout",
+      "save_bytes",
       [](const std::vector<save_entry>& entries, std::optional<st::metadata_entries> metadata) {
-        auto l = st::plan_save(to_save_tensors(entries), metadata);
-        return py::bytes(l.header);
+        const auto tensors = to_save_tensors(entries);
+        const auto layout = st::plan_save(tensors, metadata);
+        py::bytes out(nullptr, layout.file_nbytes());  // the bytes object is filled in place: one copy
+        char* dst = PyBytes_AsString(out.ptr());
+        if (dst == nullptr) throw py::error_already_set();
+        {
+          py::gil_scoped_release unlocked;
+          st::write_to_memory(tensors, layout, dst);
+        }
+        return out;
       },
-      py::arg("tensors"), py::arg("metadata"), "The header bytes a save of these tensors writes.");
+      py::arg("tensors"), py::arg("metadata"),
+      "The bytes of the safetensors file a save of these tensors writes (what safetensors.torch.save returns).");
+
+  m.def(
+      "parse_shard_size",
+      [](py::object size) -> std::uint64_t {
+        if (!PyBool_Check(size.ptr()) && PyLong_Check(size.ptr())) {
+          const auto n = size.cast<long long>();
+          if (n > 0) return static_cast<std::uint64_t>(n);
+        } else if (py::isinstance<py::str>(size)) {
+          if (auto n = st::parse_shard_size(size.cast<std::string>())) return *n;
+        }
+        throw py::value_error("max_shard_size must be a positive number of bytes or a size such as \"5GB\", "
+                              "\"500MB\" (decimal) or \"2GiB\" (binary), not " + py::repr(size).cast<std::string>());
+      },
+      py::arg("size"), "max_shard_size in bytes: an int, or a text huggingface_hub accepts (\"5GB\") or \"2GiB\".");
 }
 
 }  // namespace gdskit::python

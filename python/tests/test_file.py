@@ -9,25 +9,11 @@ import os
 import sys
 import tempfile
 
-try:
-    import gdskit
-except ImportError as e:  # pragma: no cover
-    print(f"SKIP: cannot import gdskit ({e}); build with -DGDSKIT_BUILD_PYTHON=ON and set PYTHONPATH")
-    sys.exit(77)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from support import error_of, import_gdskit, optional, run_as_script  # noqa: E402
 
-try:
-    import numpy as np
-except ImportError:  # pragma: no cover
-    np = None
-
-
-def _raises(kind, call, check=None):
-    try:
-        call()
-    except kind as e:
-        assert check is None or check(e), f"{call} raised {e!r}"
-        return e
-    raise AssertionError(f"{call} did not raise {kind.__name__}")
+gdskit = import_gdskit()
+np = optional("numpy")
 
 
 def _data_file(d, nbytes=1 << 16, seed=7):
@@ -74,20 +60,20 @@ def test_ambiguous_and_bad_arguments_are_refused():
             before = out.copy()
             for call in (lambda: f.read(out, 50), lambda: f.pread(out, 50), lambda: f.write(out, 50),
                          lambda: f.pwrite(out, 50)):
-                e = _raises(TypeError, call)
+                e = error_of(TypeError, call)
                 assert "size=50" in str(e) and "file_offset=50" in str(e), e
             assert (out == before).all()
             assert open(p, "rb").read() == data.tobytes(), "a refused write changed the file"
-            _raises(TypeError, lambda: f.read(out, size=1, offset=2, file_offset=3))
-            _raises(TypeError, lambda: f.read(out, 1, 2, size=3))
-            _raises(TypeError, lambda: f.read(out, 1, 2, 3, 4))
-            _raises(TypeError, lambda: f.read(out, bogus=1))
-            _raises(TypeError, lambda: f.read(out, file_offset=1.5))
-            _raises(TypeError, lambda: f.read(out, size=True, file_offset=0))
-            _raises(ValueError, lambda: f.read(out, size=101, file_offset=0))
-            _raises(ValueError, lambda: f.read(out, size=-1, file_offset=0))
-            _raises(ValueError, lambda: f.read(out, file_offset=-1))
-            _raises(ValueError, lambda: f.read(out, task_size=0))
+            error_of(TypeError, lambda: f.read(out, size=1, offset=2, file_offset=3))
+            error_of(TypeError, lambda: f.read(out, 1, 2, size=3))
+            error_of(TypeError, lambda: f.read(out, 1, 2, 3, 4))
+            error_of(TypeError, lambda: f.read(out, bogus=1))
+            error_of(TypeError, lambda: f.read(out, file_offset=1.5))
+            error_of(TypeError, lambda: f.read(out, size=True, file_offset=0))
+            error_of(ValueError, lambda: f.read(out, size=101, file_offset=0))
+            error_of(ValueError, lambda: f.read(out, size=-1, file_offset=0))
+            error_of(ValueError, lambda: f.read(out, file_offset=-1))
+            error_of(ValueError, lambda: f.read(out, task_size=0))
             assert f.read(out, file_offset=np.int64(3)) == 100  # integer scalars are ints
 
 
@@ -115,7 +101,7 @@ def test_mode_spellings():
         for mode in ("r", "rb"):
             with gdskit.File(p, mode) as f:
                 assert f.mode == mode and f.read(one) == 16
-                _raises(OSError, lambda: f.write(one), lambda e: e.errno == errno.EBADF)
+                error_of(OSError, lambda: f.write(one), lambda e: e.errno == errno.EBADF)
         for mode in ("r+", "r+b", "rb+"):
             with gdskit.File(p, mode) as f:
                 assert f.read(one) == 16 and f.write(one, file_offset=16) == 16
@@ -130,15 +116,15 @@ def test_mode_spellings():
         for mode in ("x", "xb", "x+b"):
             with gdskit.File(q, mode) as f:
                 assert f.write(data[:10]) == 10
-            _raises(FileExistsError, lambda: gdskit.File(q, mode), lambda e: e.filename == q)
+            error_of(FileExistsError, lambda: gdskit.File(q, mode), lambda e: e.filename == q)
             os.unlink(q)
         for mode, word in (("a", "append"), ("ab", "append"), ("a+", "append"), ("rt", "text"), ("t", "text"),
                            ("rw", "expected"), ("r++", "expected"), ("rbb", "expected"), ("", "empty"),
                            ("R", "expected"), (" r", "expected")):
-            e = _raises(ValueError, lambda: gdskit.File(p, mode))
+            e = error_of(ValueError, lambda: gdskit.File(p, mode))
             assert word in str(e), (mode, str(e))
-        _raises(TypeError, lambda: gdskit.File(p, 3))
-        _raises(TypeError, lambda: gdskit.File(p, b"r"))
+        error_of(TypeError, lambda: gdskit.File(p, 3))
+        error_of(TypeError, lambda: gdskit.File(p, b"r"))
 
 
 def test_special_files_are_refused_for_every_mode():
@@ -146,15 +132,12 @@ def test_special_files_are_refused_for_every_mode():
         fifo = os.path.join(d, "pipe")
         os.mkfifo(fifo)
         for mode in ("r", "rb", "r+b", "w", "wb"):
-            e = _raises(OSError, lambda: gdskit.File(fifo, mode))  # must not block
+            e = error_of(OSError, lambda: gdskit.File(fifo, mode))  # must not block
             assert e.errno == errno.EINVAL and e.filename == fifo, (mode, e)
         for mode in ("r", "w+b"):
-            e = _raises(IsADirectoryError, lambda: gdskit.File(d, mode))
+            e = error_of(IsADirectoryError, lambda: gdskit.File(d, mode))
             assert e.filename == d
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from runner import run_tests  # noqa: E402
-
-    sys.exit(run_tests(globals()))
+    run_as_script(globals())
