@@ -8,13 +8,11 @@ import stat as _stat
 
 from . import _frameworks
 from . import _gdskit
+from ._buffers import buffer_of
 from ._devices import device_name, parse_device
 
 SafetensorError = _gdskit.SafetensorError
 
-# Gaps up to this many bytes between the ranges a slice needs are read rather than skipped: the kernel reads
-# whole pages anyway, and one request costs more than a page.
-_SLICE_GAP_BYTES = 4096
 _F6 = ("F6_E2M3", "F6_E3M2")
 
 
@@ -102,6 +100,7 @@ class safe_open:  # noqa: N801 (the safetensors library's name)
         self._entries = {d["name"]: _Entry(d) for d in entries}
         self._metadata = dict(metadata) if metadata else None
         self.filename = path
+        self._slice_reads = (0, 0)  # (bytes, requests) of the last slice read, for tests
 
     def __enter__(self):
         return self
@@ -153,11 +152,9 @@ class safe_open:  # noqa: N801 (the safetensors library's name)
     def get_slice(self, name):
         return _Slice(self, self._entry(name))
 
-    def _read(self, raw, nbytes, offset, device, at=0):
-        from ._buffers import buffer_of  # noqa: PLC0415
-
+    def _read(self, raw, nbytes, offset, device):
         ptr, _, _ = buffer_of(raw, writable=True, what="safe_open")
-        got = self._open().read(ptr + at, nbytes, offset, device)
+        got = self._open().read(ptr, nbytes, offset, device)
         if got != nbytes:
             raise OSError(_errno.EIO, f"{self.filename}: file ended after {got} of {nbytes} bytes at {offset}",
                           self.filename)
@@ -208,64 +205,23 @@ class _Slice:
         return self._entry.dtype
 
     def __getitem__(self, index):
-        np = _frameworks.numpy()
         entry, owner = self._entry, self._owner
         if entry.dtype in _F6:
             raise SafetensorError(_errno.EBADMSG, f"{entry.dtype} tensors cannot be sliced: 6-bit values share bytes")
         shape = entry.element_shape
-        elem = _frameworks.DTYPES[entry.dtype][1]
         sel = _normalize_index(index, shape)
         newshape = [count for (_, count, _, keep) in sel if keep]
-        # Byte offsets of the segments, in file order: the dimensions after the last partly selected one are
-        # whole, so each segment is contiguous.
-        strides = [elem] * len(shape)
-        for d in range(len(shape) - 2, -1, -1):
-            strides[d] = strides[d + 1] * shape[d + 1]
-        total = elem
+        total = _frameworks.DTYPES[entry.dtype][1]
         for (_, count, _, _) in sel:
             total *= count
         framework, device = owner._framework, owner._device
         if total == 0:
             return _frameworks.empty(framework, entry.dtype, newshape, device_name(device))
-        k = len(sel) - 1
-        while k >= 0 and sel[k][0] == 0 and sel[k][2] == 1 and sel[k][1] == shape[k]:
-            k -= 1
-        offsets = np.zeros(1, dtype=np.int64)
-        if k < 0:
-            seg = total
-        else:
-            start, count, step, _ = sel[k]
-            last = k if step != 1 else k - 1
-            seg = strides[k] if step != 1 else count * strides[k]
-            for d in range(last + 1):
-                s0, c, st, _ = sel[d]
-                idx = (s0 + st * np.arange(c, dtype=np.int64)) * strides[d]
-                offsets = (offsets[:, None] + idx[None, :]).ravel()
-            if step == 1:
-                offsets = offsets + start * strides[k]
-        out = np.empty(total, dtype=np.uint8)
-        _gather(owner, out, offsets, seg, entry.file_offset)
-        if framework == "np":
-            return _frameworks.typed("np", out, entry.dtype, newshape)
-        torch = _frameworks.torch()
-        return _frameworks.typed("pt", torch.from_numpy(out), entry.dtype, newshape).to(device_name(device))
-
-
-def _gather(owner, out, offsets, seg: int, base: int):
-    """Reads segments of `seg` bytes at base + offsets (ascending) into `out`, one request per run of segments
-    closer than _SLICE_GAP_BYTES."""
-    np = _frameworks.numpy()
-    ends = offsets + seg
-    breaks = np.nonzero(offsets[1:] - ends[:-1] > _SLICE_GAP_BYTES)[0] + 1
-    pos = 0
-    for group in np.split(np.arange(len(offsets)), breaks):
-        lo, hi = int(offsets[group[0]]), int(ends[group[-1]])
-        n = len(group) * seg
-        if hi - lo == n:  # back to back: straight into place
-            owner._read(out, n, base + lo, -1, at=pos)
-        else:
-            span = np.empty(hi - lo, dtype=np.uint8)
-            owner._read(span, hi - lo, base + lo, -1)
-            picks = (offsets[group] - lo)[:, None] + np.arange(seg, dtype=np.int64)[None, :]
-            out[pos:pos + n] = span[picks.ravel()]
-        pos += n
+        # The compiled module plans the byte ranges and reads them straight into this memory (GPU memory too).
+        raw = _byte_buffer(framework, total, device)
+        ptr, _, where = buffer_of(raw, writable=True, what="safe_open")
+        owner._slice_reads = _gdskit.read_slice(owner._open(), entry.file_offset, shape,
+                                                _frameworks.DTYPES[entry.dtype][1],
+                                                [(start, count, step) for (start, count, step, _) in sel], ptr,
+                                                total, where)
+        return _frameworks.typed(framework, raw, entry.dtype, newshape)

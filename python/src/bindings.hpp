@@ -95,5 +95,6 @@ void register_dlpack(py::module_& m);
 void register_files(py::module_& m);
 void register_safetensors(py::module_& m);
 void register_save(py::module_& m);
+void register_slices(py::module_& m);
 
 }  // namespace gdskit::python

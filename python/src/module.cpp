@@ -14,5 +14,6 @@ PYBIND11_MODULE(_gdskit, m) {
   gp::register_safetensors(m);
   gp::register_files(m);
   gp::register_save(m);
+  gp::register_slices(m);
   gdskit_python::register_batch(m);
 }
