@@ -10,6 +10,8 @@
     with gdskit.File("data.bin", "rb") as f:                                   # KvikIO's CuFile arguments
         f.read(tensor, file_offset=0)
     path, reasons = gdskit.plan("model.safetensors", device="cuda:0")          # ("staged", ["nvidia-fs ..."])
+    with gdskit.settings(direct="off"):                                        # settings, restored after
+        ...
 
 Devices are "cpu", "cuda", "cuda:N", N or a torch.device everywhere; a CUDA device this machine cannot use is
 OSError(ENODEV) with the reason. Errors: OSError subclasses with errno and filename for I/O (FileNotFoundError,
@@ -29,12 +31,13 @@ from ._devices import device_name as _device_name
 from ._devices import parse_device as _parse_device
 from ._file import File, IOFuture
 from ._safetensors import SafetensorError, load_file, safe_open
+from ._settings import settings
 
 __version__ = _gdskit.__version__
 Tensor = _gdskit.Tensor
 InvalidArgumentError = _gdskit.InvalidArgumentError
 
-__all__ = ["load_file", "safe_open", "SafetensorError", "InvalidArgumentError", "File", "IOFuture",
+__all__ = ["load_file", "safe_open", "SafetensorError", "InvalidArgumentError", "File", "IOFuture", "settings",
            "load_safetensors", "load_safetensors_raw", "read", "plan", "header", "gpu_available", "last_stats",
            "Tensor", "__version__"]
 

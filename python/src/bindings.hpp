@@ -96,5 +96,6 @@ void register_files(py::module_& m);
 void register_safetensors(py::module_& m);
 void register_save(py::module_& m);
 void register_slices(py::module_& m);
+void register_settings(py::module_& m);
 
 }  // namespace gdskit::python

@@ -15,5 +15,6 @@ PYBIND11_MODULE(_gdskit, m) {
   gp::register_files(m);
   gp::register_save(m);
   gp::register_slices(m);
+  gp::register_settings(m);
   gdskit_python::register_batch(m);
 }
