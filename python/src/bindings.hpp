@@ -97,5 +97,6 @@ void register_safetensors(py::module_& m);
 void register_save(py::module_& m);
 void register_slices(py::module_& m);
 void register_settings(py::module_& m);
+void register_checkpoint(py::module_& m);
 
 }  // namespace gdskit::python

@@ -16,5 +16,6 @@ PYBIND11_MODULE(_gdskit, m) {
   gp::register_save(m);
   gp::register_slices(m);
   gp::register_settings(m);
+  gp::register_checkpoint(m);
   gdskit_python::register_batch(m);
 }

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -85,47 +88,52 @@ class segment_walk {
   std::uint64_t total_ = 0;
 };
 
-// A run of segments read by one request: `span` file bytes from `offset`, holding `segments` segments whose
-// bytes go to the destination from `out`.
+// A run of segments read by one request: `span` bytes of `file` from `offset`, whose segments (`seg` bytes each)
+// go to `out` one after another.
 struct run {
+  const file_handle* file = nullptr;
   std::uint64_t offset = 0;
   std::uint64_t span = 0;
-  std::uint64_t out = 0;
+  std::uint64_t seg = 0;
+  buffer_view out;                    // set when the run is closed
   std::vector<std::uint64_t> starts;  // segment offsets within the span; empty when the segments touch
+
+  std::uint64_t out_bytes() const { return starts.empty() ? span : starts.size() * seg; }
 };
 
-// Reads runs in rounds bounded by the staging memory: touching runs straight into the destination, runs with
-// gaps into host staging, from which their segments are copied into place (packed first for a GPU).
+bool host_memory(const buffer_view& b) { return b.kind == memory_kind::host || b.kind == memory_kind::pinned; }
+
+// Reads runs in rounds bounded by the staging memory, each round one batch across every file: touching runs
+// straight into their destination, runs with gaps into host staging, from which their segments are copied into
+// place (packed first, then one copy per run, for a GPU).
 class slice_reader {
  public:
-  slice_reader(const file_handle& f, std::uint64_t tensor_offset, std::uint64_t seg, buffer_view dst,
-               std::uint64_t staging_bytes)
-      : f_(f), base_(tensor_offset), seg_(seg), dst_(dst), budget_(staging_bytes) {}
+  explicit slice_reader(std::uint64_t staging_bytes) : budget_(staging_bytes) {}
+
+  std::uint64_t budget() const { return budget_; }
 
   void add(run r) {
-    const std::uint64_t staged = r.starts.empty() ? 0 : r.span + (host() ? 0 : r.starts.size() * seg_);
-    if (staged_ + staged > budget_ && !runs_.empty()) flush();
-    staged_ += staged;
+    if (staged_ + staged_bytes(r) > budget_ && !runs_.empty()) flush();
+    staged_ += staged_bytes(r);
     runs_.push_back(std::move(r));
   }
 
   void flush() {
+    if (runs_.empty()) return;
     std::vector<std::uint8_t> staging(staged_);
     std::vector<io_range> ranges;
     ranges.reserve(runs_.size());
-    std::uint64_t at = 0;
     std::vector<std::uint64_t> where(runs_.size());
+    std::uint64_t at = 0;
     for (std::size_t i = 0; i < runs_.size(); ++i) {
       const run& r = runs_[i];
-      buffer_view into;
-      if (r.starts.empty()) {
-        into = dst_.sub(r.out, r.span);
-      } else {
+      buffer_view into = r.out;
+      if (!r.starts.empty()) {
         where[i] = at;
         into = buffer_view::host(staging.data() + at, r.span);
-        at += r.span + (host() ? 0 : r.starts.size() * seg_);
+        at += staged_bytes(r);
       }
-      ranges.push_back({&f_, base_ + r.offset, into});
+      ranges.push_back({r.file, r.offset, into});
     }
     batch_options o;
     o.exact = true;
@@ -133,10 +141,11 @@ class slice_reader {
     for (std::size_t i = 0; i < res.ranges.size(); ++i) {
       const auto& rr = res.ranges[i];
       if (rr.ok()) continue;
+      const run& r = runs_[i];
       const bool short_file = rr.error == std::errc::no_message_available;
-      throw error(short_file ? errno_code(EIO) : rr.error, "read slice", f_.path().string(),
-                  static_cast<std::int64_t>(base_ + runs_[i].offset), runs_[i].span,
-                  short_file ? fmt::format("file ended after {} of {} bytes", rr.nbytes, runs_[i].span) : "");
+      throw error(short_file ? errno_code(EIO) : rr.error, "read", r.file->path().string(),
+                  static_cast<std::int64_t>(r.offset), r.span,
+                  short_file ? fmt::format("file ended after {} of {} bytes", rr.nbytes, r.span) : "");
     }
     bytes_read_ += res.nbytes;
     requests_ += res.ranges.size();
@@ -144,15 +153,10 @@ class slice_reader {
       const run& r = runs_[i];
       if (r.starts.empty()) continue;
       const std::uint8_t* span = staging.data() + where[i];
-      if (host()) {
-        auto* out = static_cast<std::uint8_t*>(dst_.data) + r.out;
-        for (std::size_t s = 0; s < r.starts.size(); ++s) std::memcpy(out + s * seg_, span + r.starts[s], seg_);
-      } else {
-        // Packed behind the span, then one copy to the GPU per run.
-        std::uint8_t* packed = staging.data() + where[i] + r.span;
-        for (std::size_t s = 0; s < r.starts.size(); ++s) std::memcpy(packed + s * seg_, span + r.starts[s], seg_);
-        copy_into(dst_, r.out, packed, r.starts.size() * seg_);
-      }
+      // Host memory takes the segments in place; for a GPU they are packed behind the span, then copied once.
+      auto* packed = host_memory(r.out) ? static_cast<std::uint8_t*>(r.out.data) : staging.data() + where[i] + r.span;
+      for (std::size_t k = 0; k < r.starts.size(); ++k) std::memcpy(packed + k * r.seg, span + r.starts[k], r.seg);
+      if (!host_memory(r.out)) copy_into(r.out, 0, packed, r.out_bytes());
     }
     runs_.clear();
     staged_ = 0;
@@ -162,12 +166,10 @@ class slice_reader {
   std::uint64_t requests() const { return requests_; }
 
  private:
-  bool host() const { return dst_.kind == memory_kind::host || dst_.kind == memory_kind::pinned; }
+  static std::uint64_t staged_bytes(const run& r) {
+    return r.starts.empty() ? 0 : r.span + (host_memory(r.out) ? 0 : r.out_bytes());
+  }
 
-  const file_handle& f_;
-  std::uint64_t base_;
-  std::uint64_t seg_;
-  buffer_view dst_;
   std::uint64_t budget_;
   std::vector<run> runs_;
   std::uint64_t staged_ = 0;
@@ -175,46 +177,56 @@ class slice_reader {
   std::uint64_t requests_ = 0;
 };
 
-// Reads the slice `picks` (one per dimension) of the tensor at `tensor_offset` of `f`, of element shape `shape`
-// and `elem` bytes per element, into `dst`, with at most about `staging_bytes` of host memory per round; returns
-// (bytes read, requests).
-std::pair<std::uint64_t, std::uint64_t> read_slice(const file_handle& f, std::uint64_t tensor_offset,
-                                                   const std::vector<std::uint64_t>& shape, std::uint64_t elem,
-                                                   const std::vector<dim_pick>& picks, buffer_view dst,
-                                                   std::uint64_t staging_bytes) {
+// Adds the runs of the slice `picks` (one per dimension) of the tensor at `tensor_offset` of `f`, of element
+// shape `shape` and `elem` bytes per element, whose bytes go to `dst` in C order.
+void add_slice(slice_reader& reader, const file_handle& f, std::uint64_t tensor_offset,
+               const std::vector<std::uint64_t>& shape, std::uint64_t elem, const std::vector<dim_pick>& picks,
+               buffer_view dst) {
   segment_walk walk(shape, elem, picks);
   const std::uint64_t seg = walk.bytes();
   if (walk.count() * seg > dst.nbytes) {
     throw error(errno_code(EINVAL), "read slice", f.path().string(), -1, 0,
                 fmt::format("the destination holds {} bytes, the slice {}", dst.nbytes, walk.count() * seg));
   }
-  slice_reader reader(f, tensor_offset, seg, dst, staging_bytes);
   run current;
   std::uint64_t out = 0;
+  auto close = [&] {
+    current.out = dst.sub(out, current.out_bytes());
+    out += current.out_bytes();
+    reader.add(std::move(current));
+  };
   bool open = false;
   for (std::uint64_t i = 0; i < walk.count(); ++i) {
-    const std::uint64_t off = walk.next();
-    if (open && off >= current.offset + current.span && off - (current.offset + current.span) <= k_gap_bytes &&
-        off + seg - current.offset <= staging_bytes / 2) {
-      const std::uint64_t gap = off - (current.offset + current.span);
-      if (gap > 0 && current.starts.empty()) {
+    const std::uint64_t off = tensor_offset + walk.next();
+    const std::uint64_t end = current.offset + current.span;
+    if (open && off >= end && off - end <= k_gap_bytes && off + seg - current.offset <= reader.budget() / 2) {
+      if (off > end && current.starts.empty()) {
         // The first gap: the run so far becomes explicit segments.
         for (std::uint64_t s = 0; s < current.span; s += seg) current.starts.push_back(s);
       }
       if (!current.starts.empty()) current.starts.push_back(off - current.offset);
       current.span = off + seg - current.offset;
     } else {
-      if (open) {
-        out += current.starts.empty() ? current.span : current.starts.size() * seg;
-        reader.add(std::move(current));
-      }
-      current = run{off, seg, out, {}};
+      if (open) close();
+      current = run{&f, off, seg, seg, {}, {}};
       open = true;
     }
   }
-  if (open) reader.add(std::move(current));
-  reader.flush();
-  return {reader.bytes_read(), reader.requests()};
+  if (open) close();
+}
+
+std::vector<dim_pick> checked_picks(const std::vector<std::uint64_t>& shape,
+                                    const std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>>& picks) {
+  if (picks.size() != shape.size()) throw py::value_error("read_slice: one pick per dimension");
+  std::vector<dim_pick> out;
+  for (std::size_t d = 0; d < picks.size(); ++d) {
+    const auto& [start, count, step] = picks[d];
+    if (step == 0 || start >= shape[d] || (count > 0 && (count - 1) > (shape[d] - 1 - start) / step)) {
+      throw py::index_error(fmt::format("read_slice: dimension {} picks beyond its {} entries", d, shape[d]));
+    }
+    out.push_back({start, count, step});
+  }
+  return out;
 }
 
 }  // namespace
@@ -225,19 +237,13 @@ void register_slices(py::module_& m) {
       [](const file_object& file, std::uint64_t tensor_offset, const std::vector<std::uint64_t>& shape,
          std::uint64_t elem, const std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>>& picks,
          std::uintptr_t ptr, std::size_t nbytes, int device, std::uint64_t staging_bytes) {
-        if (picks.size() != shape.size()) throw py::value_error("read_slice: one pick per dimension");
-        std::vector<dim_pick> p;
-        for (std::size_t d = 0; d < picks.size(); ++d) {
-          const auto& [start, count, step] = picks[d];
-          if (step == 0 || (count > 0 && start + (count - 1) * step >= shape[d])) {
-            throw py::index_error(fmt::format("read_slice: dimension {} picks beyond its {} entries", d, shape[d]));
-          }
-          p.push_back({start, count, step});
-        }
+        const auto p = checked_picks(shape, picks);
         const auto h = file.get();
         py::gil_scoped_release unlocked;
-        return read_slice(*h, tensor_offset, shape, elem, p, view_for(ptr, nbytes, device),
-                          std::max<std::uint64_t>(staging_bytes, 2));
+        slice_reader reader(std::max<std::uint64_t>(staging_bytes, 2));
+        add_slice(reader, *h, tensor_offset, shape, elem, p, view_for(ptr, nbytes, device));
+        reader.flush();
+        return std::make_pair(reader.bytes_read(), reader.requests());
       },
       py::arg("file"), py::arg("tensor_offset"), py::arg("shape"), py::arg("elem"), py::arg("picks"), py::arg("ptr"),
       py::arg("nbytes"), py::arg("device"), py::arg("staging_bytes") = k_default_staging_bytes,
@@ -245,6 +251,32 @@ void register_slices(py::module_& m) {
       "per element, into memory at ptr (device -1: host) in C order. Ranges closer than a page are read as one "
       "request through the gap, through at most about staging_bytes of host memory at a time; returns (bytes read, "
       "requests).");
+
+  m.def(
+      "read_slices",
+      [](const std::vector<std::tuple<std::string, std::uint64_t, std::vector<std::uint64_t>, std::uint64_t,
+                                      std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>>,
+                                      std::uintptr_t, std::size_t, int>>& items) {
+        std::vector<std::vector<dim_pick>> picks;
+        for (const auto& item : items) picks.push_back(checked_picks(std::get<2>(item), std::get<4>(item)));
+        py::gil_scoped_release unlocked;
+        std::map<std::string, file_handle> files;  // each file opened once (st::open_file: regular files only)
+        for (const auto& item : items) {
+          const auto& path = std::get<0>(item);
+          if (!files.count(path)) files.emplace(path, st::open_file(path));
+        }
+        slice_reader reader(k_default_staging_bytes);
+        for (std::size_t i = 0; i < items.size(); ++i) {
+          const auto& [path, offset, shape, elem, pick, ptr, nbytes, device] = items[i];
+          add_slice(reader, files.at(path), offset, shape, elem, picks[i], view_for(ptr, nbytes, device));
+        }
+        reader.flush();
+        return reader.bytes_read();
+      },
+      py::arg("items"),
+      "read_slice for many tensors of many files, as batches across all of them: items [(path, tensor_offset, "
+      "shape, elem, picks, ptr, nbytes, device)]. Returns the bytes read. Each file is opened once, for reading, "
+      "and must be a regular file.");
 }
 
 }  // namespace gdskit::python
