@@ -8,7 +8,10 @@ safetensors does (a reader sees the old file or the new one, whole), unless over
 
 from __future__ import annotations
 
+import errno as _errno
 import os
+import signal
+import threading
 
 from . import _frameworks
 from . import _gdskit
@@ -199,6 +202,53 @@ def _metadata(metadata):
     return list(metadata.items())
 
 
+def _interruptible(save):
+    """save(signal_fd) on this thread, stopped by a signal (Ctrl-C): the compiled save watches `signal_fd`, which
+    Python's signal handling writes to, stops between pieces (publishing nothing) and runs the handler, whose
+    exception (KeyboardInterrupt) propagates. A signal whose handler raises nothing (a SIGCHLD handler, say)
+    only restarts the save. Off the main thread, where Python runs no handlers, the save is not watched."""
+    if threading.current_thread() is not threading.main_thread():
+        return save(-1)
+    r, w = os.pipe()
+    try:
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        try:
+            while True:
+                try:
+                    return save(r)
+                except OSError as e:
+                    if e.errno != _errno.ECANCELED or not _pass_on(r, previous):
+                        raise
+        finally:
+            signal.set_wakeup_fd(previous)
+            _pass_on(r, previous)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def _pass_on(r: int, previous: int) -> bool:
+    """Empties the wakeup pipe into the descriptor that was Python's before (an event loop's); whether any
+    signal had arrived."""
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(r, 4096)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    if seen and previous >= 0:
+        try:
+            os.write(previous, seen)
+        except OSError:
+            pass
+    return bool(seen)
+
+
 def save_file(tensors, filename, metadata=None, *, overwrite: bool = True, staging_bytes: int = STAGING_BYTES):
     """Saves {name: tensor} to `filename` in the safetensors format, like safetensors.torch.save_file (and
     safetensors.numpy.save_file for numpy arrays), with the same bytes.
@@ -218,7 +268,7 @@ def save_file(tensors, filename, metadata=None, *, overwrite: bool = True, stagi
     global _last_save_stats
     md = _metadata(metadata)
     entries, keep = _prepare(tensors, staging_bytes)
-    stats = _gdskit.save(os.fspath(filename), entries, md, bool(overwrite), False, 1)
+    stats = _interruptible(lambda fd: _gdskit.save(os.fspath(filename), entries, md, bool(overwrite), False, 1, fd))
     del keep
     _last_save_stats = stats
     return None
@@ -264,7 +314,7 @@ def save_sharded(tensors, folder, max_shard_size="5GB", metadata=None, overwrite
     limit = parse_shard_size(max_shard_size)
     md = _metadata(metadata)
     entries, keep = _prepare(tensors, staging_bytes)
-    stats = _gdskit.save(os.fspath(folder), entries, md, bool(overwrite), True, limit)
+    stats = _interruptible(lambda fd: _gdskit.save(os.fspath(folder), entries, md, bool(overwrite), True, limit, fd))
     del keep
     _last_save_stats = stats
     return list(stats["written"])

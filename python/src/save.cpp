@@ -1,12 +1,10 @@
 // Saves: safetensors files and sharded checkpoints (the facade is gdskit/_save.py).
-#include <atomic>
+#include <poll.h>
+
 #include <cerrno>
-#include <chrono>
-#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -68,47 +66,43 @@ py::dict save_stats_dict(const st::save_stats& s) {
   return d;
 }
 
+// Whether `fd` has bytes to read, without reading them (they are the facade's to pass on).
+bool readable(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN) != 0;
+}
+
 }  // namespace
 
 void register_save(py::module_& m) {
   m.def(
       "save",
       [](const std::filesystem::path& path, const std::vector<save_entry>& entries,
-         std::optional<st::metadata_entries> metadata, bool overwrite, bool sharded, std::uint64_t max_shard_bytes) {
+         std::optional<st::metadata_entries> metadata, bool overwrite, bool sharded, std::uint64_t max_shard_bytes,
+         int signal_fd) {
         auto tensors = to_save_tensors(entries);
         st::save_options o;
         o.overwrite = overwrite;
         o.max_shard_bytes = max_shard_bytes;
-        // Signal handlers run only on the main thread: it waits here and checks them, so Ctrl-C stops the save
-        // between pieces (nothing is published) and raises KeyboardInterrupt.
-        std::atomic<bool> stop{false}, finished{false}, interrupted{false};
-        o.cancelled = [&stop] { return stop.load(); };
+        // The save runs on this thread, its writes in the transfer core. A signal (Ctrl-C) makes `signal_fd`
+        // readable (the facade made it Python's wakeup descriptor): the core's threads see that between pieces
+        // and stop the save (nothing is published); the signal's handler then runs here and raises.
+        o.cancelled = [signal_fd] { return signal_fd >= 0 && readable(signal_fd); };
         st::save_stats s;
-        std::exception_ptr failure;
-        {
+        try {
           py::gil_scoped_release unlocked;
-          std::thread worker([&] {
-            try {
-              s = sharded ? st::save_sharded(path, tensors, metadata, o) : st::save(path, tensors, metadata, o);
-            } catch (...) {
-              failure = std::current_exception();
-            }
-            finished = true;
-          });
-          while (!finished) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(20));
-            py::gil_scoped_acquire locked;
-            if (!interrupted && PyErr_CheckSignals() != 0) interrupted = stop = true;
-          }
-          worker.join();
+          s = sharded ? st::save_sharded(path, tensors, metadata, o) : st::save(path, tensors, metadata, o);
+        } catch (const gdskit::error& e) {
+          if (e.code() == std::errc::operation_canceled && PyErr_CheckSignals() != 0) throw py::error_already_set();
+          throw;  // the module's translator makes it a Python exception
         }
-        if (interrupted) throw py::error_already_set();
-        if (failure) std::rethrow_exception(failure);  // the module's translator makes it a Python exception
         return save_stats_dict(s);
       },
       py::arg("path"), py::arg("tensors"), py::arg("metadata"), py::arg("overwrite"), py::arg("sharded"),
-      py::arg("max_shard_bytes"),
-      "Saves [(name, dtype, shape, address, nbytes, device, source)] to a file (or a sharded folder); returns stats.");
+      py::arg("max_shard_bytes"), py::arg("signal_fd") = -1,
+      "Saves [(name, framework, dtype, shape, address, nbytes, device, source)] to a file (or a sharded folder) "
+      "on this thread; returns stats. signal_fd >= 0: a descriptor that becomes readable when a signal arrives "
+      "(Python's wakeup descriptor): the save stops between pieces and the signal's handler runs.");
 
   m.def(
       "save_bytes",

@@ -424,6 +424,62 @@ def test_interrupt_publishes_nothing():
         signal.signal(signal.SIGALRM, old)
 
 
+def test_signals_during_a_save():
+    """A save runs on the calling thread: Ctrl-C (a handler that raises) stops it between pieces and publishes
+    nothing; a signal whose handler returns only restarts it, and the file is whole; an event loop's wakeup
+    descriptor still hears of the signals."""
+    np = _np()
+    if np is None:
+        return "skip: numpy not installed"
+    import signal  # noqa: PLC0415
+
+    tensors = {f"t{i:03d}": np.full(1 << 20, i % 251, dtype=np.uint8) for i in range(256)}  # 256 MiB, 256 pieces
+    heard = []
+
+    def raising(signum, frame):
+        raise KeyboardInterrupt
+
+    def quiet(signum, frame):
+        heard.append(signum)
+
+    old = signal.signal(signal.SIGALRM, raising)
+    loop_r, loop_w = os.pipe()  # an event loop's wakeup descriptor
+    os.set_blocking(loop_r, False)
+    os.set_blocking(loop_w, False)
+    old_fd = signal.set_wakeup_fd(loop_w, warn_on_full_buffer=False)
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "x.safetensors")
+            signal.setitimer(signal.ITIMER_REAL, 0.01)
+            try:
+                gdskit.save_file(tensors, p)
+                interrupted = False
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            if interrupted:
+                assert os.listdir(d) == [], os.listdir(d)
+                assert signal.SIGALRM in os.read(loop_r, 64), "the loop's wakeup descriptor missed the signal"
+            signal.signal(signal.SIGALRM, quiet)
+            signal.setitimer(signal.ITIMER_REAL, 0.01)
+            try:
+                gdskit.save_file(tensors, p)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            assert heard == [signal.SIGALRM], heard
+            assert gdskit.header(p)[0][0]["name"] == "t000" and os.listdir(d) == ["x.safetensors"]
+            assert _read(p)[-1] == 255 % 251
+            if not interrupted:
+                return "skip: the save finished before the signal came"
+    finally:
+        signal.set_wakeup_fd(old_fd)
+        signal.signal(signal.SIGALRM, old)
+        os.close(loop_r)
+        os.close(loop_w)
+    return None
+
+
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from runner import run_tests  # noqa: E402
