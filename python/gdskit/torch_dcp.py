@@ -155,8 +155,9 @@ def _item_bytes(item) -> int:
 
 class FileSystemReader(_fs.FileSystemReader):
     """torch.distributed.checkpoint.FileSystemReader with gdskit's file I/O (same arguments). Items of gdskit's
-    data files are read straight into their target tensors where the target is dense and the stored chunk's
-    part is contiguous in the file; items of torch-written files go to torch's reader."""
+    data files are read, only the bytes of the part of the stored chunk they need, as batches across all files:
+    straight into their target tensors where the target is dense and of the chunk's dtype, else into a buffer
+    copied into the target. Items of torch-written files go to torch's reader."""
 
     def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
