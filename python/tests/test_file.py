@@ -86,10 +86,19 @@ def test_write_size_and_offset():
         with gdskit.File(p, "wb") as f:
             assert f.write(src, 10, 4093) == 10
             assert f.pwrite(src, file_offset=5000).result() == 256
+            assert f.pwrite(src, 7, 4500).result() == 7  # the first 7 bytes of src only
         back = open(p, "rb").read()
         assert len(back) == 5256
         assert back[4093:4103] == src[:10].tobytes() and back[5000:] == src.tobytes()
-        assert back[:4093] == bytes(4093) and back[4103:5000] == bytes(897)
+        assert back[4500:4507] == src[:7].tobytes() and back[4507:5000] == bytes(493)
+        assert back[:4093] == bytes(4093) and back[4103:4500] == bytes(397)
+        wide = np.arange(64, dtype=np.float32)  # a size that is no whole number of elements
+        with gdskit.File(p, "r+b") as f:
+            assert f.pwrite(wide, 13, 0).result() == 13
+            out = np.zeros(64, dtype=np.float32)
+            assert f.pread(out, 13, 0).get() == 13
+        assert out.view(np.uint8)[:13].tobytes() == wide.view(np.uint8)[:13].tobytes()
+        assert not out.view(np.uint8)[13:].any()
 
 
 def test_mode_spellings():
