@@ -28,6 +28,8 @@ struct io_range {
   const file_handle* file = nullptr;
   std::uint64_t offset_bytes = 0;
   buffer_view memory;
+  /// With batch_options::checksum on a read: the CRC32C (checksum.hpp) the range's bytes must have.
+  std::uint32_t crc32c = 0;
 };
 
 /// What happened to one range.
@@ -41,8 +43,14 @@ struct range_result {
   /// Seconds from the start of the range's first file request to its completion (0 when it needed none):
   /// the latency of the range itself, without the time it waited in the batch's queue.
   double latency_s = 0;
+  /// With batch_options::checksum: the CRC32C of the range's bytes as they were read (even when they did not
+  /// match, EBADMSG) or as they were written.
+  std::uint32_t crc32c = 0;
   bool ok() const noexcept { return !error; }
 };
+
+/// Checksums a batch computes while the bytes sit in host memory (the staging of GPU transfers included).
+enum class batch_checksum { none, crc32c };
 
 /// How a batch runs. Everything has a default that suits random reads of small ranges.
 struct batch_options {
@@ -57,6 +65,11 @@ struct batch_options {
   unsigned queue_depth = 0;
   /// A read that ends short (the file ends first) is an error (ENODATA) instead of a short count.
   bool exact = false;
+  /// crc32c: every range's bytes are checksummed on the way. A read is delivered only when its bytes match the
+  /// range's io_range::crc32c (else EBADMSG, and its memory is not written; a short read is ENODATA); a write
+  /// reports the checksum of the bytes it wrote. Ranges are then moved whole (at most 16 MiB each, EINVAL
+  /// otherwise) and reads always go through staging.
+  batch_checksum checksum = batch_checksum::none;
   /// CUDA stream (a CUstream) to order the batch with; nullptr for none. A read: work queued on the stream
   /// after submit() waits, on the GPU, until every range has completed (the host is not blocked). A write:
   /// the I/O starts once the stream has reached the point of submit(), so a kernel queued before it has
@@ -80,6 +93,8 @@ struct batch_result {
   std::size_t nbytes = 0;
   std::size_t failed = 0;
   batch_routes routes;
+  /// Checksummed reads whose bytes did not match their io_range::crc32c (those ranges failed with EBADMSG).
+  std::size_t checksum_mismatches = 0;
   /// Seconds from submit() to completion.
   double seconds = 0;
   bool ok() const noexcept { return failed == 0; }

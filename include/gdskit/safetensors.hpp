@@ -102,6 +102,14 @@ struct slice_spec {
   unsigned dim = 0;
 };
 
+/// The rows of a dimension of size `n` that rank `rank` of `world` takes, as (first row, row count): the
+/// numpy.array_split rule of slice_spec. EINVAL unless 0 <= rank < world.
+std::pair<std::uint64_t, std::uint64_t> split_rows(std::uint64_t n, unsigned rank, unsigned world);
+
+/// Whether an `only` entry (load_options::only) selects the tensor called `name`: the same name, or a prefix
+/// of it when the entry ends in '.' (kept) or '*' (removed). An empty entry selects nothing.
+bool name_matches(std::string_view entry, std::string_view name) noexcept;
+
 /// What to load and where.
 struct load_options {
   /// -1: host memory; >= 0: the CUDA device ordinal (one device_buffer per shard holds its tensors).

@@ -14,6 +14,8 @@ from ._devices import device_name, parse_device
 SafetensorError = _gdskit.SafetensorError
 
 _F6 = ("F6_E2M3", "F6_E3M2")
+# Memory a slice may hold beyond its result while it reads (the compiled module's bound; tests lower it).
+_SLICE_MEMORY_BYTES = _gdskit.SLICE_MEMORY_BYTES
 
 
 def _check_framework(framework) -> str:
@@ -86,7 +88,8 @@ class safe_open:  # noqa: N801 (the safetensors library's name)
             part = f.get_slice("embed.weight")[:, :1024]   # reads only the bytes the slice needs
 
     framework: "pt" (torch tensors) or "np" (numpy arrays; CPU only). Raises ValueError for a bad framework or
-    device, OSError subclasses for I/O errors and SafetensorError for a malformed file."""
+    device (or a path with a NUL byte), OSError(ENODEV) for a CUDA device without a usable GPU, OSError
+    subclasses for I/O errors and SafetensorError for a malformed file."""
 
     def __init__(self, filename, framework="pt", device="cpu"):
         self._framework = _check_framework(framework)
@@ -100,7 +103,8 @@ class safe_open:  # noqa: N801 (the safetensors library's name)
         self._entries = {d["name"]: _Entry(d) for d in entries}
         self._metadata = dict(metadata) if metadata else None
         self.filename = path
-        self._slice_reads = (0, 0)  # (bytes, requests) of the last slice read, for tests
+        # (bytes, requests, most memory held beyond the result) of the last slice read, for tests
+        self._slice_reads = (0, 0, 0)
 
     def __enter__(self):
         return self
@@ -223,5 +227,5 @@ class _Slice:
         owner._slice_reads = _gdskit.read_slice(owner._open(), entry.file_offset, shape,
                                                 _frameworks.DTYPES[entry.dtype][1],
                                                 [(start, count, step) for (start, count, step, _) in sel], ptr,
-                                                total, where)
+                                                total, where, _SLICE_MEMORY_BYTES)
         return _frameworks.typed(framework, raw, entry.dtype, newshape)

@@ -9,6 +9,7 @@ safetensors does (a reader sees the old file or the new one, whole), unless over
 from __future__ import annotations
 
 import errno as _errno
+import heapq
 import os
 import signal
 import threading
@@ -60,6 +61,30 @@ class _RowStager:
         return ptr, (last - first) * self.row_bytes
 
 
+def _lazy(t) -> bool:
+    """Whether t is a conjugate or negative view: its memory holds the original values, and torch applies the
+    conjugation or negation only when the values are read, so its bytes are not its values."""
+    return bool((hasattr(t, "is_conj") and t.is_conj()) or (hasattr(t, "is_neg") and t.is_neg()))
+
+
+def _resolved(t):
+    """t with its values in its memory: a copy for a conjugate or negative view, t itself otherwise."""
+    if hasattr(t, "is_conj") and t.is_conj():
+        t = t.resolve_conj()
+    if hasattr(t, "is_neg") and t.is_neg():
+        t = t.resolve_neg()
+    return t
+
+
+def _utf8(text: str, what: str) -> str:
+    """text, which the format stores as UTF-8; ValueError for a str that has no UTF-8 form (a lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} {text!r} is not valid UTF-8 text ({e.reason} at position {e.start})") from None
+    return text
+
+
 def _torch_entry(torch, name, t, budget, keep):
     dtype_name = str(t.dtype).split(".")[-1]
     if t.device.type == "cpu":
@@ -70,7 +95,12 @@ def _torch_entry(torch, name, t, budget, keep):
         raise ValueError(f"tensor `{name}` is on {t.device}; gdskit saves tensors on the CPU or CUDA devices")
     shape = list(t.shape)
     nbytes = t.numel() * t.element_size()
-    if t.is_contiguous() or nbytes == 0:
+    lazy = _lazy(t)
+    if lazy and t.dim() == 0:
+        t = _resolved(t)  # one value: resolved whole (the stager works in rows)
+        keep.append(t)
+        lazy = False
+    if (t.is_contiguous() and not lazy) or nbytes == 0:
         return (name, "torch", dtype_name, shape, t.data_ptr() if nbytes else 0, nbytes, device, None)
 
     def sync(block):
@@ -78,7 +108,9 @@ def _torch_entry(torch, name, t, budget, keep):
             torch.cuda.current_stream(device).synchronize()
         return block.data_ptr()
 
-    stager = _RowStager(t, nbytes, budget, lambda x: x.contiguous(), sync, keep)
+    # Strided tensors, and conjugate or negative views (whose memory holds the original values), are written a
+    # block of rows at a time, each block made contiguous with its values resolved.
+    stager = _RowStager(t, nbytes, budget, lambda x: _resolved(x).contiguous(), sync, keep)
     keep.append(stager)
     return (name, "torch", dtype_name, shape, 0, nbytes, device, stager)
 
@@ -105,10 +137,11 @@ def _torch_extent(t):
 
 def _check_shared(torch, tensors):
     # Like safetensors: tensors of one storage whose bytes overlap are refused (saving both would store the
-    # memory twice and load them as independent tensors); disjoint views of one storage are fine.
+    # memory twice and load them as independent tensors); disjoint views of one storage are fine. Conjugate and
+    # negative views are written as their resolved values, bytes of their own, so they share nothing on disk.
     groups = {}
     for k, v in tensors.items():
-        if v.device.type == "meta":
+        if v.device.type == "meta" or _lazy(v):
             continue
         try:
             storage = v.untyped_storage()
@@ -140,13 +173,28 @@ def _check_shared(torch, tensors):
             f" loading them again: {failing}. Save one tensor per storage (clone the others) instead.")
 
 
+def _byte_bounds(np):
+    try:
+        from numpy.lib.array_utils import byte_bounds  # noqa: PLC0415  (numpy 2)
+    except ImportError:
+        byte_bounds = np.byte_bounds
+    return byte_bounds
+
+
 def _check_shared_numpy(np, arrays):
-    items = [(k, a) for k, a in arrays.items() if a.nbytes]
-    failing = []
-    for i, (k, a) in enumerate(items):
-        for k2, b in items[i + 1:]:
-            if np.shares_memory(a, b):
-                failing.append({k, k2})
+    # Sorted by the first byte each array touches, so only arrays whose spans overlap are compared (exactly,
+    # with np.shares_memory: interleaved strided views share a span but no byte): n log n for arrays in memory of
+    # their own, however many.
+    bounds = _byte_bounds(np)
+    spans = sorted((*bounds(a), i, k) for i, (k, a) in enumerate(arrays.items()) if a.nbytes)
+    failing, open_spans = [], []  # open_spans: a heap of (end, i, name) of spans not yet passed
+    for start, end, i, k in spans:
+        while open_spans and open_spans[0][0] <= start:
+            heapq.heappop(open_spans)
+        for _, _, k2 in open_spans:
+            if np.shares_memory(arrays[k2], arrays[k]):
+                failing.append({k2, k})
+        heapq.heappush(open_spans, (end, i, k))
     if failing:
         raise RuntimeError(f"Some arrays share memory: {failing}. Save one array per buffer (copy the others).")
 
@@ -159,6 +207,7 @@ def _prepare(tensors, staging_bytes):
     for k, v in tensors.items():
         if not isinstance(k, str):
             raise TypeError(f"tensor names must be str, not {type(k).__name__} ({k!r})")
+        _utf8(k, "tensor name")
         if torch is not None and isinstance(v, torch.Tensor):
             kinds.add("torch")
             if v.layout != torch.strided:
@@ -199,6 +248,8 @@ def _metadata(metadata):
     for k, v in metadata.items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise TypeError(f"metadata must map str to str; {k!r}: {v!r} does not")
+        _utf8(k, "metadata key")
+        _utf8(v, "metadata value")
     return list(metadata.items())
 
 
@@ -255,8 +306,10 @@ def save_file(tensors, filename, metadata=None, *, overwrite: bool = True, stagi
 
     Tensors: torch tensors on the CPU (written from their memory, no copy) or CUDA devices (written straight
     from device memory through pinned staging), or numpy arrays. Non-contiguous ones are made contiguous a block
-    of rows at a time within `staging_bytes`. Tensors whose memory overlaps are refused (RuntimeError), as
-    safetensors does. metadata: {str: str}, written in its order.
+    of rows at a time within `staging_bytes`, as are conjugate and negative views (c.conj(), torch._neg_view),
+    which are written as their values. Tensors whose memory overlaps are refused (RuntimeError), as
+    safetensors does. metadata: {str: str}, written in its order. Names and metadata must be UTF-8 text
+    (ValueError for a str with a lone surrogate).
 
     The file appears under `filename` only once whole and synced to disk. An existing file is replaced
     atomically, as safetensors replaces it: until the new file is complete the old one stays whole, and an

@@ -3,7 +3,7 @@
 // read_npy_header and gather_rows for row gathers.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-#include <pybind11/stl/filesystem.h>
+#include "path_caster.hpp"
 
 #include <algorithm>
 #include <chrono>

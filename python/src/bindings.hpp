@@ -6,7 +6,7 @@
 #include <pybind11/pybind11.h>
 // Every file of the module sees the same type casters (a caster missing in one file is a run-time error there).
 #include <pybind11/stl.h>
-#include <pybind11/stl/filesystem.h>
+#include "path_caster.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -4,6 +4,8 @@
 #include "bindings.hpp"
 #include "file_object.hpp"
 
+void add_kv_bindings(pybind11::module_& m);  // kv_bindings.cpp: gdskit.kv
+
 PYBIND11_MODULE(_gdskit, m) {
   namespace gp = gdskit::python;
   m.doc() = "gdskit: storage <-> GPU memory transfers (compiled part; use the gdskit package)";
@@ -18,4 +20,5 @@ PYBIND11_MODULE(_gdskit, m) {
   gp::register_settings(m);
   gp::register_checkpoint(m);
   gdskit_python::register_batch(m);
+  add_kv_bindings(m);
 }

@@ -143,6 +143,35 @@ void register_safetensors(py::module_& m) {
     return out;
   }, py::arg("path"), "The files of a file, index or folder in load order: [(file, [names the index assigns])].");
 
+  // Distributed load: the loader's rules for names, rows and byte ranges, so the planner of the ranks uses the
+  // same ones.
+  m.def("name_matches", &st::name_matches, py::arg("entry"), py::arg("name"),
+        "Whether an only= entry selects the tensor called name: the name itself, or a prefix ending in '.' or "
+        "'*' ('*' removed).");
+  m.def("split_rows", &st::split_rows, py::arg("n"), py::arg("rank"), py::arg("world"),
+        "(first row, row count) of a dimension of size n that rank `rank` of `world` loads (numpy.array_split).");
+  m.def(
+      "slice_plan",
+      [](const std::string& dtype, const std::vector<std::uint64_t>& shape, unsigned dim, unsigned rank,
+         unsigned world) {
+        const auto dt = st::parse_dtype(dtype);
+        if (!dt) throw py::value_error("unknown safetensors dtype " + py::repr(py::str(dtype)).cast<std::string>());
+        st::tensor_info t;
+        t.dtype = *dt;
+        t.shape = shape;
+        std::uint64_t numel = 1;
+        for (auto d : shape) {
+          if (d != 0 && numel > UINT64_MAX / 64 / d) throw py::value_error("slice_plan: the shape overflows");
+          numel *= d;
+        }
+        t.end_bytes = numel * st::bits_of(*dt) / 8;
+        const auto p = st::plan_slice(t, st::slice_spec{rank, world, dim});
+        return py::make_tuple(p.first_offset, p.segment_bytes, p.stride_bytes, p.segments);
+      },
+      py::arg("dtype"), py::arg("shape"), py::arg("dim"), py::arg("rank"), py::arg("world"),
+      "The byte ranges a load reads for rank `rank` of `world` of a tensor split along `dim`, relative to its "
+      "first byte: (first offset, bytes per segment, distance between segments, segments).");
+
   // Distributed save (gdskit/distributed.py): the single-process save's shard plan, file names and index.
   m.def(
       "plan_shards",

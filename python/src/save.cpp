@@ -125,12 +125,17 @@ void register_save(py::module_& m) {
       "parse_shard_size",
       [](py::object size) -> std::uint64_t {
         if (!PyBool_Check(size.ptr()) && PyLong_Check(size.ptr())) {
-          const auto n = size.cast<long long>();
-          if (n > 0) return static_cast<std::uint64_t>(n);
+          // 1 to 2^64 - 1: a negative int or one of 2^64 or more is the ValueError below, not an OverflowError.
+          const unsigned long long n = PyLong_AsUnsignedLongLong(size.ptr());
+          if (n == static_cast<unsigned long long>(-1) && PyErr_Occurred() != nullptr) {
+            PyErr_Clear();
+          } else if (n > 0) {
+            return n;
+          }
         } else if (py::isinstance<py::str>(size)) {
           if (auto n = st::parse_shard_size(size.cast<std::string>())) return *n;
         }
-        throw py::value_error("max_shard_size must be a positive number of bytes or a size such as \"5GB\", "
+        throw py::value_error("max_shard_size must be 1 to 2**64-1 bytes or a size such as \"5GB\", "
                               "\"500MB\" (decimal) or \"2GiB\" (binary), not " + py::repr(size).cast<std::string>());
       },
       py::arg("size"), "max_shard_size in bytes: an int, or a text huggingface_hub accepts (\"5GB\") or \"2GiB\".");

@@ -21,7 +21,9 @@ namespace {
 // Ranges closer than this are read as one request through the gap: the kernel reads whole pages anyway, and a
 // request costs more than a page.
 constexpr std::uint64_t k_gap_bytes = 4096;
-// Host memory for reading through gaps (and for packing those pieces before they go to a GPU), per round.
+// Memory a round of reads may hold beyond the slice itself: host staging for reading through gaps (and for
+// packing those pieces before they go to a GPU) and the bookkeeping of its runs, so a slice of millions of
+// tiny segments holds their offsets a bounded number at a time, as it holds their bytes.
 constexpr std::uint64_t k_default_staging_bytes = std::uint64_t{64} << 20;
 
 // One selected range of a dimension: `count` indices from `start`, `step` apart.
@@ -101,6 +103,10 @@ struct run {
   std::uint64_t out_bytes() const { return starts.empty() ? span : starts.size() * seg; }
 };
 
+// Bookkeeping of one run in a round, beyond its segment offsets: the run, its range and its result (each in a
+// vector that may hold twice what it uses), and the transfer core's own state for the range (estimated).
+constexpr std::uint64_t k_run_cost_bytes = 2 * (sizeof(run) + sizeof(io_range) + sizeof(range_result)) + 128;
+
 bool host_memory(const buffer_view& b) { return b.kind == memory_kind::host || b.kind == memory_kind::pinned; }
 
 // Reads runs in rounds bounded by the staging memory, each round one batch across every file: touching runs
@@ -113,14 +119,22 @@ class slice_reader {
   std::uint64_t budget() const { return budget_; }
 
   void add(run r) {
-    if (staged_ + staged_bytes(r) > budget_ && !runs_.empty()) flush();
-    staged_ += staged_bytes(r);
+    if (staged_ + cost(r) > budget_ && !runs_.empty()) flush();
+    staged_ += cost(r);
     runs_.push_back(std::move(r));
+  }
+
+  /// The memory a run holds while its round is pending: staging for its span (and packing for a GPU), its
+  /// segment offsets and its bookkeeping.
+  static std::uint64_t cost(const run& r) {
+    return staged_bytes(r) + r.starts.capacity() * sizeof(std::uint64_t) + k_run_cost_bytes;
   }
 
   void flush() {
     if (runs_.empty()) return;
-    std::vector<std::uint8_t> staging(staged_);
+    std::uint64_t staging_bytes = 0;
+    for (const run& r : runs_) staging_bytes += staged_bytes(r);
+    std::vector<std::uint8_t> staging(staging_bytes);
     std::vector<io_range> ranges;
     ranges.reserve(runs_.size());
     std::vector<std::uint64_t> where(runs_.size());
@@ -138,6 +152,11 @@ class slice_reader {
     batch_options o;
     o.exact = true;
     const batch_result res = gdskit::transfer(io_direction::read, ranges, o);
+    // What this round held, measured from its containers (the transfer core's own state aside).
+    std::uint64_t held = staging.capacity() + runs_.capacity() * sizeof(run) + ranges.capacity() * sizeof(io_range) +
+                         where.capacity() * sizeof(std::uint64_t) + res.ranges.capacity() * sizeof(range_result);
+    for (const run& r : runs_) held += r.starts.capacity() * sizeof(std::uint64_t);
+    peak_held_ = std::max(peak_held_, held);
     for (std::size_t i = 0; i < res.ranges.size(); ++i) {
       const auto& rr = res.ranges[i];
       if (rr.ok()) continue;
@@ -158,12 +177,14 @@ class slice_reader {
       for (std::size_t k = 0; k < r.starts.size(); ++k) std::memcpy(packed + k * r.seg, span + r.starts[k], r.seg);
       if (!host_memory(r.out)) copy_into(r.out, 0, packed, r.out_bytes());
     }
-    runs_.clear();
+    runs_ = {};  // its room goes too: the next round may be a few large runs after many small ones
     staged_ = 0;
   }
 
   std::uint64_t bytes_read() const { return bytes_read_; }
   std::uint64_t requests() const { return requests_; }
+  /// The most memory one round held beyond the destinations: staging, segment offsets, ranges and results.
+  std::uint64_t peak_held() const { return peak_held_; }
 
  private:
   static std::uint64_t staged_bytes(const run& r) {
@@ -175,6 +196,7 @@ class slice_reader {
   std::uint64_t staged_ = 0;
   std::uint64_t bytes_read_ = 0;
   std::uint64_t requests_ = 0;
+  std::uint64_t peak_held_ = 0;
 };
 
 // Adds the runs of the slice `picks` (one per dimension) of the tensor at `tensor_offset` of `f`, of element
@@ -199,7 +221,12 @@ void add_slice(slice_reader& reader, const file_handle& f, std::uint64_t tensor_
   for (std::uint64_t i = 0; i < walk.count(); ++i) {
     const std::uint64_t off = tensor_offset + walk.next();
     const std::uint64_t end = current.offset + current.span;
-    if (open && off >= end && off - end <= k_gap_bytes && off + seg - current.offset <= reader.budget() / 2) {
+    // A run grows while it holds at most half the round's memory (its span, and a GPU's packed copy, plus its
+    // offsets once it has gaps), so that a round is never one run over the budget.
+    // (Offsets may hold twice the room they use, as a vector grows.)
+    const std::uint64_t grown = off + seg - current.offset;
+    if (open && off >= end && off - end <= k_gap_bytes &&
+        grown + (grown / seg + 1) * (2 * sizeof(std::uint64_t) + seg) + k_run_cost_bytes <= reader.budget() / 2) {
       if (off > end && current.starts.empty()) {
         // The first gap: the run so far becomes explicit segments.
         for (std::uint64_t s = 0; s < current.span; s += seg) current.starts.push_back(s);
@@ -232,6 +259,7 @@ std::vector<dim_pick> checked_picks(const std::vector<std::uint64_t>& shape,
 }  // namespace
 
 void register_slices(py::module_& m) {
+  m.attr("SLICE_MEMORY_BYTES") = k_default_staging_bytes;
   m.def(
       "read_slice",
       [](const file_object& file, std::uint64_t tensor_offset, const std::vector<std::uint64_t>& shape,
@@ -243,14 +271,15 @@ void register_slices(py::module_& m) {
         slice_reader reader(std::max<std::uint64_t>(staging_bytes, 2));
         add_slice(reader, *h, tensor_offset, shape, elem, p, view_for(ptr, nbytes, device));
         reader.flush();
-        return std::make_pair(reader.bytes_read(), reader.requests());
+        return std::make_tuple(reader.bytes_read(), reader.requests(), reader.peak_held());
       },
       py::arg("file"), py::arg("tensor_offset"), py::arg("shape"), py::arg("elem"), py::arg("picks"), py::arg("ptr"),
       py::arg("nbytes"), py::arg("device"), py::arg("staging_bytes") = k_default_staging_bytes,
       "Reads a slice of a tensor: picks [(start, count, step)] per dimension of its element shape, `elem` bytes "
       "per element, into memory at ptr (device -1: host) in C order. Ranges closer than a page are read as one "
-      "request through the gap, through at most about staging_bytes of host memory at a time; returns (bytes read, "
-      "requests).");
+      "request through the gap; the memory the read holds beyond the slice (staging and the ranges' bookkeeping) "
+      "stays within about staging_bytes. Returns (bytes read, requests, the most memory a round held beyond the "
+      "destination).");
 
   m.def(
       "read_slices",

@@ -18,6 +18,9 @@ namespace gdskit {
 
 namespace {
 
+// A checksummed range is moved whole through one staging slot (16 MiB at most, O_DIRECT cover included).
+constexpr std::size_t k_max_checksummed_bytes = (std::size_t{16} << 20) - (std::size_t{64} << 10);
+
 [[noreturn]] void bad_item(std::error_code ec, std::size_t i, const detail::batch_range* r, std::uint64_t offset,
                            std::size_t nbytes, const std::string& what) {
   throw error(ec, "batch", r != nullptr && r->file ? r->file->path.string() : std::string(),
@@ -40,7 +43,7 @@ void check_ranges(io_direction dir, std::span<const io_range> in, const batch_op
     const io_range& r = in[i];
     const std::size_t n = r.memory.nbytes;
     if (r.file == nullptr) bad_item(errno_code(EINVAL), i, nullptr, r.offset_bytes, n, "no file");
-    detail::batch_range br{file_access::shared(*r.file), r.offset_bytes, r.memory};
+    detail::batch_range br{file_access::shared(*r.file), r.offset_bytes, r.memory, r.crc32c};
     if (!br.file) bad_item(errno_code(EBADF), i, nullptr, r.offset_bytes, n, "the file handle is not open");
     const engine::open_file& f = *br.file;
     if (write ? f.mode == open_mode::read : f.mode == open_mode::write) {
@@ -53,6 +56,10 @@ void check_ranges(io_direction dir, std::span<const io_range> in, const batch_op
       bad_item(e.code(), i, &br, r.offset_bytes, n, "the range ends past the largest file offset (2^63 - 1)");
     }
     if (n > 0 && r.memory.data == nullptr) bad_item(errno_code(EFAULT), i, &br, r.offset_bytes, n, "null memory");
+    if (options.checksum != batch_checksum::none && n > k_max_checksummed_bytes) {
+      bad_item(errno_code(EINVAL), i, &br, r.offset_bytes, n,
+               fmt::format("a checksummed range is at most {} bytes", k_max_checksummed_bytes));
+    }
     if (!engine::host_memory(r.memory)) need_gpu(i, &br, r.offset_bytes, n);
     out.push_back(std::move(br));
   }
@@ -166,14 +173,26 @@ batch_future& batch_future::operator=(batch_future&& o) noexcept {
 bool batch_future::ready() const { return need(state_).ready(); }
 void batch_future::wait() const { need(state_).wait_ready(); }
 bool batch_future::wait_for(std::chrono::nanoseconds timeout) const {
-  return need(state_).wait_ready_until(std::chrono::steady_clock::now() +
-                                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout));
+  const detail::batch_state& s = need(state_);
+  using clock = std::chrono::steady_clock;
+  if (timeout <= std::chrono::nanoseconds::zero()) return s.ready();
+  const clock::time_point now = clock::now();
+  // A timeout past the clock's range (nanoseconds::max() for "forever") would overflow now + timeout into the
+  // past: it waits without one.
+  if (timeout >= clock::time_point::max() - now) {
+    s.wait_ready();
+    return true;
+  }
+  return s.wait_ready_until(now + std::chrono::duration_cast<clock::duration>(timeout));
 }
 int batch_future::fd() const { return need(state_).event_fd(); }
 bool batch_future::cancel() const {
   need(state_);
   if (state_->ready()) return false;
-  return state_->complete_rest(errno_code(ECANCELED)) > 0;
+  // Past its deadline a batch times out, whoever notices first.
+  const auto& dl = state_->options.deadline;
+  const bool late = dl && std::chrono::steady_clock::now() >= *dl;
+  return state_->complete_rest(errno_code(late ? ETIMEDOUT : ECANCELED)) > 0;
 }
 const batch_result& batch_future::get() const {
   need(state_).wait_ready();

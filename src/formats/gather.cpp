@@ -9,6 +9,7 @@
 
 #include "gdskit/error.hpp"
 #include "gdskit/gather.hpp"
+#include "gdskit/safetensors.hpp"
 
 namespace gdskit {
 
@@ -98,16 +99,17 @@ class dict_reader {
 
 std::size_t itemsize_of(const file_handle& f, const std::string& descr) {
   if (descr.size() < 2 || std::string_view("<>|=").find(descr[0]) == std::string_view::npos) {
-    bad(f, "dtype '" + descr.substr(0, 32) + "' is not a simple numpy type");
+    bad(f, "dtype '" + safetensors::printable_name(descr.substr(0, 32)) + "' is not a simple numpy type");
   }
   const char kind = descr[1];
   if (std::string_view("biufcSV").find(kind) == std::string_view::npos) {
-    bad(f, fmt::format("dtype kind '{}' is not supported (bool, integers, floats, complex, bytes)", kind));
+    bad(f, fmt::format("dtype kind '{}' is not supported (bool, integers, floats, complex, bytes)",
+                       safetensors::printable_name(std::string_view(&kind, 1))));
   }
   const std::string digits = descr.substr(2);
   if (digits.empty() || digits.size() > 9 ||
       !std::all_of(digits.begin(), digits.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; })) {
-    bad(f, "dtype '" + descr.substr(0, 32) + "' has no item size");
+    bad(f, "dtype '" + safetensors::printable_name(descr.substr(0, 32)) + "' has no item size");
   }
   const std::size_t n = std::stoul(digits);
   if (n == 0) bad(f, "dtype has item size 0");

@@ -121,7 +121,8 @@ class dom_builder final : public nlohmann::json_sax<nlohmann::json> {
     return true;
   }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
-    bad(source_, fmt::format("invalid JSON: {}", e.what()));
+    // The parser quotes the bytes it read last: C1 controls and bidirectional overrides pass the UTF-8 check.
+    bad(source_, fmt::format("invalid JSON: {}", printable_name(e.what())));
   }
 
  private:
@@ -290,7 +291,7 @@ header parse_header(const void* bytes, std::size_t nbytes, std::uint64_t file_nb
     nlohmann::json::sax_parse(json_begin, json_begin + end, &builder, nlohmann::json::input_format_t::json,
                               /*strict=*/true, /*ignore_comments=*/false);
   } catch (const nlohmann::json::exception& e) {
-    bad(source, fmt::format("invalid JSON: {}", e.what()));
+    bad(source, fmt::format("invalid JSON: {}", printable_name(e.what())));
   }
   if (!root.is_object()) bad(source, "header is not a JSON object");
 

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <system_error>
 #include <unordered_map>
 
+#include "formats/safetensors_index.hpp"
 #include "formats/safetensors_open.hpp"
 #include "formats/sha256.hpp"
 #include "gdskit/batch.hpp"
@@ -31,11 +33,8 @@ constexpr std::size_t k_host_alignment = 4096;
 // gathered through the staging buffer, since many tiny requests cost more than the bytes skipped between them.
 constexpr std::uint64_t k_direct_segment_bytes = std::uint64_t{256} << 10;
 
-[[noreturn]] void invalid(const std::string& what) { 
+[[noreturn]] void invalid(const std::string& what) {
   throw error(errno_code(EINVAL), "safetensors load: " + what);
-}
-[[noreturn]] void bad_index(const std::filesystem::path& p, const std::string& what) {
-  throw error(errno_code(EBADMSG), "safetensors index", p.string(), -1, 0, what);
 }
 
 std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
@@ -58,43 +57,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-bool matches(const std::string& entry, const std::string& name) {
-  if (entry.empty()) return false;
-  if (entry.back() == '*') return name.starts_with(std::string_view(entry).substr(0, entry.size() - 1));
-  if (entry.back() == '.') return name.starts_with(entry);
-  return name == entry;
-}
 
 bool ends_with(const std::string& s, std::string_view suffix) { return s.ends_with(suffix); }
-
-std::vector<shard> read_index(const std::filesystem::path& index) {
-  const std::string text = formats::read_small_file(index, max_header_bytes);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    bad_index(index, fmt::format("invalid JSON: {}", e.what()));
-  }
-  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
-    bad_index(index, "no \"weight_map\" object");
-  }
-  std::map<std::string, std::vector<std::string>> by_file;
-  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-    if (!it.value().is_string()) bad_index(index, fmt::format("weight_map entry \"{}\" is not a string", it.key()));
-    std::filesystem::path rel(it.value().get<std::string>());
-    if (rel.empty() || rel.is_absolute()) {
-      bad_index(index, fmt::format("weight_map entry \"{}\" names no relative file", it.key()));
-    }
-    for (const auto& part : rel) {
-      if (part == "..") bad_index(index, fmt::format("weight_map entry \"{}\" leaves the folder", it.key()));
-    }
-    by_file[rel.string()].push_back(it.key());
-  }
-  if (by_file.empty()) bad_index(index, "weight_map is empty");
-  std::vector<shard> out;
-  for (auto& [file, names] : by_file) out.push_back({index.parent_path() / file, std::move(names)});
-  return out;
-}
 
 // Where one selected tensor goes and which bytes of its file it needs.
 struct item {
@@ -200,13 +164,13 @@ std::string model::sha256_hex(const loaded_tensor& t) const {
 std::vector<shard> resolve_shards(const std::filesystem::path& path) {
   namespace fs = std::filesystem;
   // An index by name is read as one, even when it is not a file (EISDIR then, naming it).
-  if (ends_with(path.filename().string(), ".index.json")) return read_index(path);
+  if (ends_with(path.filename().string(), ".index.json")) return formats::read_index(path);
   std::error_code ec;
   const bool folder = fs::is_directory(path, ec);
   if (ec && ec != std::errc::no_such_file_or_directory) throw error(ec, "stat", path.string(), -1, 0);
   if (folder) {
     const fs::path preferred = path / "model.safetensors.index.json";
-    if (fs::exists(fs::symlink_status(preferred, ec))) return read_index(preferred);
+    if (fs::exists(fs::symlink_status(preferred, ec))) return formats::read_index(preferred);
     std::vector<fs::path> indexes, files;
     fs::directory_iterator it(path, ec), end;
     for (; !ec && it != end; it.increment(ec)) {
@@ -222,10 +186,11 @@ std::vector<shard> resolve_shards(const std::filesystem::path& path) {
       // Two indexes (say fp16 and fp32 variants) name different shards: loading every file would mix them.
       throw error(errno_code(EINVAL), "safetensors load", path.string(), -1, 0,
                   fmt::format("the folder has {} index files ({}, {}{}): name the one to load", indexes.size(),
-                              indexes[0].filename().string(), indexes[1].filename().string(),
+                              printable_name(indexes[0].filename().string()),
+                              printable_name(indexes[1].filename().string()),
                               indexes.size() > 2 ? ", ..." : ""));
     }
-    if (indexes.size() == 1) return read_index(indexes.front());
+    if (indexes.size() == 1) return formats::read_index(indexes.front());
     if (files.empty()) {
       throw error(errno_code(ENOENT), "safetensors load", path.string(), -1, 0,
                   "no *.safetensors or model.safetensors.index.json in this folder");
@@ -285,7 +250,9 @@ class selection {
   // Throws EINVAL for an `only` entry that matched no tensor of any shard.
   void check_every_entry_matched(const std::filesystem::path& path) const {
     for (std::size_t i = 0; i < only_.size(); ++i) {
-      if (!used_[i]) invalid(fmt::format("no tensor matches \"{}\" in {}", only_[i], path.string()));
+      if (!used_[i]) {
+        invalid(fmt::format("no tensor matches \"{}\" in {}", printable_name(only_[i]), printable_name(path.string())));
+      }
     }
   }
 
@@ -294,7 +261,7 @@ class selection {
     if (only_.empty()) return true;
     bool any = false;
     for (std::size_t i = 0; i < only_.size(); ++i) {
-      if (matches(only_[i], name)) any = used_[i] = true;
+      if (name_matches(only_[i], name)) any = used_[i] = true;
     }
     return any;
   }
@@ -315,8 +282,18 @@ struct shard_load {
   buffer_view view;
 };
 
-// Contiguous items merge into runs; each run starts at an address congruent to its file offset modulo 4 KiB,
-// so the O_DIRECT engine can read the aligned middle straight into place. Strided slices follow the runs.
+// The alignment a piece of `nbytes` gets in the allocation: a power of two no larger than the piece (so the
+// padding never exceeds the bytes it places: a file cannot make the allocation grow beyond about three times the
+// bytes selected, however it scatters them), at least as large as any element in it (elements are powers of
+// two no larger than the piece), at most `cap`.
+std::uint64_t placement_alignment(std::uint64_t nbytes, std::uint64_t cap) {
+  return std::min<std::uint64_t>(cap, std::bit_floor(std::max<std::uint64_t>(nbytes, 1)));
+}
+
+// Contiguous items merge into runs; each run starts at an address congruent to its file offset modulo 4 KiB
+// (modulo the run's own size rounded down to a power of two for runs under 4 KiB, which O_DIRECT does not read
+// into place anyway), so the O_DIRECT engine can read the aligned middle straight into place and every element
+// is as aligned in memory as in the file. Strided slices follow the runs.
 void lay_out(shard_load& s, std::uint64_t coalesce_gap_bytes) {
   std::sort(s.items.begin(), s.items.end(), [](const item& a, const item& b) {
     return a.info->file_offset_bytes + a.plan.first_offset < b.info->file_offset_bytes + b.plan.first_offset;
@@ -339,14 +316,15 @@ void lay_out(shard_load& s, std::uint64_t coalesce_gap_bytes) {
   }
   std::uint64_t cursor = 0;
   for (auto& r : s.runs) {
-    r.alloc_offset = align_up(cursor, k_host_alignment) + r.file_begin % k_host_alignment;
+    const std::uint64_t a = placement_alignment(r.file_end - r.file_begin, k_host_alignment);
+    r.alloc_offset = align_up(cursor, a) + r.file_begin % a;
     for (auto* it : r.items) {
       it->alloc_offset = r.alloc_offset + (it->info->file_offset_bytes + it->plan.first_offset - r.file_begin);
     }
     cursor = r.alloc_offset + (r.file_end - r.file_begin);
   }
   for (auto* it : s.strided) {
-    it->alloc_offset = align_up(cursor, 256);
+    it->alloc_offset = align_up(cursor, placement_alignment(it->plan.nbytes(), 256));
     cursor = it->alloc_offset + it->plan.nbytes();
   }
   s.nbytes = std::max<std::uint64_t>(cursor, 1);
@@ -517,6 +495,11 @@ buffer_view allocate(model::storage_impl& st, std::uint64_t nbytes, const load_o
 
 model load(const std::filesystem::path& path, const load_options& options) {
   const auto t_start = steady_clock::now();
+  // Before any file or allocation: a framework's allocate callback would fail with an error of its own.
+  if (std::string why; options.device >= 0 && !gpu_available(&why)) {
+    throw error(errno_code(ENODEV), "safetensors load", path.string(), -1, 0,
+                fmt::format("cuda:{}: no usable GPU: {}", options.device, why));
+  }
   const auto shards = resolve_shards(path);
   std::vector<shard_load> loads(shards.size());
   selection select(options.only);
@@ -634,7 +617,7 @@ load_stats load_into(const std::filesystem::path& path, const std::map<std::stri
   std::vector<std::pair<const tensor_info*, slice_plan>> work;
   for (const auto& [name, dst] : destinations) {
     const auto* t = h.find(name);
-    if (t == nullptr) invalid(fmt::format("{} has no tensor \"{}\"", path.string(), printable_name(name)));
+    if (t == nullptr) invalid(fmt::format("{} has no tensor \"{}\"", printable_name(path.string()), printable_name(name)));
     auto plan = plan_slice(*t, options.slice);
     if (dst.nbytes < plan.nbytes()) {
       invalid(fmt::format("destination of \"{}\" holds {} bytes; the tensor needs {}", printable_name(name), dst.nbytes,

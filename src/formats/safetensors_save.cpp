@@ -6,9 +6,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <charconv>
 #include <exception>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <sys/stat.h>
@@ -16,6 +18,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/json_bounded.hpp"
+#include "formats/safetensors_open.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
 #include "gdskit/safetensors.hpp"
@@ -118,13 +122,13 @@ void append_json_string(std::string& out, std::string_view s) {
 std::uint64_t expected_nbytes(const save_tensor& t) {
   std::uint64_t numel = 1;
   for (auto d : t.shape) {
-    if (d != 0 && numel > UINT64_MAX / d) invalid(fmt::format("tensor \"{}\": the shape overflows", t.name));
+    if (d != 0 && numel > UINT64_MAX / d) invalid(fmt::format("tensor \"{}\": the shape overflows", printable_name(t.name)));
     numel *= d;
   }
   const unsigned bits = bits_of(t.dtype);
-  if (numel > UINT64_MAX / bits) invalid(fmt::format("tensor \"{}\": the shape overflows", t.name));
+  if (numel > UINT64_MAX / bits) invalid(fmt::format("tensor \"{}\": the shape overflows", printable_name(t.name)));
   if (numel * bits % 8 != 0) {
-    invalid(fmt::format("tensor \"{}\": {} elements of {} are not a whole number of bytes", t.name, numel,
+    invalid(fmt::format("tensor \"{}\": {} elements of {} are not a whole number of bytes", printable_name(t.name), numel,
                         to_string(t.dtype)));
   }
   return numel * bits / 8;
@@ -140,8 +144,8 @@ void check_cancel(const file_handle& f, const save_options& o) {
 buffer_view next_view(const save_tensor& t, std::uint64_t off) {
   const buffer_view v = t.source(off);
   if (v.data == nullptr || v.nbytes == 0 || v.nbytes > t.data.nbytes - off) {
-    invalid(fmt::format("tensor \"{}\": its source returned {} bytes at offset {} of {}", t.name, v.nbytes, off,
-                        t.data.nbytes));
+    invalid(fmt::format("tensor \"{}\": its source returned {} bytes at offset {} of {}", printable_name(t.name),
+                        v.nbytes, off, t.data.nbytes));
   }
   return v;
 }
@@ -255,46 +259,62 @@ pending_file open_pending(const std::filesystem::path& path, std::vector<save_te
 // checkpoints. So before the first rename, the shards of the existing index that are about to be replaced get a
 // second name (a hard link, "<file>.gdskit-old"), and the existing index is republished pointing at those names:
 // at every instant the index in the folder names a complete checkpoint, old or new. Returns the links, which
-// the caller removes once the new index is published.
+// the caller removes once the new index is published. The old index is text from outside: it is read as any
+// index is (a regular file, bounded size and nesting), and one that cannot be read so is removed rather than
+// left naming files that are about to change. A failure before the old index is republished removes the links
+// made so far (the old index still names the original files).
 std::vector<std::filesystem::path> protect_old_checkpoint(const std::filesystem::path& index,
                                                           const std::vector<std::filesystem::path>& targets) {
   std::vector<std::filesystem::path> links;
   std::error_code ec;
   if (!std::filesystem::is_regular_file(index, ec)) return links;
   const auto folder = index.parent_path();
-  nlohmann::ordered_json j;
+  std::optional<nlohmann::ordered_json> j;
   try {
-    std::ifstream in(index, std::ios::binary);
-    j = nlohmann::ordered_json::parse(in);
-  } catch (const nlohmann::json::exception&) {
-    j = nullptr;
+    std::string why;
+    j = parse_json_bounded<nlohmann::ordered_json>(formats::read_small_file(index, max_header_bytes),
+                                                   max_index_json_depth, why);
+  } catch (const error&) {
+    j.reset();  // vanished, replaced by something that is not a regular file, or too large
   }
-  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
-    // An index we cannot read: remove it rather than leave it naming files that are about to change.
+  if (!j || !j->is_object() || !j->contains("weight_map") || !(*j)["weight_map"].is_object()) {
     if (posix::sys().unlink(index.c_str()) != 0) throw error(errno_code(errno), "remove", index.string(), -1, 0);
     posix::sync_folder(folder);
     return links;
   }
+  struct undo_links {
+    std::vector<std::filesystem::path>& links;
+    bool armed = true;
+    ~undo_links() {
+      if (!armed) return;
+      for (const auto& l : links) posix::sys().unlink(l.c_str());
+    }
+  } undo{links};
+  const std::set<std::filesystem::path> replaced(targets.begin(), targets.end());
   std::map<std::string, std::string> renamed;
-  for (auto& [name, file] : j["weight_map"].items()) {
+  for (auto& [name, file] : (*j)["weight_map"].items()) {
     if (!file.is_string()) continue;
     const std::string f = file.get<std::string>();
     const auto p = folder / f;
-    if (std::find(targets.begin(), targets.end(), p) == targets.end() || !std::filesystem::exists(p, ec)) continue;
+    if (!replaced.contains(p) || !std::filesystem::exists(p, ec)) continue;
     auto it = renamed.find(f);
     if (it == renamed.end()) {
       const std::string alias = f + ".gdskit-old";
       const auto alias_path = folder / alias;
       posix::sys().unlink(alias_path.c_str());
       if (posix::sys().link(p.c_str(), alias_path.c_str()) != 0) {
-        throw error(errno_code(errno), "link", p.string(), -1, 0, fmt::format("to {}", alias_path.string()));
+        throw error(errno_code(errno), "link", p.string(), -1, 0, fmt::format("to {}", printable_name(alias_path.string())));
       }
       links.push_back(alias_path);
       it = renamed.emplace(f, alias).first;
     }
     file = it->second;
   }
-  if (!links.empty()) posix::atomic_write_file(index, j.dump(2) + "\n", 0644, true);
+  if (!links.empty()) {
+    posix::atomic_write_file(index, j->dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n",
+                             0644, true);
+  }
+  undo.armed = false;
   return links;
 }
 
@@ -314,20 +334,21 @@ save_layout plan_save(const std::vector<save_tensor>& tensors, const std::option
     if (t.name.empty()) invalid("a tensor has an empty name");
     if (t.name == "__metadata__") invalid("\"__metadata__\" is reserved and cannot name a tensor");
     if (!valid_utf8(t.name)) invalid("a tensor name is not valid UTF-8");
-    if (!names.insert(t.name).second) invalid(fmt::format("two tensors are called \"{}\"", t.name));
-    if (t.shape.size() > max_rank) invalid(fmt::format("tensor \"{}\" has more than {} dimensions", t.name, max_rank));
+    const std::string shown = printable_name(t.name);  // names may come from a file (gdskit load --save)
+    if (!names.insert(t.name).second) invalid(fmt::format("two tensors are called \"{}\"", shown));
+    if (t.shape.size() > max_rank) invalid(fmt::format("tensor \"{}\" has more than {} dimensions", shown, max_rank));
     const std::uint64_t want = expected_nbytes(t);
     if (t.data.nbytes != want) {
-      invalid(fmt::format("tensor \"{}\": {} {} of shape [{}] needs {} bytes, the buffer has {}", t.name, want,
+      invalid(fmt::format("tensor \"{}\": {} {} of shape [{}] needs {} bytes, the buffer has {}", shown, want,
                           to_string(t.dtype), fmt::join(t.shape, ", "), want, t.data.nbytes));
     }
-    if (want > 0 && t.data.data == nullptr && !t.source) invalid(fmt::format("tensor \"{}\" has no data pointer", t.name));
+    if (want > 0 && t.data.data == nullptr && !t.source) invalid(fmt::format("tensor \"{}\" has no data pointer", shown));
   }
   if (metadata) {
     std::set<std::string_view> keys;
     for (const auto& [k, v] : *metadata) {
       if (!valid_utf8(k) || !valid_utf8(v)) invalid("a metadata key or value is not valid UTF-8");
-      if (!keys.insert(k).second) invalid(fmt::format("metadata key \"{}\" given twice", k));
+      if (!keys.insert(k).second) invalid(fmt::format("metadata key \"{}\" given twice", printable_name(k)));
     }
   }
   l.order.resize(tensors.size());
@@ -399,10 +420,10 @@ void check_save_target(const std::filesystem::path& path, bool overwrite) {
   if (::stat(folder.c_str(), &st) != 0) {
     const int e = errno;
     throw error(errno_code(e), "save", path.string(), -1, 0,
-                e == ENOENT ? fmt::format("its folder {} does not exist", folder.string()) : "its folder");
+                e == ENOENT ? fmt::format("its folder {} does not exist", printable_name(folder.string())) : "its folder");
   }
   if (!S_ISDIR(st.st_mode)) {
-    throw error(errno_code(ENOTDIR), "save", path.string(), -1, 0, fmt::format("{} is not a folder", folder.string()));
+    throw error(errno_code(ENOTDIR), "save", path.string(), -1, 0, fmt::format("{} is not a folder", printable_name(folder.string())));
   }
   if (::lstat(path.c_str(), &st) != 0) return;  // a new name
   if (S_ISDIR(st.st_mode)) throw error(errno_code(EISDIR), "save", path.string(), -1, 0, "a folder, not a file");
@@ -476,9 +497,16 @@ std::optional<std::uint64_t> parse_shard_size(std::string_view text) {
   if (s.find_first_not_of("0123456789.") != std::string::npos || std::count(s.begin(), s.end(), '.') > 1) {
     return std::nullopt;
   }
-  if (mult == 1 && s.find('.') != std::string::npos) return std::nullopt;
+  if (mult == 1) {
+    // Plain bytes: exact, up to 2^64 - 1.
+    std::uint64_t n = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+    if (ec != std::errc{} || end != s.data() + s.size() || n == 0) return std::nullopt;
+    return n;
+  }
+  // Byte counts are 64-bit: a size of 2^64 bytes or more (or less than one byte) is no size.
   const double v = std::strtod(s.c_str(), nullptr) * mult;
-  if (!(v >= 1) || v > 1.8e19) return std::nullopt;
+  if (!(v >= 1) || !(v < 18446744073709551616.0)) return std::nullopt;
   return static_cast<std::uint64_t>(v);
 }
 

@@ -26,6 +26,7 @@
 #include "engine/thread_pool.hpp"
 #include "engine/transfer/core.hpp"
 #include "engine/transfer/stream_route.hpp"
+#include "gdskit/checksum.hpp"
 #include "gdskit/error.hpp"
 #include "posix/anon_memory.hpp"
 #include "posix/syscalls.hpp"
@@ -45,12 +46,12 @@ std::uint64_t align_up(std::uint64_t v, std::size_t a) { return (v + a - 1) / a 
 
 // ---- staging memory ----------------------------------------------------------------------------------------
 
-// Slots of 4 KiB << k carved from chunks of 8 MiB, kept per size on free lists. Chunks come from the group
+// Slots of 4 KiB << k carved from chunks of 16 MiB, kept per size on free lists. Chunks come from the group
 // copier (pinned, for GPU memory) or anonymous memory (host bounces), and go back when the driver ends.
 class staging {
  public:
-  static constexpr std::size_t k_chunk = std::size_t{8} << 20;
-  static constexpr unsigned k_classes = 12;  // 4 KiB .. 8 MiB
+  static constexpr std::size_t k_chunk = std::size_t{16} << 20;
+  static constexpr unsigned k_classes = 13;  // 4 KiB .. 16 MiB
 
   explicit staging(group_copier* device) : device_(device) {}
   ~staging() {
@@ -66,7 +67,7 @@ class staging {
     while ((k_block << k) < nbytes) ++k;
     return k;
   }
-  // A slot of at least `nbytes` (<= 8 MiB), 4 KiB aligned; nullptr when no chunk can be had.
+  // A slot of at least `nbytes` (<= 16 MiB), 4 KiB aligned; nullptr when no chunk can be had.
   std::byte* take(std::size_t nbytes) {
     const unsigned k = class_of(nbytes);
     auto& list = free_[k];
@@ -132,6 +133,8 @@ struct request {
   bool to_device = false;    // the ranges' memory is GPU memory (copies through the group copier)
   std::vector<delivery> parts;
   std::vector<std::uint8_t> claimed;  // reads to GPU memory: the parts whose copies were queued under a claim
+  std::vector<std::uint32_t> crcs;     // checksummed reads: each part's CRC32C
+  std::uint32_t crc = 0;               // checksummed writes (one range): the CRC32C of the bytes written
   std::error_code ec;
   bool eof = false;
   std::chrono::steady_clock::time_point issued{};  // first submission to the kernel
@@ -221,11 +224,23 @@ class thread_executor final : public executor {
   void wait(std::vector<request*>& out) override {
     for (;;) {
       {
-        std::lock_guard lock(st_->mutex);
+        std::unique_lock lock(st_->mutex);
         if (!st_->finished.empty()) {
           inflight_ -= st_->finished.size();
           out.insert(out.end(), st_->finished.begin(), st_->finished.end());
           st_->finished.clear();
+          return;
+        }
+        if (st_->started == 0 && !st_->queue.empty()) {
+          // The workers are jobs of the shared pool, and no thread of it has taken one yet: the drivers of other
+          // batches may hold every thread, each waiting like this one. The driver runs a request itself, so that
+          // every batch moves however busy the pool is.
+          request* r = st_->queue.front();
+          st_->queue.pop_front();
+          lock.unlock();
+          run_one(*r);
+          --inflight_;
+          out.push_back(r);
           return;
         }
       }
@@ -260,9 +275,25 @@ class thread_executor final : public executor {
     std::vector<request*> finished;
     bool closing = false;
     unsigned workers = 0;
+    unsigned started = 0;  // workers that got a thread of the pool
     int wake_fd = -1;
   };
+  // Moves a request's bytes until it is finished (short transfers continued, EINTR retried).
+  static void run_one(request& r) {
+    for (;;) {
+      const std::size_t left = r.io_nbytes - r.done;
+      const auto at = static_cast<off_t>(r.io_offset + r.done);
+      const ssize_t n = r.write ? posix::sys().pwrite(r.fd, r.buf + r.done, left, at)
+                                : posix::sys().pread(r.fd, r.buf + r.done, left, at);
+      if (n < 0 && errno == EINTR) continue;
+      if (account(r, n < 0 ? -errno : static_cast<int>(n))) return;
+    }
+  }
   static void work(shared& s) {
+    {
+      std::lock_guard lock(s.mutex);
+      ++s.started;
+    }
     for (;;) {
       request* r = nullptr;
       {
@@ -272,18 +303,11 @@ class thread_executor final : public executor {
         r = s.queue.front();
         s.queue.pop_front();
       }
-      while (true) {
-        std::error_code ec;
-        const std::size_t left = r->io_nbytes - r->done;
-        const ssize_t n = r->write ? posix::sys().pwrite(r->fd, r->buf + r->done, left, static_cast<off_t>(r->io_offset + r->done))
-                                   : posix::sys().pread(r->fd, r->buf + r->done, left, static_cast<off_t>(r->io_offset + r->done));
-        if (n < 0 && errno == EINTR) continue;
-        if (account(*r, n < 0 ? -errno : static_cast<int>(n))) break;
-      }
-      {
-        std::lock_guard lock(s.mutex);
-        s.finished.push_back(r);
-      }
+      run_one(*r);
+      std::lock_guard lock(s.mutex);
+      s.finished.push_back(r);
+      // Still under the lock: once the driver has taken the request it may end and close the descriptor (whose
+      // number may then be another file's).
       const std::uint64_t one = 1;
       (void)!::write(s.wake_fd, &one, sizeof one);
     }
@@ -506,8 +530,14 @@ class uring_executor final : public executor {
 
 struct split_state {
   std::size_t parts_left = 0;
-  std::size_t eof_at = SIZE_MAX;  // first byte of the range past end of file
+  // First byte of the range past end of file: where the size at the start of the batch clipped it, lowered by
+  // a part that came back short.
+  std::size_t eof_at = SIZE_MAX;
   std::size_t moved = 0;
+  // Parts whose bytes are being delivered into the range (copies to GPU memory under way): its one claim is held
+  // while any is, and given back (or the range finished) with the last of them.
+  unsigned claims = 0;
+  std::error_code ec;  // the first part that failed: the range fails once no copy of it is under way
 };
 
 class planner_cursor {
@@ -549,6 +579,8 @@ class planner_cursor {
     const auto& r = range(i);
     const open_file& f = *r.file;
     if (!host_memory(r.memory) || !f.choice.direct) return false;
+    // A checksummed read is checked in staging before it may touch the caller's memory.
+    if (!write && b_.options.checksum != batch_checksum::none) return false;
     const std::size_t a = f.choice.alignment;
     return r.offset % a == 0 && r.memory.nbytes % a == 0 && reinterpret_cast<std::uintptr_t>(r.memory.data) % a == 0 &&
            (write || r.memory.nbytes > 0);
@@ -571,6 +603,10 @@ class planner_cursor {
     }
     if (in_place(first, write) && len == r0.memory.nbytes && len % f.choice.alignment == 0) {
       split_in_place(first, len, splits);
+      return;
+    }
+    if (b_.options.checksum != batch_checksum::none && (write || len > max_request_)) {
+      whole_staged(first, len, write);
       return;
     }
     if (len > max_request_ || write) {
@@ -616,8 +652,11 @@ class planner_cursor {
     std::uint64_t pos = r.offset;
     const std::uint64_t end = r.offset + len;
     std::size_t parts = 0;
+    // A checksummed range is one request: its checksum covers all of it.
+    const bool whole = b_.options.checksum != batch_checksum::none;
     while (pos < end) {
-      const std::uint64_t stop = std::min<std::uint64_t>(end, align_down(pos, max_request_) + max_request_);
+      const std::uint64_t stop =
+          whole ? end : std::min<std::uint64_t>(end, align_down(pos, max_request_) + max_request_);
       request q = make(f, write, pos, static_cast<std::size_t>(stop - pos));
       const std::size_t at = static_cast<std::size_t>(pos - r.offset);
       q.parts.push_back({i, at, 0, q.nbytes});
@@ -635,7 +674,17 @@ class planner_cursor {
       ++parts;
       pos = stop;
     }
-    mark_split(i, parts, splits);
+    mark_split(i, parts, len, splits);
+  }
+
+  // A checksummed range that cannot be joined with others: one request for all of it, through one staging slot
+  // (a write that is not block-aligned goes whole through the page cache).
+  void whole_staged(std::size_t i, std::size_t len, bool write) {
+    const auto& r = range(i);
+    request q = make(*r.file, write, r.offset, len);
+    q.parts.push_back({i, 0, 0, len});
+    finish_staged(q);
+    pending_.push_back(std::move(q));
   }
 
   // A long range, or any write: pieces of at most a request, each through staging. A write's partial blocks
@@ -662,13 +711,17 @@ class planner_cursor {
       finish_staged(q);
       pending_.push_back(std::move(q));
     }
-    mark_split(i, cuts.size(), splits);
+    mark_split(i, cuts.size(), len, splits);
   }
 
-  void mark_split(std::size_t i, std::size_t parts, std::unordered_map<std::size_t, split_state>& splits) {
+  // `len`: the bytes of the range the parts cover (a read clipped at the end of the file covers fewer than its
+  // memory holds, and must not count the rest as read).
+  void mark_split(std::size_t i, std::size_t parts, std::size_t len,
+                  std::unordered_map<std::size_t, split_state>& splits) {
     if (parts <= 1) return;
     for (std::size_t k = pending_.size() - parts; k < pending_.size(); ++k) pending_[k].split = true;
     splits[i].parts_left = parts;
+    splits[i].eof_at = len;
   }
 
   // Decides descriptor and kernel range of a request that goes through staging.
@@ -838,7 +891,11 @@ class driver {
     for (const auto& p : r.parts) {
       if (p.range_off == 0) (r.to_device ? b_.routed_staged : b_.routed_host).fetch_add(1, std::memory_order_relaxed);
     }
-    if (!r.staged) return true;
+    if (!r.staged) {
+      // In place: a checksummed write's bytes are the caller's (one request for the whole range).
+      if (r.write && checksummed()) r.crc = crc32c(r.buf, r.nbytes);
+      return true;
+    }
     r.buf = staging_.take(r.io_nbytes);
     if (r.buf == nullptr) {
       fail_parts(r, errno_code(ENOMEM));
@@ -853,12 +910,15 @@ class driver {
         return false;
       }
       const auto& mem = b_.ranges[p.range].memory;
-      std::memcpy(r.buf + (r.offset - r.io_offset) + p.req_off, static_cast<const std::byte*>(mem.data) + p.range_off,
-                  p.nbytes);
+      std::byte* at = r.buf + (r.offset - r.io_offset) + p.req_off;
+      std::memcpy(at, static_cast<const std::byte*>(mem.data) + p.range_off, p.nbytes);
+      if (checksummed()) r.crc = crc32c(at, p.nbytes);
       b_.unclaim(p.range);
     }
     return true;
   }
+
+  bool checksummed() const { return b_.options.checksum != batch_checksum::none; }
 
   void start(request* r) {
     if (r->issued == std::chrono::steady_clock::time_point{}) r->issued = std::chrono::steady_clock::now();
@@ -895,7 +955,7 @@ class driver {
       return;
     }
     if (r.write) {
-      for (const auto& p : r.parts) part_done(p, p.nbytes, r);
+      for (const auto& p : r.parts) part_done(p, p.nbytes, r, false, r.crc);
       release(r);
       return;
     }
@@ -909,10 +969,12 @@ class driver {
     const std::size_t head = static_cast<std::size_t>(r.offset - r.io_offset);
     bool queued = false;
     r.claimed.assign(r.parts.size(), 0);
+    r.crcs.assign(r.parts.size(), 0);
     for (std::size_t k = 0; k < r.parts.size(); ++k) {
       const delivery& p = r.parts[k];
       const std::size_t n = std::min(p.nbytes, got > p.req_off ? got - p.req_off : 0);
-      if (n == 0 || !b_.claim(p.range)) {
+      if (checksummed() && !verified(r, k, n)) continue;
+      if (n == 0 || !claim_part(p.range)) {
         if (n == 0) part_done(p, 0, r);
         continue;
       }
@@ -924,7 +986,7 @@ class driver {
         continue;
       }
       std::memcpy(static_cast<std::byte*>(mem.data) + p.range_off, r.buf + head + p.req_off, n);
-      part_done(p, n, r, true);
+      part_done(p, n, r, true, r.crcs[k]);
     }
     if (queued) {
       group_.push_back(&r);
@@ -933,8 +995,43 @@ class driver {
     release(r);
   }
 
-  // One part of a range is over with `n` of its bytes moved; `claimed` when the caller holds the range's claim.
-  void part_done(const delivery& p, std::size_t n, const request& r, bool claimed = false) {
+  // Checks part k of a checksummed read in staging: true when its `n` bytes are the whole range and match the
+  // range's checksum; otherwise the range completes here (ENODATA short, EBADMSG different) and nothing of it is
+  // delivered.
+  bool verified(request& r, std::size_t k, std::size_t n) {
+    const delivery& p = r.parts[k];
+    const std::size_t head = static_cast<std::size_t>(r.offset - r.io_offset);
+    const std::uint32_t c = crc32c(r.buf + head + p.req_off, n);
+    r.crcs[k] = c;
+    const double latency = std::chrono::duration<double>(std::chrono::steady_clock::now() - r.issued).count();
+    if (n < b_.ranges[p.range].memory.nbytes) {
+      b_.complete(p.range, n, errno_code(ENODATA), latency, c);
+      return false;
+    }
+    if (c != b_.ranges[p.range].crc32c) {
+      b_.checksum_mismatches.fetch_add(1, std::memory_order_relaxed);
+      b_.complete(p.range, 0, errno_code(EBADMSG), latency, c);
+      return false;
+    }
+    return true;
+  }
+
+  // Takes range `i`'s claim for the delivery of one part. The parts of a split range share the claim: a part
+  // whose copy starts while another's is under way joins it instead of being refused.
+  bool claim_part(std::size_t i) {
+    const auto it = splits_.find(i);
+    if (it != splits_.end() && it->second.claims > 0) {
+      ++it->second.claims;
+      return true;
+    }
+    if (!b_.claim(i)) return false;
+    if (it != splits_.end()) it->second.claims = 1;
+    return true;
+  }
+
+  // One part of a range is over with `n` of its bytes moved; `claimed` when it was delivered under claim_part();
+  // `crc` the range's checksum (checksummed batches, whose ranges are one part each).
+  void part_done(const delivery& p, std::size_t n, const request& r, bool claimed = false, std::uint32_t crc = 0) {
     const double latency = r.issued == std::chrono::steady_clock::time_point{} ? 0.0
         : std::chrono::duration<double>(std::chrono::steady_clock::now() - r.issued).count();
     const std::size_t want = p.nbytes;
@@ -947,23 +1044,36 @@ class driver {
       if (b_.dir == io_direction::read && moved < mem.nbytes && b_.options.exact) ec = errno_code(ENODATA);
       (void)want;
       if (claimed) {
-        b_.finish(p.range, moved, ec, latency);
+        b_.finish(p.range, moved, ec, latency, crc);
       } else {
-        b_.complete(p.range, moved, ec, latency);
+        b_.complete(p.range, moved, ec, latency, crc);
       }
       return;
     }
     split_state& s = it->second;
     s.moved += n;
     if (n < want) s.eof_at = std::min(s.eof_at, p.range_off + n);
+    if (claimed) --s.claims;
     if (--s.parts_left > 0) {
-      if (claimed) b_.unclaim(p.range);
+      if (claimed && s.claims == 0) {
+        if (s.ec) {
+          const std::error_code failed = s.ec;
+          splits_.erase(it);
+          b_.finish(p.range, 0, failed, latency);
+        } else {
+          b_.unclaim(p.range);
+        }
+      }
       return;
     }
     const auto& mem = b_.ranges[p.range].memory;
-    const std::size_t moved = std::min(s.eof_at, mem.nbytes);
-    std::error_code ec;
-    if (b_.dir == io_direction::read && moved < mem.nbytes && b_.options.exact) ec = errno_code(ENODATA);
+    std::size_t moved = std::min(s.eof_at, mem.nbytes);
+    std::error_code ec = s.ec;
+    if (ec) {
+      moved = 0;
+    } else if (b_.dir == io_direction::read && moved < mem.nbytes && b_.options.exact) {
+      ec = errno_code(ENODATA);
+    }
     splits_.erase(it);
     if (claimed) {
       b_.finish(p.range, moved, ec, latency);
@@ -972,11 +1082,27 @@ class driver {
     }
   }
 
-  void fail_parts(request& r, std::error_code ec) {
-    for (const auto& p : r.parts) {
-      splits_.erase(p.range);
+  // One part of a range failed with `ec`; `claimed` as for part_done. A split range whose other parts are being
+  // copied into its memory fails once those copies have landed, never while they may still land.
+  void part_failed(const delivery& p, std::error_code ec, bool claimed) {
+    auto it = splits_.find(p.range);
+    if (it != splits_.end()) {
+      split_state& s = it->second;
+      if (!s.ec) s.ec = ec;
+      if (claimed) --s.claims;
+      --s.parts_left;
+      if (s.claims > 0) return;
+      splits_.erase(it);
+    }
+    if (claimed) {
+      b_.finish(p.range, 0, ec);
+    } else {
       b_.complete(p.range, 0, ec);
     }
+  }
+
+  void fail_parts(request& r, std::error_code ec) {
+    for (const auto& p : r.parts) part_failed(p, ec, false);
   }
 
   void release(request& r) {
@@ -1028,6 +1154,7 @@ class driver {
           } else if (b_.stopping()) {
             release(*r);
           } else {
+            if (checksummed()) r->crc = crc32c(r->buf + (r->offset - r->io_offset), r->nbytes);
             ready_writes_.push_back(r);
           }
           continue;
@@ -1039,10 +1166,9 @@ class driver {
           if (r->claimed[k] == 0) continue;
           const std::size_t n = std::min(p.nbytes, got > p.req_off ? got - p.req_off : 0);
           if (ec) {
-            splits_.erase(p.range);
-            b_.finish(p.range, 0, ec);
+            part_failed(p, ec, true);
           } else {
-            part_done(p, n, *r, true);
+            part_done(p, n, *r, true, r->crcs.empty() ? 0 : r->crcs[k]);
           }
         }
         release(*r);
