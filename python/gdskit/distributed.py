@@ -35,9 +35,9 @@ ROW = ("split", 1)      # row parallel: input features (columns of the weight) s
 NODE_ENV = "GDSKIT_NODE"  # overrides the host name as the node identity (tests simulate several nodes)
 
 # Segments of a strided slice below this size are read by the single-process loader through a window that
-# spans the neighbouring ranks' bytes (src/formats/safetensors_load.cpp, k_direct_segment_bytes). When several
-# ranks of a node need different slices of such a tensor, one rank reads the whole tensor and broadcasts it.
-_DIRECT_SEGMENT_BYTES = 256 << 10
+# spans the neighbouring ranks' bytes (the loader's own figure). When several ranks of a node need different
+# slices of such a tensor, one rank reads the whole tensor and broadcasts it.
+_DIRECT_SEGMENT_BYTES = _gdskit.LOAD_DIRECT_SEGMENT_BYTES
 
 _last_stats: dict = {}
 _subgroups: dict = {}

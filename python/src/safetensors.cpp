@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "bindings.hpp"
+#include "formats/safetensors_load.hpp"
 #include "gdskit/error.hpp"
 
 namespace gdskit::python {
@@ -145,6 +146,7 @@ void register_safetensors(py::module_& m) {
 
   // Distributed load: the loader's rules for names, rows and byte ranges, so the planner of the ranks uses the
   // same ones.
+  m.attr("LOAD_DIRECT_SEGMENT_BYTES") = formats::direct_segment_bytes;
   m.def("name_matches", &st::name_matches, py::arg("entry"), py::arg("name"),
         "Whether an only= entry selects the tensor called name: the name itself, or a prefix ending in '.' or "
         "'*' ('*' removed).");

@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "formats/safetensors_index.hpp"
+#include "formats/safetensors_load.hpp"
 #include "formats/safetensors_open.hpp"
 #include "formats/sha256.hpp"
 #include "gdskit/batch.hpp"
@@ -29,9 +30,7 @@ namespace gdskit::safetensors {
 namespace {
 
 constexpr std::size_t k_host_alignment = 4096;
-// Strided segments at least this large are read one by one straight into their destination; smaller ones are
-// gathered through the staging buffer, since many tiny requests cost more than the bytes skipped between them.
-constexpr std::uint64_t k_direct_segment_bytes = std::uint64_t{256} << 10;
+constexpr std::uint64_t k_direct_segment_bytes = formats::direct_segment_bytes;
 
 [[noreturn]] void invalid(const std::string& what) {
   throw error(errno_code(EINVAL), "safetensors load: " + what);
