@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine: the transfer core's tests and benchmarks in one go, from binaries scripts/gpu-pack.sh built
 # (.carry/bin, .carry/lib) and the RAM-backed loop device script copied to .carry/tools/fastdisk.sh.
-#   scripts/gpu-batch-run.sh OUT_DIR [SECONDS_PER_RUN]
+#   scripts/gpu-batch-run.sh OUT_DIR [SECONDS_PER_RUN]      WHAT=tests|bench|all|seq (default all)
 # Logs go to OUT_DIR; a summary prints last. Measures on the loop device and on the machine's own disk.
 set -uo pipefail
 out=$1
@@ -27,15 +27,20 @@ slow=/var/tmp/gdskit-gpu
 mkdir -p "$slow"
 echo "fast disk: $fast; virtual disk: $slow" >> "$summary"
 
-# The Python extension, compiled here against this machine's Python and the carried library.
+# The Python extension, compiled here against this machine's Python and a carried library:
+#   build_ext NAME SOURCE_TREE LIB_DIR OUT_DIR
+build_ext() {
+  local name=$1 tree=$2 lib=$3 dst=$4
+  mkdir -p "$dst"
+  cp -r "$tree/python/gdskit" "$dst/"
+  step "$name" 300 bash -c "g++ -O2 -std=c++20 -shared -fPIC -I$tree/include -I$lib/../include -I$tree/src \
+      -I\$(python3 -c 'import sysconfig;print(sysconfig.get_paths()[\"include\"])') \
+      -I\$(python3 -c 'import pybind11;print(pybind11.get_include())') -DGDSKIT_VERSION_TEXT='\"0.1.0\"' \
+      $tree/python/src/*.cpp $lib/libgdskit.a \$(ls $lib/liburing.a 2>/dev/null) -ldl -lpthread \
+      -o $dst/gdskit/_gdskit\$(python3 -c 'import sysconfig;print(sysconfig.get_config_var(\"EXT_SUFFIX\"))')"
+}
 py=/tmp/gdskit-py
-mkdir -p "$py"
-cp -r python/gdskit "$py/"
-step python_build 300 bash -c "g++ -O2 -std=c++20 -shared -fPIC -Iinclude -I$carry/include -Isrc \
-    -I\$(python3 -c 'import sysconfig;print(sysconfig.get_paths()[\"include\"])') \
-    -I\$(python3 -c 'import pybind11;print(pybind11.get_include())') -DGDSKIT_VERSION_TEXT='\"0.1.0\"' \
-    python/src/*.cpp $carry/lib/libgdskit.a \$(ls $carry/lib/liburing.a 2>/dev/null) -ldl -lpthread \
-    -o $py/gdskit/_gdskit\$(python3 -c 'import sysconfig;print(sysconfig.get_config_var(\"EXT_SUFFIX\"))')"
+build_ext python_build . "$carry/lib" "$py"
 
 if [ "${WHAT:-all}" = all ] || [ "${WHAT:-}" = tests ]; then
   step unit_batch 300 env TMPDIR="$fast" bash -c "$bin/batch_test --gtest_brief=1 && $bin/batch_driver_test --gtest_brief=1"
@@ -46,9 +51,57 @@ if [ "${WHAT:-all}" = all ] || [ "${WHAT:-}" = bench ]; then
   TAIL=40 step batch_bench_fast 900 "$bin/batch_bench" "$fast/bb.dat" 8G "$secs" "4K:64,64K:64,2M:16" --json "$out/batch_fast.json"
   TAIL=40 step batch_bench_virtio 900 "$bin/batch_bench" "$slow/bb.dat" 4G "$secs" "4K:64,64K:64,2M:16" --json "$out/batch_virtio.json"
   rm -f "$slow/bb.dat" "$fast/bb.dat"
+  # gdskit bench: the batch types against one worker per request, 4 KiB random reads at depth 64, cold.
+  g="$bin/gdskit"
+  f="$fast/cli.dat"
+  "$g" bench -f "$f" -s 4G -i 1M -w 8 -I 1 -x host --quiet > "$out/cli_prep.log" 2>&1
+  for x in "-x 6 -B 64 -w 1" "-x 7 -B 64 -w 1" "-x host-batch -B 64 -w 1" "-x staged -w 64" "-x host -w 64"; do
+    name=cli_$(echo "$x" | tr -c 'a-z0-9' '_')
+    TAIL=8 step "$name" 120 "$g" bench -f "$f" -s 4G -i 4K -I 2 -T "$secs" --cold $x -k 5 --json --quiet
+  done
+  TAIL=8 step cli_x6_verify 120 "$g" bench -f "$f" -s 256M -i 4K:1M:4K -I 3 -x 6 -B 100 -V -k 11 --quiet
+  TAIL=8 step cli_x6_verify_read 120 "$g" bench -f "$f" -s 256M -i 4K:1M:4K -I 2 -x 6 -B 100 -V -k 11 --quiet
+  TAIL=8 step cli_x7_verify_read 120 "$g" bench -f "$f" -s 256M -i 4K:1M:4K -I 2 -x 7 -B 100 -V -k 11 --quiet
+  rm -f "$f"
   TAIL=20 step gather_fast 900 env PYTHONPATH="$py" PYTHONUNBUFFERED=1 python3 scripts/gather-bench.py \
       --file "$fast/emb.npy" --size-gib 8 --row-bytes 4096 --rows 100000 --rounds 3 --ring "$bin/batch_bench" \
       --json "$out/gather_fast.json"
+fi
+if [ "${WHAT:-}" = seq ]; then
+  # Sequential loads and saves before the batch core (.carry/before: library and sources of that commit) and
+  # now, alternating in one run, with fastsafetensors (.carry/peers) as the peer on the same checkpoint.
+  pyb=/tmp/gdskit-py-before
+  build_ext python_build_before "$carry/before" "$carry/before/lib" "$pyb"
+  step fst_build 200 bash "$carry/peers/fastsafetensors/build.sh" /tmp/fst
+  mkdir -p /tmp/cudart && ln -sf /usr/local/cuda/lib64/libcudart.so.13 /tmp/cudart/libcudart.so
+  ck="$fast/ck"
+  mkdir -p "$ck"
+  step make_checkpoint 300 python3 - "$ck" "${ST_SIZE_GIB:-4}" <<'PY'
+import sys, torch
+from safetensors.torch import save_file
+d, gib = sys.argv[1], float(sys.argv[2])
+n = int(gib * 2**30 / (2 * 4096 * 11008))
+per = max(n // 4, 1)
+for s in range(4):
+    t = {f"l{s}.{i}.w": torch.randn(4096, 11008, dtype=torch.bfloat16) for i in range(per)}
+    t[f"l{s}.norm"] = torch.randn(4097, dtype=torch.float32)
+    save_file(t, f"{d}/model-{s:05d}-of-00004.safetensors")
+print("made", per * 4, "matrices")
+PY
+  for round in 1 2; do
+    for v in after before; do
+      p=$py; [ $v = before ] && p=$pyb
+      TAIL=6 step "load_${v}_$round" 300 env PYTHONPATH="$p" python3 scripts/load-bench.py "$ck" --cold --warm --runs 3
+    done
+  done
+  TAIL=12 step fst_load 400 env PYTHONPATH=/tmp/fst LD_LIBRARY_PATH=/tmp/cudart python3 \
+      "$carry/peers/fastsafetensors/bench_fst.py" "$ck"/*.safetensors --runs 3 --cold
+  rm -rf "$ck"
+  for v in after before; do
+    p=$py; [ $v = before ] && p=$pyb
+    TAIL=16 step "save_$v" 400 env PYTHONPATH="$p" python3 scripts/perf-save.py --dir "$fast" --size-gib "${ST_SIZE_GIB:-4}" \
+        --runs 2 --skip torch.save
+  done
 fi
 bash "$carry/tools/fastdisk.sh" down /mnt/gdskit-fast
 echo "== done" >> "$summary"

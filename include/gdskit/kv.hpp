@@ -3,8 +3,9 @@
 //
 // Contract in short (docs/kv.md has the on-disk format and the crash model):
 //  - get() returns, per key, the bytes of the last successful put() of that key in this namespace, or a miss.
-//    Never other bytes: every read is checked against the block's CRC32C and its header (key, namespace,
-//    sequence, slot); a mismatch is a miss and a counter.
+//    Never other bytes: every read is checked against the CRC32C its block header recorded (the index holds
+//    it; headers themselves are checked when the index is rebuilt); a mismatch is a miss and a counter, and
+//    the bytes that failed never reach the caller's memory.
 //  - After kill -9 at any moment the store opens again and rebuilds its index from what is on disk.
 //  - Physical use never exceeds capacity_bytes. Eviction is S3-FIFO; pinned blocks are never evicted.
 //  - Every operation ends by its deadline: keys not finished by then are misses (gets) or not stored (puts),
@@ -98,10 +99,8 @@ struct store_options {
   /// The default deadline of every operation (> 0).
   std::chrono::nanoseconds deadline = std::chrono::seconds(2);
   admission admit = admission::always;
-  /// Host (or pinned, where a GPU is usable) memory through which blocks move and are checked; 0: 128 MiB.
-  /// At least 4 blocks' worth is used whatever is asked.
-  std::size_t staging_bytes = 0;
-  /// Threads that run submit_put/submit_get (0: 4).
+  /// Threads that finish submitted puts (and gets of blocks over 8 MiB) in the background (0: 4). Gets of
+  /// smaller blocks need none: their future is the transfer core's batch.
   unsigned async_workers = 0;
   /// Reserve each data file's whole size when the store is made (fallocate), so that a disk too small is
   /// refused at open and writes never wait on block allocation; false: sparse files that grow as blocks are
@@ -109,7 +108,8 @@ struct store_options {
   bool preallocate = true;
   /// Rebuild the index by reading every block header even when a checkpoint exists (to measure the scan).
   bool ignore_checkpoint = false;
-  /// I/O settings of the store's files (O_DIRECT mode, engine, ...).
+  /// I/O settings of the store's files (O_DIRECT mode, engine, ...). GPU memory always takes the staged path
+  /// (mode gds or compat become staged): the checksum is computed on the bytes while they sit in host memory.
   settings io = default_settings();
 };
 
@@ -117,6 +117,12 @@ struct store_options {
 struct op_options {
   /// When the operation must have ended; unset: now + store_options::deadline.
   std::optional<std::chrono::steady_clock::time_point> deadline;
+  /// A CUDA stream (CUstream) to order the operation with; nullptr for none. Needs a usable GPU (ENODEV).
+  /// get: work queued on the stream after the call waits, on the GPU, until every hit has landed in `out`
+  /// (the host is not blocked; blocks over 8 MiB are the exception: the call returns once they landed).
+  /// put: the blocks are read once the stream has reached the point of the call, so a kernel queued before
+  /// it has finished writing them.
+  void* stream = nullptr;
 };
 
 /// The outcome of a put or get: one entry per key, in the order given.
@@ -137,8 +143,10 @@ struct op_state;
 }
 
 /// The completion of submit_put/submit_get: the same model as gdskit::batch_future (block with a timeout,
-/// poll an event descriptor, cancel). Move-only; destroying it waits until the operation has ended (at the
-/// latest its deadline).
+/// poll an event descriptor, cancel). A get of blocks up to 8 MiB is one batch of the transfer core, and its
+/// wait, descriptor, cancel, deadline and stream ordering are that batch's; the store settles its keys (hits,
+/// counters, index) when the future is first seen ready, or at the store's next call. Move-only; destroying it
+/// waits until the operation has ended (at the latest its deadline).
 class op_future {
  public:
   /// An empty future: valid() is false and every other call throws gdskit::error (EINVAL).
@@ -165,8 +173,10 @@ class op_future {
   bool cancel() const;
   /// Waits until ready(), then the outcome (valid while the future lives).
   const op_result& get() const;
-  /// Whether the store no longer touches the caller's memory (`blocks` of a put, `out` of a get). The store
-  /// moves blocks through its own staging memory, so this equals ready(): after it, nothing lands in `out`.
+  /// Whether the store no longer touches the caller's memory. A get: equals ready() (blocks are checked in
+  /// staging memory and copied into `out` only while the transfer core holds their key, so nothing lands after
+  /// it). A put: ready() and no request past the deadline still reads `blocks` (such a request may read them
+  /// for a while; what it writes is never served).
   bool released() const;
 
  private:
@@ -201,13 +211,20 @@ struct store_stats {
   std::uint64_t quarantined = 0;  ///< requests past their deadline that the kernel still holds
   recovery_info recovery;
   durability mode = durability::cache;
-  /// The path blocks take to memory on a GPU (staged through pinned memory when a GPU is usable, else host),
-  /// with the reasons; and whether the files use O_DIRECT, with the reason ("tmpfs refuses O_DIRECT").
+  /// The path blocks take to memory on a GPU (staged through the transfer core's pinned memory when a GPU is
+  /// usable, else host), with the reasons; and whether the files use O_DIRECT, with the reason ("tmpfs
+  /// refuses O_DIRECT").
   data_path path = data_path::host;
   std::vector<std::string> path_reasons;
   bool direct = false;
   std::string direct_reason;
 };
+
+/// The capacity_bytes a store needs to hold `blocks` blocks of `block_bytes` over `paths` paths (each path
+/// holds an equal share, rounded up): every block takes its size rounded up to 4 KiB plus a 4 KiB header, and
+/// each path a superblock and two index checkpoints. Throws gdskit::error (EINVAL) for a block size of 0 or
+/// over 1 GiB, or no path.
+std::uint64_t capacity_for(std::uint64_t blocks, std::size_t block_bytes, std::size_t paths = 1);
 
 class block_store {
  public:
@@ -228,15 +245,17 @@ class block_store {
   block_store& operator=(const block_store&) = delete;
 
   /// Stores blocks[i] under keys[i]. Each view must be exactly block_bytes of host, pinned or GPU memory;
-  /// the store copies it before returning (the memory may be reused at once). A key already stored (or being
-  /// stored) is left as it is and reports true. Throws gdskit::error (EINVAL) before any I/O for a key of kind
-  /// none, a count mismatch or a wrong-sized view, ENODEV for GPU memory without a usable GPU.
+  /// the blocks have been written when it returns (the memory may be reused at once; after a deadline a
+  /// request the kernel still holds may read it for a while, and what it writes is never served). A key
+  /// already stored (or being stored) is left as it is and reports true. Throws gdskit::error (EINVAL) before
+  /// any I/O for a key of kind none, a count mismatch or a wrong-sized view, ENODEV for GPU memory (or a
+  /// stream) without a usable GPU.
   op_result put(std::span<const key> keys, std::span<const buffer_view> blocks, const op_options& options = {});
   /// Reads the blocks of `keys` into out[i] (exactly block_bytes each, host, pinned or GPU memory, no two
   /// overlapping). Only rows of hits are written, and none after the call returns. Throws like put.
   op_result get(std::span<const key> keys, std::span<const buffer_view> out, const op_options& options = {});
-  /// Asynchronous put/get: checks as above and returns at once. The views' memory must stay valid until the
-  /// future is ready.
+  /// Asynchronous put/get: checks as above, starts the I/O and returns. The views' memory must stay valid (and
+  /// a put's unchanged) until the future is released().
   op_future submit_put(std::span<const key> keys, std::span<const buffer_view> blocks, const op_options& options = {});
   op_future submit_get(std::span<const key> keys, std::span<const buffer_view> out, const op_options& options = {});
   /// Whether each key is held (in memory: no I/O). A key held may still miss in get() when its block fails
@@ -263,9 +282,5 @@ class block_store {
  private:
   std::shared_ptr<impl> impl_;
 };
-
-/// CRC32C (Castagnoli) of `nbytes` at `data`, continuing from `crc` (0 to start): the checksum the store keeps
-/// per block. Uses the CPU's crc32 instruction where it has one (checked at run time).
-std::uint32_t crc32c(const void* data, std::size_t nbytes, std::uint32_t crc = 0) noexcept;
 
 }  // namespace gdskit::kv

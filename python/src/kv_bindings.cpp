@@ -203,6 +203,10 @@ py::dict stats_dict(const kv::store_stats& s) {
 }  // namespace
 
 void add_kv_bindings(py::module_& m) {
+  m.def("kv_capacity_for", [](std::uint64_t blocks, std::size_t block_bytes, std::size_t paths) {
+          return translated([&] { return kv::capacity_for(blocks, block_bytes, paths); });
+        }, py::arg("blocks"), py::arg("block_bytes"), py::arg("paths") = 1,
+        "The capacity_bytes a block store needs for `blocks` blocks of block_bytes over `paths` paths.");
   py::class_<future_object, std::shared_ptr<future_object>>(m, "KVFuture", "A submitted block store operation.")
       .def("done", [](const future_object& f) { return f.get().ready(); })
       .def("wait", [](const future_object& f, std::optional<double> timeout) {
@@ -228,8 +232,7 @@ void add_kv_bindings(py::module_& m) {
   py::class_<store_object, std::shared_ptr<store_object>>(m, "KVStore", "A KV-cache block store (see gdskit.kv).")
       .def(py::init([](const std::vector<std::filesystem::path>& paths, std::uint64_t capacity_bytes,
                        std::size_t block_bytes, const std::string& name_space, const std::string& durability,
-                       double deadline_s, const std::string& admission, std::size_t staging_bytes,
-                       bool preallocate) {
+                       double deadline_s, const std::string& admission, bool preallocate) {
              kv::store_options o;
              o.paths = paths;
              o.capacity_bytes = capacity_bytes;
@@ -253,7 +256,6 @@ void add_kv_bindings(py::module_& m) {
                throw py::value_error("deadline_s must be a positive number of seconds, not " + std::to_string(deadline_s));
              }
              o.deadline = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(deadline_s));
-             o.staging_bytes = staging_bytes;
              o.preallocate = preallocate;
              auto s = std::make_shared<store_object>();
              translated([&] {
@@ -264,8 +266,7 @@ void add_kv_bindings(py::module_& m) {
              return s;
            }),
            py::arg("paths"), py::arg("capacity_bytes"), py::arg("block_bytes"), py::arg("namespace"),
-           py::arg("durability"), py::arg("deadline_s"), py::arg("admission"), py::arg("staging_bytes"),
-           py::arg("preallocate"))
+           py::arg("durability"), py::arg("deadline_s"), py::arg("admission"), py::arg("preallocate"))
       .def("put", [](const store_object& s, const py::object& keys, const std::vector<std::uintptr_t>& ptrs, int device,
                      std::optional<double> deadline_s) {
              auto k = keys_of(keys);
@@ -283,9 +284,10 @@ void add_kv_bindings(py::module_& m) {
              }));
            }, py::arg("keys"), py::arg("ptrs"), py::arg("device"), py::arg("deadline_s") = py::none())
       .def("submit", [](const store_object& s, bool reads, const py::object& keys, const std::vector<std::uintptr_t>& ptrs,
-                        int device, py::object keep, std::optional<double> deadline_s) {
+                        int device, py::object keep, std::optional<double> deadline_s, std::uintptr_t stream) {
              auto k = keys_of(keys);
-             const kv::op_options oo = options_of(deadline_s);
+             kv::op_options oo = options_of(deadline_s);
+             oo.stream = reinterpret_cast<void*>(stream);
              auto f = std::make_shared<future_object>();
              f->keep = std::move(keep);
              f->future = std::make_unique<kv::op_future>(s.call([&](kv::block_store& st) {
@@ -294,7 +296,8 @@ void add_kv_bindings(py::module_& m) {
              }));
              return f;
            }, py::arg("reads"), py::arg("keys"), py::arg("ptrs"), py::arg("device"), py::arg("keep"),
-           py::arg("deadline_s") = py::none())
+           py::arg("deadline_s") = py::none(), py::arg("stream") = 0,
+           "Submits a get (reads) or put; stream: a CUstream handle (0 for none) the operation is ordered with.")
       .def("lookup", [](const store_object& s, const py::object& keys) {
              auto k = keys_of(keys);
              return s.call([&](kv::block_store& st) { return st.lookup(k); });

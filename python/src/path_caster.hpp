@@ -6,10 +6,6 @@
 // caster per type in a program).
 #pragma once
 
-#ifdef PYBIND11_HAS_FILESYSTEM
-#error "include path_caster.hpp instead of <pybind11/stl/filesystem.h>: one caster for std::filesystem::path"
-#endif
-
 #include <pybind11/pybind11.h>
 
 #include <filesystem>

@@ -119,9 +119,33 @@ def test_torch_cpu_and_cuda():
         back = torch.zeros_like(src)
         assert s.get(gpu_keys, back) == [True] * 8
         assert torch.equal(back, gsrc.cpu())
+        # Stream ordering, get: a copy queued on the stream right after submit_get (the host does not wait)
+        # sees the blocks; so does one queued after a kernel that keeps the stream busy first.
         stream = torch.cuda.Stream()
+        gpu_out.zero_()
+        seen = torch.empty_like(gpu_out)
+        torch.cuda.synchronize()  # the zeros are in place before the get (the core copies on its own stream)
         f = s.submit_get(gpu_keys, gpu_out, stream=stream)
-        assert f.done() and f.result() == [True] * 8
+        with torch.cuda.stream(stream):
+            seen.copy_(gpu_out)
+        stream.synchronize()
+        assert torch.equal(seen.cpu(), gsrc.cpu()), "work queued on the stream ran before the blocks landed"
+        assert f.result(timeout=30) == [True] * 8
+        # Stream ordering, put: a kernel queued before submit_put writes the blocks; the put must read them
+        # after it, though the host never waited for the stream.
+        put_keys = list(range(300, 308))
+        fresh = torch.from_numpy(blocks_for(put_keys)).cuda()
+        target = torch.zeros_like(fresh)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(stream):
+            if hasattr(torch.cuda, "_sleep"):
+                torch.cuda._sleep(50_000_000)  # tens of milliseconds of a busy stream
+            target.copy_(fresh)
+        p = s.submit_put(put_keys, target, stream=stream)
+        assert p.result(timeout=30) == [True] * 8
+        back = torch.zeros_like(src)
+        assert s.get(put_keys, back) == [True] * 8
+        assert torch.equal(back, fresh.cpu()), "the put read the blocks before the stream wrote them"
     return None
 
 

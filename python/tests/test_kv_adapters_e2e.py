@@ -8,12 +8,11 @@ transformers is not installed here. The model-path test uses a TEST STAND-IN of 
 script uses (LlamaConfig, LlamaForCausalLM with .model and .lm_head, DynamicCache with layers of keys/values
 and update()): a small causal attention model written for this test, so the script's prefill / offload / free /
 restore / continue sequence and its equality check run for real. The store is the in-memory stand-in of
-test_kv_adapters_standin.py (gdskit.kv.BlockStore when present for the last test).
+the real gdskit.kv.BlockStore on temporary folders.
 """
 import importlib.util
 import os
 import sys
-import tempfile
 import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -23,7 +22,12 @@ try:
 except ImportError as e:  # pragma: no cover
     print(f"SKIP: torch is needed ({e})")
     sys.exit(77)
-import test_kv_adapters_standin as standin  # noqa: E402
+try:
+    import kv_faults
+    from gdskit.kv import BlockStore
+except ImportError as e:  # pragma: no cover
+    print(f"SKIP: cannot import gdskit.kv ({e}); build with -DGDSKIT_BUILD_PYTHON=ON and set PYTHONPATH")
+    sys.exit(77)
 
 _spec = importlib.util.spec_from_file_location("kv_e2e", os.path.join(HERE, "..", "..", "scripts", "kv-e2e.py"))
 e2e = importlib.util.module_from_spec(_spec)
@@ -158,7 +162,7 @@ def test_cache_layers_reads_every_cache_layout():
 
 
 def test_drop_tree_leaves_files_intact():
-    tmp = tempfile.mkdtemp(prefix="kv-e2e-")
+    tmp = kv_faults.fresh_folder("kv-e2e-")
     os.makedirs(os.path.join(tmp, "a", "b"))
     p = os.path.join(tmp, "a", "b", "f")
     with open(p, "wb") as f:
@@ -170,18 +174,17 @@ def test_drop_tree_leaves_files_intact():
 
 
 def _tiny(*extra):
-    standin.reset()
-    tmp = tempfile.mkdtemp(prefix="kv-e2e-")
+    tmp = kv_faults.fresh_folder("kv-e2e-")
     return tmp, e2e.parse(["--store", tmp, "--device", "cpu", "--tiny", *extra])
 
 
 def test_layout_only_run_round_trips_the_cache():
     tmp, a = _tiny("--layout-only")
     lines = []
-    rep = e2e.run(a, store_class=standin.BlockStore, out=lines.append)
+    rep = e2e.run(a, store_class=BlockStore, out=lines.append)
     assert rep["ok"] and rep["equal"] == {"store_cold": True, "torch_load_cold": True}, rep
     assert rep["model_skipped"] == "--layout-only" and rep["blocks"] == 16
-    assert rep["store_stats"]["put"] == 16 and rep["store_stats"]["get"] == 16 * a.rounds
+    assert rep["store_stats"]["stored"] == 16 and rep["store_stats"]["hits"] == 16 * a.rounds
     assert any("model part skipped" in x for x in lines)
     assert os.listdir(tmp) == [], "the run's folder was left behind"
 
@@ -191,7 +194,7 @@ def test_model_run_continues_from_the_store_with_equal_logits():
     saved = sys.modules.get("transformers")
     sys.modules["transformers"] = fake_transformers
     try:
-        rep = e2e.run(a, store_class=standin.BlockStore, out=lambda *_: None)
+        rep = e2e.run(a, store_class=BlockStore, out=lambda *_: None)
     finally:
         if saved is None:
             sys.modules.pop("transformers", None)
@@ -205,7 +208,7 @@ def test_model_run_continues_from_the_store_with_equal_logits():
 
 
 def test_a_corrupted_block_fails_the_run():
-    class Flipping(standin.BlockStore):
+    class Flipping(BlockStore):
         def get(self, keys, out):
             hits = super().get(keys, out)
             out[3, 100] ^= 1
@@ -217,7 +220,7 @@ def test_a_corrupted_block_fails_the_run():
 
 
 def test_arguments_are_checked():
-    tmp = tempfile.mkdtemp(prefix="kv-e2e-")
+    tmp = kv_faults.fresh_folder("kv-e2e-")
     for bad in (["--tokens", "100", "--block-tokens", "64"], ["--heads", "5"], ["--rounds", "0"]):
         try:
             e2e.parse(["--store", tmp, *bad])
@@ -234,7 +237,7 @@ def test_main_without_a_store_in_the_build_skips():
         has_store = hasattr(sys.modules["gdskit.kv"], "BlockStore")
     except ImportError:
         has_store = False
-    tmp = tempfile.mkdtemp(prefix="kv-e2e-")
+    tmp = kv_faults.fresh_folder("kv-e2e-")
     os.environ["GDSKIT_E2E_NO_TRANSFORMERS"] = "1"
     try:
         code = e2e.main(["--store", tmp, "--device", "cpu", "--tiny"])

@@ -7,7 +7,8 @@ LMCache is not installed here. The engine side below is a TEST STAND-IN written 
 native_plugin factory's checks and LMCache's native-connector bridge (one demux thread that polls the client's
 event_fd, drains completions and routes them by future id; submits registered under the bridge's lock), with
 the multi-process controllers' order: store, then lookup-and-lock, load, unlock. Chunks are ctypes buffers,
-as LMCache's MemoryObj.byte_array. The store is the in-memory stand-in of test_kv_adapters_standin.py.
+as LMCache's MemoryObj.byte_array. The store is the real gdskit.kv.BlockStore on temporary folders, with the
+faults of kv_faults.py.
 """
 import ctypes
 import importlib
@@ -25,9 +26,10 @@ try:
 except ImportError as e:  # pragma: no cover
     print(f"SKIP: cannot import gdskit ({e}); build with -DGDSKIT_BUILD_PYTHON=ON and set PYTHONPATH")
     sys.exit(77)
-import test_kv_adapters_standin as standin  # noqa: E402
+import kv_faults  # noqa: E402
+from gdskit.kv import capacity_for  # noqa: E402
 
-_common.store_class = standin.BlockStore
+_common.store_class = kv_faults.Faulty
 CHUNK = 4096 + 512  # not a power of two on purpose
 REQUIRED = ["event_fd", "submit_batch_get", "submit_batch_set", "submit_batch_exists", "drain_completions", "close"]
 
@@ -158,9 +160,8 @@ def _config(tmp, **params):
 
 
 def _fresh():
-    import tempfile
-    standin.reset()
-    return tempfile.mkdtemp(prefix="kv-lmcache-")
+    kv_faults.reset()
+    return kv_faults.fresh_folder("kv-lmcache-")
 
 
 def _readable(fd):
@@ -293,9 +294,9 @@ def test_set_does_not_rewrite_stored_chunks():
         bufs = [_chunk(rng) for _ in keys]
         assert bridge.result(bridge.stores, bridge.store(keys[:4], bufs[:4]))[0]
         store = bridge.client._store
-        before = store.stats()["put"]
+        before = store.stats()["stored"]
         assert bridge.result(bridge.stores, bridge.store(keys, bufs))[0]
-        assert store.stats()["put"] - before == 2
+        assert store.stats()["stored"] - before == 2
     finally:
         bridge.close()
 
@@ -306,13 +307,13 @@ def test_failed_puts_are_reported_and_the_rest_is_served():
     bridge, _ = native_plugin_factory(_config(tmp))
     try:
         keys = [_key(i) for i in range(4)]
-        standin.faults["put_fail"].add(_common.store_key(keys[2]))
+        kv_faults.faults["put_fail"].add(_common.store_key(keys[2]))
         bufs = [_chunk(rng) for _ in keys]
         ok, error = bridge.result(bridge.stores, bridge.store(keys, bufs))
         assert not ok and "1 of 4" in error, error
         outs = [(ctypes.c_ubyte * CHUNK)() for _ in keys]
         assert bridge.result(bridge.loads, bridge.load(keys, outs)) == [True, True, False, True]
-        standin.faults["get_miss"].add(_common.store_key(keys[0]))  # as a checksum mismatch reads
+        assert kv_faults.damage_block(tmp, _common.store_key(keys[0]), CHUNK) == 1  # its checksum fails
         assert bridge.result(bridge.loads, bridge.load(keys, outs)) == [False, True, False, True]
     finally:
         bridge.close()
@@ -321,7 +322,7 @@ def test_failed_puts_are_reported_and_the_rest_is_served():
 def test_capacity_eviction_shows_as_misses_never_wrong_bytes():
     tmp = _fresh()
     rng = random.Random(7)
-    bridge, _ = native_plugin_factory(_config(tmp, capacity_bytes=8 * CHUNK))
+    bridge, _ = native_plugin_factory(_config(tmp, capacity_bytes=capacity_for(8, CHUNK)))
     try:
         chunks = {_key(i): _chunk(rng) for i in range(20)}
         for i in range(0, 20, 5):
@@ -373,8 +374,13 @@ def test_close_cancels_what_is_in_flight():
     rng = random.Random(8)
     client = adapter.GdskitL2Client(**_config(tmp)["adapter_params"])
     bufs = [_chunk(rng) for _ in range(3)]
-    client.submit_batch_set([_key(i) for i in range(3)], [memoryview(b) for b in bufs])
-    standin.faults["delay_s"] = 30.0
+    fid = client.submit_batch_set([_key(i) for i in range(3)], [memoryview(b) for b in bufs])
+    done = []
+    while not any(c[0] == fid for c in done):  # the chunks are stored before the delayed get
+        select.select([client.event_fd()], [], [], 10)
+        done += client.drain_completions()
+    assert [c[:3] for c in done] == [(fid, True, "")], done
+    kv_faults.faults["delay_s"] = 30.0
     client.submit_batch_get([_key(i) for i in range(3)], [memoryview(b) for b in bufs])
     t0 = time.monotonic()
     client.close()
@@ -388,7 +394,7 @@ def test_close_cancels_what_is_in_flight():
     else:
         raise AssertionError("a closed client accepted a submit")
     # The folder is free again: a new client opens it and finds the stored chunks.
-    standin.faults["delay_s"] = 0.0
+    kv_faults.faults["delay_s"] = 0.0
     again = adapter.GdskitL2Client(**_config(tmp)["adapter_params"])
     try:
         fid = again.submit_batch_exists([_key(i) for i in range(3)])

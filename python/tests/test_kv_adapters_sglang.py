@@ -11,14 +11,13 @@ dynamic path (issubclass check, cls(storage_config, kwargs), register_mem_pool_h
 get_page_buffer_meta for the page_first, layer_first and MLA layouts, and the controller's order: backup
 (batch_set_v1 in batches of 128 pages), then prefetch (batch_exists in batches of 128, stopping at the first
 short batch, then batch_get_v1 in batches of 128 into other host slots, counting leading hits).
-The store is the in-memory stand-in of test_kv_adapters_standin.py.
+The store is the real gdskit.kv.BlockStore on temporary folders, with the faults of kv_faults.py.
 """
 import dataclasses
 import importlib
 import os
 import subprocess
 import sys
-import tempfile
 import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -82,9 +81,9 @@ try:
 except ImportError as e:  # pragma: no cover
     print(f"SKIP: cannot import gdskit or torch ({e}); build with -DGDSKIT_BUILD_PYTHON=ON and set PYTHONPATH")
     sys.exit(77)
-import test_kv_adapters_standin as standin  # noqa: E402
+import kv_faults  # noqa: E402
 
-_common.store_class = standin.BlockStore
+_common.store_class = kv_faults.Faulty
 BATCH = 128  # SGLang's STORAGE_BATCH_SIZE
 
 
@@ -194,8 +193,8 @@ def _extra(tmp, **more):
 
 
 def _fresh():
-    standin.reset()
-    return tempfile.mkdtemp(prefix="kv-sglang-")
+    kv_faults.reset()
+    return kv_faults.fresh_folder("kv-sglang-")
 
 
 def _attached(pages, layout="page_first"):
@@ -248,7 +247,8 @@ def test_prefix_stops_at_the_first_missing_page():
     assert backup(backend, hashes[:200], pool.slots(range(200)), pool.page_size) == 200 * pool.page_size
     assert prefetch(backend, hashes, pool.slots(range(300, 600)), pool.page_size) == (200, 200)
     # A page with only its K block stored is no hit.
-    standin.faults["get_miss"].add(_common.store_key("sglang-page", hashes[150], 1))
+    key = _common.store_key("sglang-page", hashes[150], 1)
+    assert kv_faults.damage_block(backend._paths[0], key, backend._block_bytes) == 1  # its checksum fails
     assert prefetch(backend, hashes, pool.slots(range(300, 600)), pool.page_size) == (200, 150)
     backend.close()
 
@@ -258,10 +258,10 @@ def test_set_skips_stored_pages_and_reports_failed_ones():
     hashes = [f"p{i}" for i in range(10)]
     assert all(backend.batch_set_v1(hashes[:6], pool.slots(range(6))))
     store = backend._store
-    before = store.stats()["put"]
-    standin.faults["put_fail"].add(_common.store_key("sglang-page", hashes[8], 0))
+    before = store.stats()["stored"]
+    kv_faults.faults["put_fail"].add(_common.store_key("sglang-page", hashes[8], 0))
     assert backend.batch_set_v1(hashes, pool.slots(range(10))) == [True] * 8 + [False, True]
-    assert store.stats()["put"] - before == 2 * 3 + 1  # pages 6, 7, 9 and the V block of page 8
+    assert store.stats()["stored"] - before == 2 * 3 + 1  # pages 6, 7, 9 and the V block of page 8
     assert backend.batch_exists(hashes) == 8
     assert backup(backend, hashes, pool.slots(range(10)), pool.page_size) == 0  # the one batch failed
     backend.close()

@@ -11,8 +11,8 @@ the offloading worker (one handler per (src medium, dst medium)), and a schedule
 the calls in the connector's order: touch and lookup when a request arrives, prepare_load after allocation,
 prepare_store for newly computed blocks, transfer_async for loads before the forward pass and for stores after
 it, get_finished every step (a failed job is an assertion, as in those releases), complete_store and
-complete_load from the finished request ids. "GPU" KV caches are CPU tensors. The store is the in-memory
-stand-in of test_kv_adapters_standin.py.
+complete_load from the finished request ids. "GPU" KV caches are CPU tensors (and CUDA tensors where a GPU
+is usable). The store is the real gdskit.kv.BlockStore on temporary folders, with the faults of kv_faults.py.
 """
 import abc
 import dataclasses
@@ -21,7 +21,6 @@ import importlib
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import types
 from collections import defaultdict
@@ -167,9 +166,10 @@ try:
 except ImportError as e:  # pragma: no cover
     print(f"SKIP: cannot import gdskit ({e}); build with -DGDSKIT_BUILD_PYTHON=ON and set PYTHONPATH")
     sys.exit(77)
-import test_kv_adapters_standin as standin  # noqa: E402
+import kv_faults  # noqa: E402
+from gdskit.kv import capacity_for  # noqa: E402
 
-_common.store_class = standin.BlockStore
+_common.store_class = kv_faults.Faulty
 
 
 def create_spec(config):
@@ -361,7 +361,7 @@ def _config(tmp, *, block_size=8, num_blocks=64, capacity_blocks=None, num_gpu_b
          "block_size": block_size, "path": tmp, "num_blocks": num_blocks}
     e.update(extra)
     if "capacity_bytes" not in e and "capacity_gb" not in e:
-        e["capacity_bytes"] = (capacity_blocks or num_blocks) * _block_bytes(block_size)
+        e["capacity_bytes"] = capacity_for(capacity_blocks or num_blocks, _block_bytes(block_size))
     return _ns(kv_transfer_config=_ns(kv_connector_extra_config=e),
                cache_config=_ns(block_size=GPU_BLOCK, num_gpu_blocks=num_gpu_blocks, cache_dtype="auto"),
                model_config=_ns(model="test/llama"), kv_events_config=_ns(enable_kv_cache_events=True))
@@ -464,8 +464,8 @@ class Engine:
 
 
 def _fresh():
-    standin.reset()
-    return tempfile.mkdtemp(prefix="kv-vllm-")
+    kv_faults.reset()
+    return kv_faults.fresh_folder("kv-vllm-")
 
 
 def _request(rid, tokens):
@@ -546,17 +546,19 @@ def test_a_failed_store_or_load_is_reported_as_a_failed_job():
     eng = Engine(_fresh())
     prompt = list(range(3000, 3016))
     hashes = _block_hashes(prompt)
-    standin.faults["put_fail"].add(adapter._block_key(hashes[3]))
+    kv_faults.faults["put_fail"].add(adapter._block_key(hashes[3]))
     try:
         eng.run(_request("a", prompt))
     except AssertionError as e:
         assert "failed" in str(e)
     else:
         raise AssertionError("a failed put was reported as done")
-    eng = Engine(_fresh())
+    tmp = _fresh()
+    eng = Engine(tmp)
     _, ids = eng.run(_request("a", prompt))
     eng.release(ids)
-    standin.faults["get_miss"].add(adapter._block_key(hashes[1]))
+    store = eng.worker_spec._transfers.store
+    assert kv_faults.damage_block(tmp, adapter._block_key(hashes[1]), store.block_bytes) == 1  # its checksum fails
     try:
         eng.run(_request("b", prompt + [1, 2, 3, 4]))
     except AssertionError as e:
@@ -574,7 +576,7 @@ def test_wait_blocks_until_the_jobs_are_finished():
     out = eng.sched.manager.prepare_store([hashes[1], hashes[3]])
     for i in range(4):
         eng.compute(i, hashes[i])
-    standin.faults["delay_s"] = 0.2
+    kv_faults.faults["delay_s"] = 0.2
     assert store_h.transfer_async(7, (GPULoadStoreSpec([0, 1, 2, 3]), out.store_spec))
     store_h.wait({7})
     assert store_h.get_finished() == [(7, True)]

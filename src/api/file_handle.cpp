@@ -141,7 +141,8 @@ void file_handle::sync() const {
 void file_handle::drop_cache() const {
   const impl& m = open_impl(impl_, "posix_fadvise DONTNEED");
   // Dirty pages are not dropped: write them first, and say so when that fails (the drop would not be cold).
-  if (m.mode != open_mode::read && posix::sys().fdatasync(m.fd.get()) != 0) {
+  // A read-only handle too: the pages may be dirty from another writer (Linux syncs through any descriptor).
+  if (posix::sys().fdatasync(m.fd.get()) != 0) {
     throw error(errno_code(errno), "fdatasync", m.path.string(), -1, 0, "before dropping the page cache");
   }
   int r = posix::sys().fadvise(m.fd.get(), 0, 0, POSIX_FADV_DONTNEED);

@@ -31,9 +31,13 @@ std::string_view io_label(io_type t) noexcept;
 
 /// How the bytes move. gds/staged/compat: file_handle::read/write into GPU memory with that path mode.
 /// host: pread/pwrite into host memory. naive: pread into malloc'd memory, then a synchronous copy to the GPU.
-enum class xfer_kind { gds, staged, compat, host, naive };
+/// batch: GPU memory, each worker submitting -B ranges at a time to the batch core (which picks the route).
+/// host_batch: the same into host memory.
+enum class xfer_kind { gds, staged, compat, host, naive, batch, host_batch };
 std::string_view to_string(xfer_kind k) noexcept;
 bool needs_gpu(xfer_kind k) noexcept;
+/// batch and host_batch: workers submit -B ranges at a time through the batch core.
+bool is_batch(xfer_kind k) noexcept;
 
 /// One -x value: what was asked (gdsio number or name) and what gdskit runs for it.
 struct xfer_spec {
@@ -42,8 +46,9 @@ struct xfer_spec {
   std::string label;         ///< XferType label printed in the gdsio line (GPUD, CPUONLY, ...)
   bool page_cache = false;   ///< gdsio 4 (CPU_CACHED_GPU): no O_DIRECT
   std::string note;          ///< what gdskit does differently from gdsio for this number (empty when the same)
+  bool stream = false;       ///< gdsio 7 (GPU_BATCH_STREAM): each batch ordered on the worker's CUDA stream
 };
-/// Parses -x: "0".."7" or gds|staged|compat|host|naive. nullopt when unknown.
+/// Parses -x: "0".."7" or gds|staged|compat|host|naive|batch|batch-stream|host-batch. nullopt when unknown.
 std::optional<xfer_spec> parse_xfer(std::string_view text);
 
 /// -i: one size or min:max:step.
@@ -75,7 +80,15 @@ struct job_spec {
   bool no_direct = false;           ///< -O 1 (gdsio 12.2+): buffered I/O
   std::optional<int> numa_node;     ///< -n: workers run on this NUMA node's CPUs
   bool refill = false;              ///< -F: new pattern data in the buffer before every write
+  unsigned batch = 0;               ///< -B: ranges per batch of the batch types (0: k_default_batch)
 };
+
+/// -B when a batch type is asked without it.
+inline constexpr unsigned k_default_batch = 64;
+/// The most ranges one -B batch may hold (the core itself has no limit; this bounds each worker's memory).
+inline constexpr unsigned k_max_batch = 65536;
+/// Ranges per batch of a job: its -B, or the default for batch types, or 1 for the others.
+unsigned batch_ranges(const job_spec& j) noexcept;
 
 /// Flags that are not per job.
 struct run_options {
@@ -170,6 +183,13 @@ std::string_view cufile_path_of(const cufile_counts& c) noexcept;
 std::string describe_cufile_counts(const cufile_counts& c);
 
 /// What one job measured.
+/// What the batch core did with a batch job's ranges, summed over its batches.
+struct batch_route_counts {
+  std::uint64_t host = 0, staged = 0, gds = 0;  ///< ranges moved by each route
+  std::uint64_t requests = 0;                   ///< file requests issued
+  std::uint64_t batches = 0;
+};
+
 struct job_result {
   job_spec job;
   std::string path_ran;                 ///< data path that actually ran ("host", "staged", ...)
@@ -194,6 +214,8 @@ struct job_result {
   std::string verify_message;           ///< where the first mismatch was
   std::string cufile_stats;             ///< cuFile statistics delta in words, or why there is none
   std::optional<cufile_counts> cufile_counters;  ///< the delta itself, when cuFile statistics were readable
+  /// Batch types: the routes the core took (ranges per route, file requests after coalescing).
+  std::optional<batch_route_counts> routes;
   double gib_per_s() const noexcept;
   double cpu_s_per_gib() const noexcept;
 };

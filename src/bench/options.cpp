@@ -40,11 +40,19 @@ std::string_view to_string(xfer_kind k) noexcept {
     case xfer_kind::staged: return "staged";
     case xfer_kind::compat: return "compat";
     case xfer_kind::host: return "host";
+    case xfer_kind::batch: return "batch";
+    case xfer_kind::host_batch: return "host-batch";
     default: return "naive";
   }
 }
 
-bool needs_gpu(xfer_kind k) noexcept { return k != xfer_kind::host; }
+bool needs_gpu(xfer_kind k) noexcept { return k != xfer_kind::host && k != xfer_kind::host_batch; }
+bool is_batch(xfer_kind k) noexcept { return k == xfer_kind::batch || k == xfer_kind::host_batch; }
+
+unsigned batch_ranges(const job_spec& j) noexcept {
+  if (!is_batch(j.xfer.kind)) return 1;
+  return j.batch == 0 ? k_default_batch : j.batch;
+}
 
 std::optional<xfer_spec> parse_xfer(std::string_view text) {
   // gdsio's numbers, mapped to the gdskit path with the same data movement (docs/bench.md has the table).
@@ -55,8 +63,8 @@ std::optional<xfer_spec> parse_xfer(std::string_view text) {
       {xfer_kind::staged, 3, "CPU_ASYNC_GPU", false, "gdskit's staged pipeline (pinned slots, async copies)"},
       {xfer_kind::naive, 4, "CPU_CACHED_GPU", true, "naive without O_DIRECT (through the page cache)"},
       {xfer_kind::gds, 5, "GPUD_ASYNC", false, "run as gds: gdskit does not use the cuFile stream API"},
-      {xfer_kind::gds, 6, "GPU_BATCH", false, "run as gds with -w workers: gdskit does not use the batch API"},
-      {xfer_kind::gds, 7, "GPU_BATCH_STREAM", false, "run as gds with -w workers: gdskit does not use the batch API"},
+      {xfer_kind::batch, 6, "GPU_BATCH", false, "gdskit's batch core: it picks the route per range (cuFile's batch API only where true GDS works)"},
+      {xfer_kind::batch, 7, "GPU_BATCH_STREAM", false, "gdskit's batch core, each batch ordered on the worker's CUDA stream", true},
   };
   if (text.size() == 1 && text[0] >= '0' && text[0] <= '7') return by_number[text[0] - '0'];
   if (text == "gds") return xfer_spec{xfer_kind::gds, -1, "GPUD", false, ""};
@@ -64,6 +72,9 @@ std::optional<xfer_spec> parse_xfer(std::string_view text) {
   if (text == "compat") return xfer_spec{xfer_kind::compat, -1, "COMPAT", false, ""};
   if (text == "host") return xfer_spec{xfer_kind::host, -1, "CPUONLY", false, ""};
   if (text == "naive") return xfer_spec{xfer_kind::naive, -1, "CPU_GPU", false, ""};
+  if (text == "batch") return xfer_spec{xfer_kind::batch, -1, "GPU_BATCH", false, ""};
+  if (text == "batch-stream") return xfer_spec{xfer_kind::batch, -1, "GPU_BATCH_STREAM", false, "", true};
+  if (text == "host-batch") return xfer_spec{xfer_kind::host_batch, -1, "CPU_BATCH", false, ""};
   return std::nullopt;
 }
 
@@ -205,7 +216,8 @@ constexpr setting_spec kSettings[] = {
     {'I', "rw", true, "0|1|2|3: read, write, randread, randwrite (random offsets 4 KiB aligned) [0]", "0|1|2|3"},
     {'x', "xfer_type", true,
      "0 GPUD->gds, 1 CPUONLY->host, 2 CPU_GPU->naive, 3 CPU_ASYNC_GPU->staged, 4 CPU_CACHED_GPU->naive via page "
-     "cache, 5/6/7->gds; or a name: gds, staged, compat, host, naive [host]", "TYPE"},
+     "cache, 5->gds, 6 GPU_BATCH->batch, 7 GPU_BATCH_STREAM->batch-stream; or a name: gds, staged, compat, host, "
+     "naive, batch, batch-stream, host-batch (batch types: -B ranges per batch from each worker) [host]", "TYPE"},
     {'V', "do_verify", false, "verify: writes a seeded pattern and checks every byte read back"},
     {'T', "runtime", true, "run for this long (seconds), re-reading or re-writing the data set", "SECONDS"},
     {'k', "random_seed", true, "seed for random offsets, sizes and the verify pattern [0]", "SEED"},
@@ -216,8 +228,9 @@ constexpr setting_spec kSettings[] = {
     {'p', "enable_nvlinks", false, "refused: gdskit has no NVLink path"},
     {'U', "unaligned", false, "refused: random offsets are 4 KiB aligned"},
     {'a', "alignment_size", true, "refused: random offsets are 4 KiB aligned", "SIZE"},
-    {'B', "batch_size", true, "refused: gdskit does not use the cuFile batch API", "N"},
-    {'M', "", true, "refused: mixed read/write needs the cuFile batch API", "PERCENT"},
+    {'B', "batch_size", true, "ranges per batch of the batch types (-x 6, 7, batch, host-batch), all in flight "
+     "together; each worker waits for its batch, then submits the next [64]", "N"},
+    {'M', "", true, "refused: a job reads or writes; run a read job and a write job together from a config file", "PERCENT"},
     {'P', "", true, "refused: gdskit bench has no RDMA transfer", "URL"},
     {'J', "", false, "per-job statistics (gdskit always reports each job)"},
     {0, "name", true, ""},
@@ -258,8 +271,7 @@ void apply_setting(job_spec& j, std::string_view key, const std::string& label, 
   } else if (key == "alignment_size") {
     fail(fmt::format("{} {}: gdskit bench's random offsets are 4 KiB aligned (O_DIRECT)", label, value));
   } else if (key == "batch_size") {
-    fail(fmt::format("{} {}: gdskit does not use the cuFile batch API; -x 6 and 7 run as gds, with -w workers as the "
-                     "queue depth", label, value));
+    j.batch = static_cast<unsigned>(int_arg(label, value, 1, k_max_batch));
   } else {
     fail(fmt::format("{}: unknown key", label));
   }
@@ -268,7 +280,9 @@ void apply_setting(job_spec& j, std::string_view key, const std::string& label, 
 // The flags with no job-file key.
 void apply_flag_only(char flag, std::string_view value) {
   switch (flag) {
-    case 'M': fail(fmt::format("-M {}: mixed read/write runs need the cuFile batch API, which gdskit does not use", value));
+    case 'M':
+      fail(fmt::format("-M {}: a gdskit bench job reads or writes; for a mix, run a read job and a write job "
+                       "together from a config file (gdskit bench CONFIG)", value));
     case 'P': fail(fmt::format("-P {}: gdskit bench has no RDMA transfer", value));
     default: break;  // -J: every job is reported on its own already
   }
@@ -516,6 +530,20 @@ void validate(const job_spec& j) {
   if (j.io.max_bytes > j.size_bytes) {
     fail(fmt::format("{}: io size {} is larger than the size per worker {}", who, format_size(j.io.max_bytes),
                      format_size(j.size_bytes)));
+  }
+  if (j.batch != 0 && !is_batch(j.xfer.kind)) {
+    fail(fmt::format("-B {}: only the batch types take a batch size (-x 6, 7, batch, batch-stream, host-batch); "
+                     "-x {} moves one request per worker at a time (-w sets the depth)", j.batch,
+                     to_string(j.xfer.kind)));
+  }
+  if (is_batch(j.xfer.kind)) {
+    const unsigned b = batch_ranges(j);
+    // Each worker holds one IO_SIZE slot per range of its batch.
+    const std::uint64_t mem = std::uint64_t{b} * j.io.max_bytes;
+    if (mem > (std::uint64_t{16} << 30)) {
+      fail(fmt::format("{}: -B {} x io size {} is {} of memory per worker (at most 16 GiB); lower -B or -i", who, b,
+                       format_size(j.io.max_bytes), format_size(mem)));
+    }
   }
   if (j.numa_node && numa_node_cpus(*j.numa_node).empty()) {
     fail(fmt::format("-n {}: no NUMA node {} with CPUs on this machine (/sys/devices/system/node)", *j.numa_node,

@@ -48,7 +48,8 @@ std::string csv_field(std::string s) {
 }
 
 std::string asked(const job_spec& j) {
-  return j.xfer.gdsio_number >= 0 ? std::to_string(j.xfer.gdsio_number) : std::string(to_string(j.xfer.kind));
+  if (j.xfer.gdsio_number >= 0) return std::to_string(j.xfer.gdsio_number);
+  return j.xfer.stream ? std::string("batch-stream") : std::string(to_string(j.xfer.kind));
 }
 
 }  // namespace
@@ -139,6 +140,13 @@ nlohmann::json to_json(const job_result& r) {
       {"cufile_stats", r.cufile_stats},
       {"cufile_counters", cufile_json(r.cufile_counters)},
   };
+  if (r.routes) {
+    j["batch"] = {{"ranges_per_batch", batch_ranges(r.job)},
+                  {"batches", r.routes->batches},
+                  {"stream_ordered", r.job.xfer.stream},
+                  {"ranges_by_route", {{"host", r.routes->host}, {"staged", r.routes->staged}, {"gds", r.routes->gds}}},
+                  {"file_requests", r.routes->requests}};
+  }
   return j;
 }
 

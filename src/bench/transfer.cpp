@@ -29,8 +29,9 @@ class host_transfer final : public transfer {
   std::size_t write(const file_handle& f, std::uint64_t offset, std::size_t n) override {
     return f.pwrite(buf_, n, offset);
   }
-  void load(const std::byte* src, std::size_t n) override { std::memcpy(buf_, src, n); }
-  void store(std::byte* dst, std::size_t n) override { std::memcpy(dst, buf_, n); }
+  void load(const std::byte* src, std::size_t n, std::size_t at) override { std::memcpy(buf_ + at, src, n); }
+  void store(std::byte* dst, std::size_t n, std::size_t at) override { std::memcpy(dst, buf_ + at, n); }
+  buffer_view memory() const override { return buffer_view::host(buf_, nbytes_); }
 
  private:
   std::byte* buf_ = nullptr;
@@ -42,13 +43,13 @@ class host_transfer final : public transfer {
 bool gpu_usable(std::string* reason) { return gpu_available(reason); }
 int gpu_devices() { return gpu_count(); }
 
-std::unique_ptr<transfer> make_transfer(xfer_kind xfer, std::size_t capacity, int gpu) {
-  if (xfer == xfer_kind::host) return std::make_unique<host_transfer>(capacity);
-  return make_gpu_transfer(xfer, capacity, gpu);
+std::unique_ptr<transfer> make_transfer(xfer_kind xfer, std::size_t capacity, int gpu, bool stream) {
+  if (!needs_gpu(xfer)) return std::make_unique<host_transfer>(capacity);
+  return make_gpu_transfer(xfer, capacity, gpu, stream);
 }
 
 path_report describe_path(xfer_kind xfer, const file_handle& f, int gpu) {
-  if (xfer != xfer_kind::host) return describe_gpu_path(xfer, f, gpu);
+  if (needs_gpu(xfer)) return describe_gpu_path(xfer, f, gpu);
   const io_choice& c = f.choice();
   return {"host", {"host memory (pread/pwrite)", c.direct_reason,
                    c.engine == engine_kind::io_uring ? "engine io_uring: " + c.engine_reason

@@ -8,15 +8,18 @@
 #include <chrono>
 #include <exception>
 #include <latch>
+#include <map>
 #include <mutex>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include <fmt/format.h>
 
 #include "bench/bench.hpp"
 #include "bench/transfer.hpp"
 #include "common/signal_cleanup.hpp"
+#include "gdskit/batch.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
 #include "shim/cufile.hpp"
@@ -92,6 +95,7 @@ struct worker {
   bool verify_ok = true;
   std::uint64_t verified = 0;
   std::string verify_message;
+  batch_route_counts routes;  // batch types
 };
 
 std::size_t next_size(worker& w) {
@@ -101,9 +105,10 @@ std::size_t next_size(worker& w) {
   return io.min_bytes + (w.rng() % (steps + 1)) * io.step_bytes;
 }
 
-void check(worker& w, std::uint64_t offset, std::size_t n, std::vector<std::byte>& scratch) {
+// Checks the `n` bytes at byte `at` of the worker's buffer against the pattern at file offset `offset`.
+void check(worker& w, std::uint64_t offset, std::size_t n, std::vector<std::byte>& scratch, std::size_t at = 0) {
   if (!w.verify_ok) return;
-  w.xfer->store(scratch.data(), n);
+  w.xfer->store(scratch.data(), n, at);
   if (auto bad = check_pattern(w.job->seed, offset, scratch.data(), n)) {
     const std::uint64_t at = offset + *bad;
     w.verify_ok = false;
@@ -132,38 +137,43 @@ void preload(worker& w) {
   const job_spec& j = *w.job;
   if (!is_write(j.type) || j.verify || j.refill) return;
   bind_to_node(j);  // the buffer's memory on the worker's node
-  std::vector<std::byte> fill(j.io.max_bytes);
+  std::vector<std::byte> fill(w.xfer->memory().nbytes);
   fill_pattern(j.seed, 0, fill.data(), fill.size());
   w.xfer->load(fill.data(), fill.size());
+}
+
+// The next request's offset and size in the worker's region: random (4 KiB aligned) or the next bytes, going
+// round again at the region's end.
+std::pair<std::uint64_t, std::size_t> next_range(worker& w, std::uint64_t& pos) {
+  const job_spec& j = *w.job;
+  std::size_t n = next_size(w);
+  if (is_random(j.type)) {
+    const std::uint64_t slots = (w.length - n) / 4096 + 1;
+    return {w.begin + (w.rng() % slots) * 4096, n};
+  }
+  const std::uint64_t region_end = w.begin + w.length;
+  if (pos >= region_end) pos = w.begin;
+  n = static_cast<std::size_t>(std::min<std::uint64_t>(n, region_end - pos));
+  const std::uint64_t off = pos;
+  pos += n;
+  return {off, n};
 }
 
 void run_worker(worker& w, const std::atomic<bool>& stop, clock_type::time_point start) {
   const job_spec& j = *w.job;
   bind_to_node(j);
   const bool writing = is_write(j.type);
-  const bool random = is_random(j.type);
   const std::size_t cap = j.io.max_bytes;
   std::vector<std::byte> scratch(j.verify || j.refill ? cap : 0);
   const auto deadline = start + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(j.seconds));
   std::uint64_t pos = w.begin, done_bytes = 0;
-  const std::uint64_t region_end = w.begin + w.length;
   while (!stop.load(std::memory_order_relaxed)) {
     if (j.seconds > 0) {
       if (clock_type::now() >= deadline) break;
     } else if (done_bytes >= w.length) {
       break;
     }
-    std::size_t n = next_size(w);
-    std::uint64_t off;
-    if (random) {
-      const std::uint64_t slots = (w.length - n) / 4096 + 1;
-      off = w.begin + (w.rng() % slots) * 4096;
-    } else {
-      if (pos >= region_end) pos = w.begin;  // timed runs go round again
-      n = static_cast<std::size_t>(std::min<std::uint64_t>(n, region_end - pos));
-      off = pos;
-      pos += n;
-    }
+    const auto [off, n] = next_range(w, pos);
     if (writing && (j.verify || j.refill)) {
       fill_pattern(j.seed, off, scratch.data(), n);
       w.xfer->load(scratch.data(), n);
@@ -182,6 +192,91 @@ void run_worker(worker& w, const std::atomic<bool>& stop, clock_type::time_point
       if (writing) w.written.emplace_back(off, n);
       else check(w, off, n, scratch);
     }
+  }
+  w.end = clock_type::now();
+}
+
+// Whether [off, off + n) overlaps a range of `taken` (start -> end, disjoint).
+bool overlaps(const std::map<std::uint64_t, std::uint64_t>& taken, std::uint64_t off, std::size_t n) {
+  auto it = taken.lower_bound(off + n);  // the first range starting at or after our end
+  if (it == taken.begin()) return false;
+  return std::prev(it)->second > off;
+}
+
+// The batch types: each worker submits -B ranges to the batch core at once (all in flight together), waits for
+// the batch (through its CUDA stream for gdsio 7 reads), then submits the next. The latency of each range is
+// the core's own: from its first file request to its completion.
+void run_batch_worker(worker& w, const std::atomic<bool>& stop, clock_type::time_point start) {
+  const job_spec& j = *w.job;
+  bind_to_node(j);
+  const bool writing = is_write(j.type);
+  const std::size_t cap = j.io.max_bytes;
+  const unsigned nb = batch_ranges(j);
+  const buffer_view mem = w.xfer->memory();
+  std::vector<std::byte> scratch(j.verify || j.refill ? cap : 0);
+  const auto deadline = start + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(j.seconds));
+  std::uint64_t pos = w.begin, planned = 0;
+  std::vector<io_range> ranges;
+  ranges.reserve(nb);
+  std::map<std::uint64_t, std::uint64_t> taken;  // the batch's file ranges: start -> end
+  batch_options o;
+  o.queue_depth = nb;
+  o.exact = true;  // a short read is an error, as in the other types
+  o.stream = w.xfer->stream();
+  while (!stop.load(std::memory_order_relaxed)) {
+    if (j.seconds > 0 ? clock_type::now() >= deadline : planned >= w.length) break;
+    ranges.clear();
+    taken.clear();
+    for (unsigned k = 0; k < nb && (j.seconds > 0 || planned < w.length); ++k) {
+      auto [off, n] = next_range(w, pos);
+      // The ranges of one write batch must not overlap in the file (their order is not defined): a random
+      // offset is drawn again a few times, and a batch that cannot get another distinct range goes as it is.
+      // Reads draw the same way, so that a read run with the same -k replays a write run's ranges (-V).
+      for (int tries = 0; tries < 8 && overlaps(taken, off, n) && is_random(j.type); ++tries) {
+        std::tie(off, n) = next_range(w, pos);
+      }
+      if (overlaps(taken, off, n)) {
+        if (!is_random(j.type)) pos -= n;  // the sequential cursor went round: this range starts the next batch
+        break;
+      }
+      taken.emplace(off, off + n);
+      planned += n;
+      if (writing && (j.verify || j.refill)) {
+        fill_pattern(j.seed, off, scratch.data(), n);
+        w.xfer->load(scratch.data(), n, k * cap);
+      }
+      ranges.push_back({w.file, off, mem.sub(k * cap, n)});
+    }
+    batch_future fut = submit(writing ? io_direction::write : io_direction::read, ranges, o);
+    if (o.stream != nullptr && !writing) w.xfer->sync_stream();  // the stream waits until the bytes landed
+    const batch_result& r = fut.get();
+    for (std::size_t k = 0; k < ranges.size(); ++k) {
+      const range_result& x = r.ranges[k];
+      const std::size_t n = ranges[k].memory.nbytes;
+      if (!x.ok()) {
+        if (x.error == errno_code(ENODATA)) {
+          throw short_read_error(w.file->path().string(), static_cast<std::int64_t>(ranges[k].offset_bytes), n,
+                                 x.nbytes);
+        }
+        throw error(x.error, writing ? "batch write" : "batch read", w.file->path().string(),
+                    static_cast<std::int64_t>(ranges[k].offset_bytes), n);
+      }
+      w.latency_ns.push_back(static_cast<std::uint64_t>(x.latency_s * 1e9));
+      ++w.ops;
+      w.bytes.fetch_add(n, std::memory_order_relaxed);
+      if (j.verify) {
+        if (writing) {
+          w.written.emplace_back(ranges[k].offset_bytes, n);
+        } else {
+          check(w, ranges[k].offset_bytes, n, scratch, k * cap);
+        }
+      }
+    }
+    w.routes.host += r.routes.host;
+    w.routes.staged += r.routes.staged;
+    w.routes.gds += r.routes.gds;
+    w.routes.requests += r.routes.requests;
+    ++w.routes.batches;
   }
   w.end = clock_type::now();
 }
@@ -318,12 +413,32 @@ void prepare(job_state& s, const run_options& opt) {
     w->file = j.file.empty() ? &s.handles[n] : &s.handles.front();
     w->begin = j.offset_bytes + (j.file.empty() ? 0 : std::uint64_t{n} * j.size_bytes);
     w->length = j.size_bytes;
-    w->xfer = make_transfer(j.xfer.kind, j.io.max_bytes, j.gpu);
+    w->xfer = make_transfer(j.xfer.kind, std::size_t{batch_ranges(j)} * j.io.max_bytes, j.gpu, j.xfer.stream);
     // Seeded per worker, so a read run with the same -k, -w, -o, -s replays a write run's offsets and sizes.
     w->rng.seed(j.seed * 1000003ULL + n);
     if (!writing || !j.verify) w->latency_ns.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(j.size_bytes / j.io.min_bytes + 1, 1 << 20)));
     s.workers.push_back(std::move(w));
   }
+}
+
+// A batch job's path is the routes the core took, not the planner's single-range answer.
+void note_routes(job_result& r, const std::vector<std::unique_ptr<worker>>& workers) {
+  batch_route_counts c;
+  for (const auto& w : workers) {
+    c.host += w->routes.host;
+    c.staged += w->routes.staged;
+    c.gds += w->routes.gds;
+    c.requests += w->routes.requests;
+    c.batches += w->routes.batches;
+  }
+  r.routes = c;
+  const int used = (c.host > 0) + (c.staged > 0) + (c.gds > 0);
+  if (used == 1) r.path_ran = c.host > 0 ? "host" : c.staged > 0 ? "staged" : "gds";
+  else if (used > 1) r.path_ran = "mixed";
+  r.reasons.insert(r.reasons.begin(),
+                   fmt::format("batch core: {} batches of up to {} ranges; ranges by route: host {}, staged {}, "
+                               "cuFile {}; {} file requests", c.batches, batch_ranges(r.job), c.host, c.staged, c.gds,
+                               c.requests));
 }
 
 }  // namespace
@@ -361,7 +476,8 @@ std::vector<job_result> run_jobs(const std::vector<job_spec>& jobs, const run_op
         while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
         if (stop.load()) return;
         try {
-          run_worker(*w, stop, start);
+          if (is_batch(w->job->xfer.kind)) run_batch_worker(*w, stop, start);
+          else run_worker(*w, stop, start);
         } catch (...) {
           std::lock_guard lk(err_mu);
           if (!first_error) first_error = std::current_exception();
@@ -442,6 +558,7 @@ std::vector<job_result> run_jobs(const std::vector<job_spec>& jobs, const run_op
     }
     r.seconds = std::chrono::duration<double>(end - start).count();
     r.latency = summarize_latency(lat);
+    if (is_batch(s.spec->xfer.kind)) note_routes(r, s.workers);
     // Process CPU time is shared by concurrent jobs: each gets its share by bytes moved.
     const double share = total_bytes ? static_cast<double>(r.bytes) / static_cast<double>(total_bytes) : 0.0;
     r.cpu_user_s = (cpu1.user - cpu0.user) * share;

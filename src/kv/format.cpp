@@ -38,6 +38,17 @@ std::uint32_t crc_without(const std::uint8_t* p, std::size_t n, std::size_t crc_
   return crc32c(p + crc_at + 4, n - crc_at - 4, c);
 }
 
+// Product of a and b, polynomials over GF(2) in CRC32C's reflected bit order, modulo its polynomial.
+std::uint32_t multiply_mod_p(std::uint32_t a, std::uint32_t b) noexcept {
+  constexpr std::uint32_t poly = 0x82F63B78u;
+  std::uint32_t product = 0;
+  for (std::uint32_t bit = 1u << 31; bit != 0; bit >>= 1) {
+    if ((a & bit) != 0) product ^= b;
+    b = (b & 1u) != 0 ? (b >> 1) ^ poly : b >> 1;
+  }
+  return product;
+}
+
 // Key: kind (1 byte), size (1 byte), then 32 bytes. False when the fields cannot describe a key.
 void put_key(std::uint8_t* kind_at, std::uint8_t* bytes_at, const key& k) noexcept {
   kind_at[0] = static_cast<std::uint8_t>(k.type());
@@ -74,6 +85,18 @@ bool all_zero(const std::uint8_t* p, std::size_t n) noexcept {
 
 }  // namespace
 
+std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t b_bytes) noexcept {
+  // A CRC is linear: crc(A || B) = crc_a * x^(8 * |B|) + crc_b (mod P), the initial and final inversions
+  // cancelling out. x^(8 * |B|) is built from the squares x^(2^k), one per set bit of 8 * |B|.
+  std::uint32_t x_power = 1u << 30;  // x^1
+  std::uint32_t shift = 1u << 31;    // x^0
+  for (std::uint64_t bits = b_bytes * 8; bits != 0; bits >>= 1) {
+    if ((bits & 1u) != 0) shift = multiply_mod_p(shift, x_power);
+    x_power = multiply_mod_p(x_power, x_power);
+  }
+  return multiply_mod_p(shift, crc_a) ^ crc_b;
+}
+
 layout make_layout(std::uint64_t block_bytes, std::uint64_t slots) noexcept {
   layout l;
   l.block_bytes = block_bytes;
@@ -84,18 +107,23 @@ layout make_layout(std::uint64_t block_bytes, std::uint64_t slots) noexcept {
   l.checkpoint_bytes = page_bytes + round_up(slots * (checkpoint_entry_bytes + window_entry_bytes), page_bytes);
   l.slot_offset = l.checkpoint_offset + 2 * l.checkpoint_bytes;
   l.end_bytes = l.slot_offset + slots * l.slot_bytes;
+  // Up to 4 extents per slot (its data and its header each written apart from unwritten neighbours) and a few
+  // for the superblock and checkpoints; leaves of 4 KiB hold 340 extents and are counted half full, plus the
+  // index blocks above them.
+  const std::uint64_t extents = 4 * slots + 16;
+  l.reserve_bytes = page_bytes * ((extents + 169) / 170 + 3);
   return l;
 }
 
 std::uint64_t slots_within(std::uint64_t block_bytes, std::uint64_t budget_bytes) noexcept {
   const layout one = make_layout(block_bytes, 1);
-  if (one.end_bytes > budget_bytes) return 0;
+  if (one.budget_bytes() > budget_bytes) return 0;
   // A first guess from the per-slot cost, then corrected both ways (the checkpoint rounds to pages).
   std::uint64_t s = (budget_bytes - 3 * page_bytes) /
                     (one.slot_bytes + 2 * (checkpoint_entry_bytes + window_entry_bytes));
   s = std::max<std::uint64_t>(s, 1);
-  while (s > 1 && make_layout(block_bytes, s).end_bytes > budget_bytes) --s;
-  while (make_layout(block_bytes, s + 1).end_bytes <= budget_bytes) ++s;
+  while (s > 1 && make_layout(block_bytes, s).budget_bytes() > budget_bytes) --s;
+  while (make_layout(block_bytes, s + 1).budget_bytes() <= budget_bytes) ++s;
   return s;
 }
 
@@ -236,6 +264,7 @@ void encode_checkpoint_header(const checkpoint_header& h, std::uint8_t* p) noexc
   put64(p + 64, h.body_bytes);
   put32(p + 72, h.body_crc);
   put32(p + 76, h.clean ? 1u : 0u);
+  put64(p + 80, h.namespace_hash);
   put32(p + 12, crc_without(p, checkpoint_header_bytes, 12));
 }
 
@@ -252,6 +281,7 @@ bool decode_checkpoint_header(const std::uint8_t* p, checkpoint_header& h) noexc
   const std::uint32_t clean = get32(p + 76);
   if (clean > 1) return false;
   h.clean = clean == 1;
+  h.namespace_hash = get64(p + 80);
   return h.window_count <= h.slots &&
          h.body_bytes == h.slots * checkpoint_entry_bytes + h.window_count * window_entry_bytes;
 }

@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 
+#include "gdskit/checksum.hpp"
 #include "gdskit/kv.hpp"
 
 namespace gdskit::kv::detail {
@@ -37,6 +38,13 @@ struct layout {
   std::uint64_t checkpoint_bytes = 0;   ///< of one copy: header page + entries + window, padded to 4 KiB
   std::uint64_t slot_offset = 0;        ///< of slot 0
   std::uint64_t end_bytes = 0;          ///< size of the whole volume
+  /// Room kept for the file system's own blocks of a volume file: the extent tree of a preallocated file
+  /// written in random places grows with the number of written and unwritten runs (up to two per slot, for
+  /// its data and its header), and those blocks count in the file's physical size.
+  std::uint64_t reserve_bytes = 0;
+
+  /// What the volume may occupy: the capacity share it needs.
+  std::uint64_t budget_bytes() const noexcept { return end_bytes + reserve_bytes; }
 
   std::uint64_t slot_position(std::uint64_t slot) const noexcept { return slot_offset + slot * slot_bytes; }
   std::uint64_t header_position(std::uint64_t slot) const noexcept { return slot_position(slot) + header_offset; }
@@ -47,8 +55,13 @@ struct layout {
 
 /// The layout of a volume of `slots` slots of `block_bytes` each.
 layout make_layout(std::uint64_t block_bytes, std::uint64_t slots) noexcept;
-/// The most slots of `block_bytes` whose whole volume fits in `budget_bytes` (0 when not even one does).
+/// The most slots of `block_bytes` whose volume (its reserve included) fits in `budget_bytes` (0 when not even
+/// one does).
 std::uint64_t slots_within(std::uint64_t block_bytes, std::uint64_t budget_bytes) noexcept;
+
+/// The CRC32C of bytes A followed by bytes B, from crc32c(A) = `crc_a`, crc32c(B) = `crc_b` and B's length:
+/// what a block written in pieces sums to, from the sums the transfer core reports per piece.
+std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t b_bytes) noexcept;
 
 /// 64-bit hash of a namespace text (FNV-1a with a final mix).
 std::uint64_t namespace_hash(std::string_view text) noexcept;
@@ -105,6 +118,9 @@ struct checkpoint_header {
   std::uint64_t body_bytes = 0;
   std::uint32_t body_crc = 0;
   bool clean = false;
+  /// The namespace whose index it is: the index is what gets are checked against, so it must never be taken
+  /// for another namespace's (a superblock rewritten to claim another namespace still finds no block).
+  std::uint64_t namespace_hash = 0;
 };
 void encode_checkpoint_header(const checkpoint_header& h, std::uint8_t* page) noexcept;
 bool decode_checkpoint_header(const std::uint8_t* page, checkpoint_header& h) noexcept;

@@ -58,7 +58,7 @@ std::error_code sync_until(const std::shared_ptr<const file_handle>& file, clock
   return st->ec;
 }
 
-void quarantine::add(batch_future f, std::function<void()> on_release) {
+void quarantine::add(std::shared_ptr<const batch_future> f, std::function<void()> on_release) {
   std::lock_guard lock(mutex_);
   entries_.push_back({std::move(f), std::move(on_release)});
 }
@@ -68,7 +68,7 @@ void quarantine::reap() {
   {
     std::lock_guard lock(mutex_);
     for (std::size_t i = 0; i < entries_.size();) {
-      if (entries_[i].future.released()) {
+      if (entries_[i].future->released()) {
         done.push_back(std::move(entries_[i]));
         entries_[i] = std::move(entries_.back());
         entries_.pop_back();
@@ -490,6 +490,7 @@ std::error_code shard::checkpoint(std::uint64_t next_sequence, clock::time_point
     h.body_bytes = body;
     h.body_crc = crc32c(b, body);
     h.clean = window.empty();
+    h.namespace_hash = namespace_hash_;
     encode_checkpoint_header(h, buf.get());
   }
 
@@ -501,11 +502,11 @@ std::error_code shard::checkpoint(std::uint64_t next_sequence, clock::time_point
     batch_options bo;
     bo.deadline = deadline;
     try {
-      batch_future f = submit_writes(std::span<const io_range>(&r, 1), bo);
-      wait_or_cancel(f, deadline);
-      ec = f.get().ranges[0].error;
+      auto f = std::make_shared<const batch_future>(submit_writes(std::span<const io_range>(&r, 1), bo));
+      wait_or_cancel(*f, deadline);
+      ec = f->get().ranges[0].error;
       if (ec == std::errc::operation_canceled) ec = errno_code(ETIMEDOUT);  // stopped at the deadline
-      if (!settled(f)) {
+      if (!settled(*f)) {
         std::lock_guard lock(mutex_);
         checkpoint_stuck_ = true;
         quarantine_.add(std::move(f), [this, keep] {
@@ -572,7 +573,8 @@ std::uint64_t shard::recover(bool created, bool ignore_checkpoint, recovery_info
       }
       info.bytes_read += got;
       checkpoint_header h;
-      if (got == page_bytes && decode_checkpoint_header(page, h) && h.uuid == uuid_ && h.slots == geometry_.slots) {
+      if (got == page_bytes && decode_checkpoint_header(page, h) && h.uuid == uuid_ && h.slots == geometry_.slots &&
+          h.namespace_hash == namespace_hash_) {
         found.push_back({h, copy});
       }
     }

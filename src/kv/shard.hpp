@@ -39,16 +39,16 @@ bool settled(const batch_future& f);
 /// return cannot hold the caller). Returns the sync's error, ETIMEDOUT when it did not end in time.
 std::error_code sync_until(const std::shared_ptr<const file_handle>& file, clock::time_point deadline);
 
-/// Futures past their deadline whose requests the kernel still holds, with what they hold (staging memory,
-/// slots): kept until released, then handed back. Never destroys a future that is not released (that would
-/// block).
+/// Futures past their deadline whose requests the kernel still holds, with what they hold (memory, slots):
+/// kept until released, then handed back. Never drops a future that is not released (destroying it would
+/// block); others may share it (an operation's future keeps its batch for its descriptor).
 class quarantine {
  public:
   struct entry {
-    batch_future future;
+    std::shared_ptr<const batch_future> future;
     std::function<void()> on_release;
   };
-  void add(batch_future f, std::function<void()> on_release);
+  void add(std::shared_ptr<const batch_future> f, std::function<void()> on_release);
   /// Hands back everything released so far.
   void reap();
   /// Waits until everything is released (close), for at most `limit`; returns whether it all was.

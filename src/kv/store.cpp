@@ -1,5 +1,5 @@
-// block_store: opening (options, volumes, recovery), the put and get pipelines through staging memory and
-// the batch API, asynchronous operations and their futures, statistics and close.
+// block_store: opening (options, volumes, recovery), gets and puts as batches of the transfer core with every
+// block checksummed on its way (CRC32C), asynchronous operations and their futures, statistics and close.
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -19,43 +20,110 @@
 #include <fmt/format.h>
 
 #include "gdskit/batch.hpp"
+#include "gdskit/checksum.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/kv.hpp"
 #include "kv/format.hpp"
 #include "kv/shard.hpp"
-#include "kv/staging.hpp"
 #include "kv/volume.hpp"
 
 namespace gdskit::kv {
 
 using detail::clock;
 
+namespace {
+
+// The most bytes the transfer core checks as one range (batch_options::checksum moves a range whole through
+// one staging slot of at most 16 MiB). A block is read as one checked range when it fits; larger blocks are
+// written in pieces of this size and read through the store's own memory.
+constexpr std::size_t k_piece_bytes = std::size_t{8} << 20;
+
+struct aligned_free {
+  void operator()(void* p) const noexcept { std::free(p); }
+};
+
+// `n` bytes of host memory aligned for O_DIRECT (4 KiB), zeroed, shared so that a request past its deadline
+// can keep it.
+std::shared_ptr<std::uint8_t[]> aligned_pages(std::size_t n) {
+  const std::size_t bytes = detail::round_up(std::max<std::size_t>(n, 1), detail::page_bytes);
+  void* p = std::aligned_alloc(detail::page_bytes, bytes);
+  if (p == nullptr) throw std::bad_alloc();
+  std::memset(p, 0, bytes);
+  return {static_cast<std::uint8_t*>(p), aligned_free{}};
+}
+
+}  // namespace
+
 namespace detail {
 
-/// The shared state of an asynchronous operation (and the control of a running one: its cancel flag and the
-/// batches it has in flight, which cancel() stops at once).
+/// A key of a get that the index holds, with its claim on the slot.
+struct get_item {
+  std::size_t i = 0;  // position in the call
+  shard* sh = nullptr;
+  read_ticket t;
+};
+
+/// A get moved by one batch of the transfer core, until its outcome is made.
+struct get_job {
+  block_store::impl* store = nullptr;
+  std::vector<key> keys;
+  std::vector<get_item> items;  // in the order of the batch's ranges
+  op_result res;
+  clock::time_point t0;
+};
+
+/// A key of a put that has a slot, and what became of it.
+struct put_item {
+  std::size_t i = 0;
+  shard* sh = nullptr;
+  std::uint32_t slot = 0;
+  std::uint64_t sequence = 0;
+  std::size_t first_range = 0, ranges = 0;  // its pieces among the data batch's ranges
+  std::uint32_t crc = 0;
+  std::error_code ec;
+  bool in_flight = false;  // failed while a request past the deadline may still write its slot
+};
+
+/// A put whose data batch has been submitted: the rest (headers, syncs, publishing) follows its completion.
+struct put_job {
+  std::vector<key> keys;
+  std::vector<put_item> items;
+  op_result res;
+  clock::time_point t0, deadline;
+  std::shared_ptr<const batch_future> data;
+};
+
+/// The shared state of an asynchronous operation. Two kinds: a get of blocks that fit one checked range is a
+/// batch of the transfer core (`batch`, with `job` until its outcome is made: its wait, descriptor, cancel
+/// and deadline are the batch's); every other operation is finished by a store worker, which calls finish().
 struct op_state {
-  op_state() {
-    const int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (fd < 0) throw error(errno_code(errno), "eventfd", "", -1, 0, "for a block store operation's completion");
-    event_fd = fd;
-  }
+  op_state() = default;
   ~op_state() {
     if (event_fd >= 0) ::close(event_fd);
   }
   op_state(const op_state&) = delete;
   op_state& operator=(const op_state&) = delete;
 
-  void finish(op_result r) {
-    {
-      std::lock_guard lock(mutex);
-      result = std::move(r);
-      ready = true;
+  /// The store's own completion descriptor (worker operations, and gets with nothing to read).
+  void open_event() {
+    const int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (fd < 0) throw error(errno_code(errno), "eventfd", "", -1, 0, "for a block store operation's completion");
+    event_fd = fd;
+  }
+  /// Records the outcome; with `mutex` held.
+  void set_ready_locked(op_result r) {
+    result = std::move(r);
+    ready = true;
+    if (event_fd >= 0) {
+      const std::uint64_t one = 1;
+      // Level-triggered: the counter stays non-zero, nobody reads it.
+      [[maybe_unused]] const auto n = ::write(event_fd, &one, sizeof one);
     }
-    const std::uint64_t one = 1;
-    // Level-triggered: the counter stays non-zero, nobody reads it.
-    [[maybe_unused]] const auto n = ::write(event_fd, &one, sizeof one);
     cv.notify_all();
+  }
+  void finish(op_result r) {
+    std::lock_guard lock(mutex);
+    set_ready_locked(std::move(r));
   }
 
   void track(const batch_future* f) {
@@ -70,13 +138,16 @@ struct op_state {
 
   std::mutex mutex;
   std::condition_variable cv;
-  bool ready = false;
+  bool ready = false;  // the outcome is made (result holds it)
   op_result result;
   int event_fd = -1;
-  std::atomic<bool> cancel{false};
+  std::atomic<bool> cancel{false};  // cancel() was called
   std::mutex inflight_mutex;
-  std::vector<const batch_future*> inflight;
-  std::function<void()> wake;  // wakes the operation when it waits for staging memory
+  std::vector<const batch_future*> inflight;  // worker operations: their batches in flight
+
+  bool core = false;                          // a core-batch get (below)
+  std::shared_ptr<const batch_future> batch;  // its batch; a put's data batch (for released())
+  std::unique_ptr<get_job> job;               // until the outcome is made
 };
 
 }  // namespace detail
@@ -98,9 +169,14 @@ why classify(const std::error_code& ec) {
   return why::io;
 }
 
-// A range stopped by wait_or_cancel at the deadline (before the batch's own timer fired) timed out; only the
-// caller's cancel() makes ECANCELED.
-std::error_code range_error(const range_result& r, const detail::op_state* ctl);
+// A range stopped before the batch's own deadline timer fired (a store-side wait that gave up at the
+// deadline) timed out; only the caller's cancel() makes ECANCELED.
+std::error_code range_error(const range_result& r, const detail::op_state* ctl) {
+  if (r.error == std::errc::operation_canceled && (ctl == nullptr || !ctl->cancel.load())) {
+    return errno_code(ETIMEDOUT);
+  }
+  return r.error;
+}
 
 std::string holder_names(const std::vector<std::filesystem::path>& paths) {
   std::string out;
@@ -108,11 +184,34 @@ std::string holder_names(const std::vector<std::filesystem::path>& paths) {
   return out;
 }
 
-std::error_code range_error(const range_result& r, const detail::op_state* ctl) {
-  if (r.error == std::errc::operation_canceled && (ctl == nullptr || !ctl->cancel.load())) {
-    return errno_code(ETIMEDOUT);
+// A fresh outcome for `n` keys: nothing decided yet.
+op_result undecided(std::size_t n) {
+  op_result res;
+  res.ok.assign(n, false);
+  res.errors.assign(n, errno_code(ENOENT));
+  return res;
+}
+
+// Submits `ranges` as one batch checksummed by the transfer core, by `deadline`, ordered with `stream`. Returns
+// the error when it could not start (then none of them moved).
+std::error_code submit_checked(io_direction dir, std::span<const io_range> ranges, clock::time_point deadline,
+                               void* stream, std::shared_ptr<const batch_future>& out) {
+  batch_options bo;
+  bo.deadline = deadline;
+  bo.checksum = batch_checksum::crc32c;
+  bo.stream = stream;
+  try {
+    out = std::make_shared<const batch_future>(submit(dir, ranges, bo));
+  } catch (const std::system_error& e) {
+    return e.code();
+  } catch (const std::bad_alloc&) {
+    return errno_code(ENOMEM);
   }
-  return r.error;
+  return {};
+}
+
+std::error_code stop_code(const detail::op_state* ctl) {
+  return errno_code(ctl != nullptr && ctl->cancel.load() ? ECANCELED : ETIMEDOUT);
 }
 
 }  // namespace
@@ -121,9 +220,7 @@ struct block_store::impl {
   store_options options;
   std::vector<detail::opened_volume> volumes;
   std::vector<std::unique_ptr<detail::shard>> shards;  // by volume index
-  std::unique_ptr<detail::staging_pool> staging;
-  detail::quarantine held;  // batches past their deadline, with the staging memory and slots they hold
-  std::size_t max_batch = 1;
+  detail::quarantine held;  // batches past their deadline, with the memory and slots they hold
   std::atomic<std::uint64_t> next_sequence{1};
   recovery_info recovery;
   data_path path = data_path::host;
@@ -139,7 +236,12 @@ struct block_store::impl {
   mutable std::shared_mutex gate;
   bool closed = false;
 
-  // Asynchronous operations: a queue and up to `max_workers` threads, started as work arrives.
+  // Submitted core-batch gets whose outcome is not made yet: made at the next call of the store (or by their
+  // future), and by close().
+  std::mutex pending_mutex;
+  std::vector<std::shared_ptr<detail::op_state>> pending;
+
+  // Operations the store finishes itself: a queue and up to `max_workers` threads, started as work arrives.
   std::mutex work_mutex;
   std::condition_variable work_cv;
   std::deque<std::function<void()>> work;
@@ -153,10 +255,8 @@ struct block_store::impl {
   detail::shard& shard_for(const key& k) const {
     return *shards[(k.hash() >> 32) % shards.size()];
   }
-  void reap() {
-    held.reap();
-    for (auto& s : shards) s->held().reap();
-  }
+  /// Makes the outcome of submitted gets that are ready, and hands back what finished requests held.
+  void reap();
   void count_error(const std::error_code& ec, bool put) {
     switch (classify(ec)) {
       case why::timeout: ++timeouts; break;
@@ -168,12 +268,29 @@ struct block_store::impl {
     }
     if (put && classify(ec) != why::other) ++put_failures;
   }
-  void check_views(std::span<const key> keys, std::span<const buffer_view> views, bool reads) const;
-  op_result run_get(std::span<const key> keys, std::span<const buffer_view> out, clock::time_point deadline,
-                    detail::op_state* ctl);
-  op_result run_put(std::span<const key> keys, std::span<const buffer_view> blocks, clock::time_point deadline,
-                    detail::op_state* ctl);
-  /// Queues an asynchronous operation; false once close() has begun.
+  void check_views(std::span<const key> keys, std::span<const buffer_view> views, bool reads, void* stream) const;
+  bool one_range() const { return options.block_bytes <= k_piece_bytes; }
+
+  // Gets of blocks that fit one checked range: one batch straight into `out`.
+  std::shared_ptr<detail::op_state> start_get(std::span<const key> keys, std::span<const buffer_view> out,
+                                              clock::time_point deadline, void* stream);
+  /// Makes the outcome of a core-batch get whose batch is ready (or that has none); once. With s.mutex held.
+  void settle_get_locked(detail::op_state& s);
+  // Gets of larger blocks: block after block through the store's memory.
+  op_result run_large_get(std::span<const key> keys, std::span<const buffer_view> out, clock::time_point deadline,
+                          detail::op_state* ctl);
+  // Puts: the data batch (from the caller's memory, checksummed), then the headers.
+  std::shared_ptr<detail::put_job> start_put(std::span<const key> keys, std::span<const buffer_view> blocks,
+                                             clock::time_point deadline, void* stream, detail::op_state* ctl);
+  op_result finish_put(detail::put_job& job, detail::op_state* ctl);
+  /// Waits for `f` (by its deadline at the latest), cancellable through `ctl`.
+  static void wait_tracked(const batch_future& f, detail::op_state* ctl) {
+    if (ctl != nullptr) ctl->track(&f);
+    f.wait();
+    if (ctl != nullptr) ctl->untrack(&f);
+  }
+
+  /// Queues work for a store worker; false once close() has begun.
   bool enqueue(std::function<void()> task);
   void worker_loop();
   void close();
@@ -183,6 +300,16 @@ struct block_store::impl {
 };
 
 // ---- open ----
+
+std::uint64_t capacity_for(std::uint64_t blocks, std::size_t block_bytes, std::size_t paths) {
+  if (block_bytes == 0 || block_bytes > detail::max_block_bytes) {
+    bad(EINVAL, fmt::format("block_bytes must be 1 .. 1 GiB, not {}", block_bytes));
+  }
+  if (paths == 0) bad(EINVAL, "no path");
+  const std::uint64_t per_path = std::max<std::uint64_t>(1, (blocks + paths - 1) / paths);
+  return detail::make_layout(block_bytes, per_path).budget_bytes() * paths;
+}
+
 
 block_store::impl::impl(const store_options& o) : options(o) {
   if (options.paths.empty()) bad(EINVAL, "no path given: pass one or more folders or block devices");
@@ -197,7 +324,7 @@ block_store::impl::impl(const store_options& o) : options(o) {
   const std::uint64_t n = options.paths.size();
   const std::uint64_t per_volume = options.capacity_bytes / n;
   if (detail::slots_within(options.block_bytes, per_volume) == 0) {
-    const std::uint64_t need = detail::make_layout(options.block_bytes, 1).end_bytes * n;
+    const std::uint64_t need = detail::make_layout(options.block_bytes, 1).budget_bytes() * n;
     bad(EINVAL, fmt::format("capacity_bytes {} is below one block per path: blocks of {} bytes on {} path(s) need "
                             "at least {} bytes (block, its header, the superblock and two checkpoints)",
                             options.capacity_bytes, options.block_bytes, n, need));
@@ -211,6 +338,9 @@ block_store::impl::impl(const store_options& o) : options(o) {
     }
   }
   if (options.async_workers != 0) max_workers = options.async_workers;
+  // A checksum is computed on bytes in host memory, so GPU memory must take the staged path (cuFile would move
+  // it unchecked). Every file of the store is opened with this setting.
+  if (options.io.mode != path_mode::host) options.io.mode = path_mode::staged;
 }
 
 void block_store::impl::open() {
@@ -325,25 +455,16 @@ void block_store::impl::open() {
   for (auto& s : shards) next = std::max(next, s->recover(created, options.ignore_checkpoint, recovery));
   next_sequence = next;
 
-  // Staging: at least four slabs, pinned where a GPU is usable (copies to GPU memory run from it directly).
   std::string gpu_why;
   const bool gpu = gpu_available(&gpu_why);
-  const std::size_t want = options.staging_bytes != 0 ? options.staging_bytes : std::size_t{128} << 20;
-  const std::size_t slabs = std::clamp<std::size_t>(want / geometry.slot_bytes, 4, 4096);
-  staging = std::make_unique<detail::staging_pool>(geometry.slot_bytes, slabs, gpu);
-  // Windows of about 4 MiB (at least 16 blocks, at most a quarter of the slabs): a batch has a fixed cost, so
-  // small blocks go many to a batch, and a call of many large keys keeps several windows in flight and checks
-  // one while the next ones are read; concurrent calls share the slabs.
-  max_batch = std::clamp<std::size_t>(std::max<std::size_t>(16, (std::size_t{4} << 20) / geometry.slot_bytes), 1,
-                                      std::max<std::size_t>(1, slabs / 4));
 
   const io_choice& choice = shards.front()->file().choice();
   direct = choice.direct;
   direct_reason = choice.direct_reason;
   if (gpu) {
     path = data_path::staged;
-    path_reasons.push_back("blocks are checked (CRC32C) on the host, so GPU memory is reached through pinned staging "
-                           "memory");
+    path_reasons.push_back("blocks are checked (CRC32C) while they sit in host memory: GPU memory is reached "
+                           "through the transfer core's pinned staging, one batched copy per round");
     try {
       const path_decision d = shards.front()->file().plan(buffer_view{nullptr, 0, memory_kind::device, 0});
       for (const auto& r : d.reasons) path_reasons.push_back("planner: " + r);
@@ -360,7 +481,8 @@ void block_store::impl::open() {
 
 // ---- checks before any I/O ----
 
-void block_store::impl::check_views(std::span<const key> keys, std::span<const buffer_view> views, bool reads) const {
+void block_store::impl::check_views(std::span<const key> keys, std::span<const buffer_view> views, bool reads,
+                                    void* stream) const {
   const char* what = reads ? "out" : "blocks";
   if (keys.size() != views.size()) {
     bad(EINVAL, fmt::format("{} keys but {} {} rows", keys.size(), views.size(), what));
@@ -380,6 +502,10 @@ void block_store::impl::check_views(std::span<const key> keys, std::span<const b
       gpu_checked = true;
     }
   }
+  if (stream != nullptr && !gpu_checked) {
+    std::string why;
+    if (!gpu_available(&why)) bad(ENODEV, "a CUDA stream was given but no GPU is usable: " + why);
+  }
   if (reads) {
     // Two keys read into the same bytes would race.
     std::vector<std::size_t> order(views.size());
@@ -395,151 +521,187 @@ void block_store::impl::check_views(std::span<const key> keys, std::span<const b
   }
 }
 
-// ---- the pipeline both puts and gets run ----
+// ---- gets ----
 
-namespace {
-
-// A window's batch: every block of it in flight at once (a window is already bounded: at most about 4 MiB
-// or 16 blocks), by the operation's deadline.
-batch_options window_options(clock::time_point deadline, std::size_t ranges) {
-  batch_options bo;
-  bo.deadline = deadline;
-  bo.queue_depth = static_cast<unsigned>(std::max<std::size_t>(1, ranges));
-  return bo;
-}
-
-// A fresh outcome for `n` keys: nothing decided yet.
-op_result undecided(std::size_t n) {
-  op_result res;
-  res.ok.assign(n, false);
-  res.errors.assign(n, errno_code(ENOENT));
-  return res;
-}
-
-// Moves `count` items through staging memory in windows of at most max_batch, keeping windows in flight
-// while slabs last. `start(pos, slabs, w)` takes items from `pos` into window `w` (submitting its batch into
-// w.fut, giving back slabs it does not use) and returns the next position; `finish(w)` handles a window once
-// its batch ended or the deadline passed; `stop(pos, ec)` decides an item never started (deadline, cancel).
-template <class Window, class Start, class Finish, class Stop>
-void run_windows(block_store::impl& p, std::size_t count, clock::time_point deadline, detail::op_state* ctl,
-                 Start&& start, Finish&& finish, Stop&& stop) {
-  auto stopping = [&] { return clock::now() >= deadline || (ctl != nullptr && ctl->cancel.load()); };
-  std::deque<Window> inflight;
-  std::size_t pos = 0;
-  while (pos < count || !inflight.empty()) {
-    if (pos < count && stopping()) {
-      const std::error_code ec = errno_code(ctl != nullptr && ctl->cancel.load() ? ECANCELED : ETIMEDOUT);
-      for (; pos < count; ++pos) stop(pos, ec);
+void block_store::impl::reap() {
+  std::vector<std::shared_ptr<detail::op_state>> done;
+  {
+    std::lock_guard lock(pending_mutex);
+    for (std::size_t i = 0; i < pending.size();) {
+      if (pending[i]->batch->ready()) {
+        done.push_back(std::move(pending[i]));
+        pending[i] = std::move(pending.back());
+        pending.pop_back();
+      } else {
+        ++i;
+      }
     }
-    while (pos < count && !stopping()) {
-      auto slabs = p.staging->take(std::min(count - pos, p.max_batch), deadline, inflight.empty(),
-                                   ctl != nullptr ? &ctl->cancel : nullptr);
-      if (slabs.empty()) break;
-      Window w;
-      pos = start(pos, slabs, w);
-      if (!w.fut.valid()) continue;
-      inflight.push_back(std::move(w));
-      if (ctl != nullptr) ctl->track(&inflight.back().fut);
-    }
-    if (inflight.empty()) continue;
-    Window& w = inflight.front();
-    detail::wait_or_cancel(w.fut, deadline);
-    if (ctl != nullptr) ctl->untrack(&w.fut);
-    finish(w);
-    inflight.pop_front();
   }
+  for (auto& s : done) {
+    std::lock_guard lock(s->mutex);
+    settle_get_locked(*s);
+  }
+  held.reap();
+  for (auto& s : shards) s->held().reap();
 }
 
-}  // namespace
+std::shared_ptr<detail::op_state> block_store::impl::start_get(std::span<const key> keys,
+                                                               std::span<const buffer_view> out,
+                                                               clock::time_point deadline, void* stream) {
+  auto s = std::make_shared<detail::op_state>();
+  s->core = true;
+  auto job = std::make_unique<detail::get_job>();
+  job->store = this;
+  job->t0 = clock::now();
+  job->keys.assign(keys.begin(), keys.end());
+  job->res = undecided(keys.size());
+  reap();
+  gets += keys.size();
 
-// ---- get ----
+  // Each block straight from its slot into the caller's row. The transfer core checks it against the CRC32C
+  // its header recorded while it sits in staging memory, and copies it into the row only when it matches.
+  std::vector<io_range> ranges;
+  ranges.reserve(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    detail::shard& sh = shard_for(keys[i]);
+    const auto t = sh.begin_read(keys[i]);
+    if (!t) continue;
+    job->items.push_back({i, &sh, *t});
+    io_range r{&sh.file(), sh.geometry().slot_position(t->slot), out[i]};
+    r.crc32c = t->data_crc;
+    ranges.push_back(r);
+  }
+  if (!ranges.empty()) {
+    if (const std::error_code failed = submit_checked(io_direction::read, ranges, deadline, stream, s->batch)) {
+      for (const auto& it : job->items) {
+        job->res.errors[it.i] = failed;
+        count_error(failed, false);
+        it.sh->end_read(job->keys[it.i], it.t, detail::shard::read_outcome::other);
+      }
+      job->items.clear();
+    }
+  }
+  s->job = std::move(job);
+  if (!s->batch) {
+    // Nothing to read: decided now, with a descriptor of its own that is readable at once.
+    s->open_event();
+    std::lock_guard lock(s->mutex);
+    settle_get_locked(*s);
+  }
+  return s;
+}
 
-op_result block_store::impl::run_get(std::span<const key> keys, std::span<const buffer_view> out,
-                                     clock::time_point deadline, detail::op_state* ctl) {
+void block_store::impl::settle_get_locked(detail::op_state& s) {
+  if (s.ready) return;
+  detail::get_job& j = *s.job;
+  if (s.batch) {
+    const batch_result& r = s.batch->get();
+    for (std::size_t k = 0; k < j.items.size(); ++k) {
+      const detail::get_item& it = j.items[k];
+      const range_result& rr = r.ranges[k];
+      bytes_read += rr.nbytes;
+      auto outcome = detail::shard::read_outcome::other;
+      std::error_code ec;
+      if (rr.ok() && rr.crc32c == it.t.data_crc) {
+        outcome = detail::shard::read_outcome::hit;
+      } else if (rr.ok() || rr.error == std::errc::bad_message ||
+                 rr.error == std::errc::no_message_available) {
+        // Bytes other than the block's (or fewer: the file was cut short). A range reported moved whose sum
+        // differs would be a route that did not check; the store's files send GPU memory through staging,
+        // so that cannot happen, and the key is a miss all the same.
+        ec = errno_code(EBADMSG);
+        outcome = detail::shard::read_outcome::bad;
+      } else {
+        ec = range_error(rr, &s);
+      }
+      if (ec) {
+        j.res.errors[it.i] = ec;
+        count_error(ec, false);
+      } else {
+        j.res.ok[it.i] = true;
+        j.res.errors[it.i] = {};
+      }
+      it.sh->end_read(j.keys[it.i], it.t, outcome);
+    }
+    // Checked reads move through the core's staging, so once the batch is ready nothing lands in `out`; a
+    // request the kernel still holds targets that staging only, and the batch is kept until it ends.
+    if (!detail::settled(*s.batch)) held.add(s.batch, {});
+  }
+  for (bool b : j.res.ok) j.res.ok_count += b ? 1 : 0;
+  hits += j.res.ok_count;
+  misses += j.res.ok.size() - j.res.ok_count;
+  j.res.seconds = std::chrono::duration<double>(clock::now() - j.t0).count();
+  s.set_ready_locked(std::move(j.res));
+  s.job.reset();
+}
+
+op_result block_store::impl::run_large_get(std::span<const key> keys, std::span<const buffer_view> out,
+                                           clock::time_point deadline, detail::op_state* ctl) {
   const auto t0 = clock::now();
   const std::size_t n = keys.size();
   op_result res = undecided(n);
   reap();
   gets += n;
-
-  struct pending {
-    std::size_t i;
-    detail::shard* sh;
-    detail::read_ticket t;
-  };
-  std::vector<pending> todo;
-  todo.reserve(n);
+  const std::size_t block_bytes = options.block_bytes;
+  // Blocks too large to be checked as one range of the core: read into the store's memory, checked there and
+  // copied into the row, one after another (each is large enough to keep the device busy on its own).
+  std::shared_ptr<std::uint8_t[]> buf;
   for (std::size_t i = 0; i < n; ++i) {
     detail::shard& sh = shard_for(keys[i]);
-    if (auto t = sh.begin_read(keys[i])) todo.push_back({i, &sh, *t});
-  }
-  const std::size_t io_bytes = shards.front()->geometry().slot_bytes;
-  const std::size_t header_at = shards.front()->geometry().header_offset;
-  const std::size_t block_bytes = options.block_bytes;
-
-  auto fail = [&](const pending& p, std::error_code ec, detail::shard::read_outcome o) {
-    res.errors[p.i] = ec;
-    p.sh->end_read(keys[p.i], p.t, o);
-    count_error(ec, false);
-  };
-  auto check_and_copy = [&](const pending& p, const std::uint8_t* slab, const range_result& rr) {
-    bytes_read += rr.nbytes;
-    if (!rr.ok()) return fail(p, range_error(rr, ctl), detail::shard::read_outcome::other);
-    detail::block_header h;
-    const bool good = rr.nbytes == io_bytes && detail::decode_header(slab + header_at, h) && h.uuid == p.sh->uuid() &&
-                      h.namespace_hash == p.sh->namespace_hash() && h.volume == p.sh->volume() && h.slot == p.t.slot &&
-                      h.sequence == p.t.sequence && h.data_crc == p.t.data_crc && h.k == keys[p.i] &&
-                      h.data_bytes == block_bytes && crc32c(slab, block_bytes) == h.data_crc;
-    if (!good) return fail(p, errno_code(EBADMSG), detail::shard::read_outcome::bad);
-    try {
-      if (host_memory(out[p.i])) {
-        std::memcpy(out[p.i].data, slab, block_bytes);
-      } else {
-        copy_into(out[p.i], 0, slab, block_bytes);
-      }
-    } catch (const std::system_error& e) {
-      return fail(p, e.code().category() == std::generic_category() ? e.code() : errno_code(EIO),
-                  detail::shard::read_outcome::other);
-    }
-    res.ok[p.i] = true;
-    res.errors[p.i] = {};
-    p.sh->end_read(keys[p.i], p.t, detail::shard::read_outcome::hit);
-  };
-
-  struct window {
-    std::vector<pending> items;
-    std::vector<std::uint8_t*> slabs;
-    batch_future fut;
-  };
-  auto start = [&](std::size_t pos, std::vector<std::uint8_t*>& slabs, window& w) {
-    w.slabs = std::move(slabs);
-    std::vector<io_range> ranges;
-    for (std::size_t j = 0; j < w.slabs.size(); ++j) {
-      const pending& p = todo[pos++];
-      w.items.push_back(p);
-      ranges.push_back({&p.sh->file(), p.sh->geometry().slot_position(p.t.slot), staging->view(w.slabs[j], io_bytes)});
-    }
-    const batch_options bo = window_options(deadline, ranges.size());
-    try {
-      w.fut = submit_reads(ranges, bo);
-    } catch (const std::system_error& e) {
-      for (const auto& p : w.items) fail(p, e.code(), detail::shard::read_outcome::other);
-      staging->give(w.slabs);
-    }
-    return pos;
-  };
-  auto finish = [&](window& w) {
-    const batch_result& r = w.fut.get();
-    for (std::size_t j = 0; j < w.items.size(); ++j) check_and_copy(w.items[j], w.slabs[j], r.ranges[j]);
-    if (detail::settled(w.fut)) {
-      staging->give(w.slabs);
+    const auto t = sh.begin_read(keys[i]);
+    if (!t) continue;
+    std::error_code ec;
+    auto outcome = detail::shard::read_outcome::other;
+    if (clock::now() >= deadline || (ctl != nullptr && ctl->cancel.load())) {
+      ec = stop_code(ctl);
     } else {
-      held.add(std::move(w.fut), [this, slabs = std::move(w.slabs)] { staging->give(slabs); });
+      try {
+        if (!buf) buf = aligned_pages(block_bytes);
+        const io_range r{&sh.file(), sh.geometry().slot_position(t->slot), buffer_view::host(buf.get(), block_bytes)};
+        batch_options bo;
+        bo.deadline = deadline;
+        bo.exact = true;
+        auto f = std::make_shared<const batch_future>(submit_reads(std::span<const io_range>(&r, 1), bo));
+        wait_tracked(*f, ctl);
+        const range_result& rr = f->get().ranges[0];
+        bytes_read += rr.nbytes;
+        if (rr.error == std::errc::bad_message || rr.error == std::errc::no_message_available) {
+          ec = errno_code(EBADMSG);
+          outcome = detail::shard::read_outcome::bad;
+        } else if (!rr.ok()) {
+          ec = range_error(rr, ctl);
+        } else if (crc32c(buf.get(), block_bytes) != t->data_crc) {
+          ec = errno_code(EBADMSG);
+          outcome = detail::shard::read_outcome::bad;
+        } else {
+          if (host_memory(out[i])) {
+            std::memcpy(out[i].data, buf.get(), block_bytes);
+          } else {
+            copy_into(out[i], 0, buf.get(), block_bytes);
+          }
+          outcome = detail::shard::read_outcome::hit;
+        }
+        if (!detail::settled(*f)) {
+          held.add(f, [keep = std::move(buf)] {});  // a request past the deadline may still land in it
+          buf.reset();
+        }
+      } catch (const std::system_error& e) {
+        ec = e.code().category() == std::generic_category() ? e.code() : errno_code(EIO);
+        outcome = detail::shard::read_outcome::other;
+      } catch (const std::bad_alloc&) {
+        ec = errno_code(ENOMEM);
+        outcome = detail::shard::read_outcome::other;
+      }
     }
-  };
-  run_windows<window>(*this, todo.size(), deadline, ctl, start, finish, [&](std::size_t pos, std::error_code ec) {
-    fail(todo[pos], ec, detail::shard::read_outcome::other);
-  });
+    if (ec) {
+      res.errors[i] = ec;
+      count_error(ec, false);
+    } else {
+      res.ok[i] = true;
+      res.errors[i] = {};
+    }
+    sh.end_read(keys[i], *t, outcome);
+  }
   for (bool b : res.ok) res.ok_count += b ? 1 : 0;
   hits += res.ok_count;
   misses += n - res.ok_count;
@@ -547,84 +709,43 @@ op_result block_store::impl::run_get(std::span<const key> keys, std::span<const 
   return res;
 }
 
-// ---- put ----
+// ---- puts ----
 
-op_result block_store::impl::run_put(std::span<const key> keys, std::span<const buffer_view> blocks,
-                                     clock::time_point deadline, detail::op_state* ctl) {
-  const auto t0 = clock::now();
+std::shared_ptr<detail::put_job> block_store::impl::start_put(std::span<const key> keys,
+                                                              std::span<const buffer_view> blocks,
+                                                              clock::time_point deadline, void* stream,
+                                                              detail::op_state* ctl) {
+  auto job = std::make_shared<detail::put_job>();
+  job->t0 = clock::now();
+  job->deadline = deadline;
+  job->keys.assign(keys.begin(), keys.end());
   const std::size_t n = keys.size();
-  op_result res = undecided(n);
+  job->res = undecided(n);
   reap();
   puts += n;
-  const detail::layout& g = shards.front()->geometry();
-  const std::size_t block_bytes = options.block_bytes;
-  const bool persist = options.mode == durability::persist;
-  // cache: data and header in one request per block. persist: the data, fdatasync, the headers, fdatasync.
-  const std::size_t first_bytes = persist ? g.header_offset : g.slot_bytes;
-
-  struct item {
-    std::size_t i;
-    detail::shard* sh;
-    std::uint32_t slot;
-    std::uint32_t crc;
-    std::uint8_t* slab;
-  };
-  // What a window's batches hold: given back when the last of them is released.
-  struct holding {
-    block_store::impl* owner = nullptr;
-    std::vector<std::uint8_t*> slabs;
-    std::vector<std::pair<detail::shard*, std::uint32_t>> slots;
-    ~holding() {
-      owner->staging->give(slabs);
-      for (auto [sh, s] : slots) sh->release_slot(s);
-    }
-  };
-  struct window {
-    std::vector<item> items;
-    std::vector<std::uint8_t*> slabs;
-    batch_future fut;
-  };
-
   auto decide = [&](std::size_t i, std::error_code ec) {
-    res.errors[i] = ec;
+    job->res.errors[i] = ec;
     if (ec) count_error(ec, true);
   };
-  // Fills a slab: the block (copied, so the caller's memory is free at once and what is checksummed is what is
-  // written), zero padding to the header page, and the header.
-  auto fill = [&](const item& it, std::uint64_t seq) -> std::uint32_t {
-    if (host_memory(blocks[it.i])) {
-      std::memcpy(it.slab, blocks[it.i].data, block_bytes);
-    } else {
-      copy_out(blocks[it.i], 0, it.slab, block_bytes);
-    }
-    std::memset(it.slab + block_bytes, 0, g.slot_bytes - block_bytes);
-    const std::uint32_t crc = crc32c(it.slab, block_bytes);
-    detail::block_header h;
-    h.uuid = it.sh->uuid();
-    h.namespace_hash = it.sh->namespace_hash();
-    h.sequence = seq;
-    h.volume = it.sh->volume();
-    h.slot = it.slot;
-    h.data_bytes = block_bytes;
-    h.data_crc = crc;
-    h.k = keys[it.i];
-    detail::encode_header(h, it.slab + g.header_offset);
-    return crc;
-  };
-
-  auto start = [&](std::size_t pos, std::vector<std::uint8_t*>& slabs, window& w) {
-    std::vector<io_range> ranges;
-    std::size_t used = 0;
-    while (pos < n && used < slabs.size() && clock::now() < deadline && (ctl == nullptr || !ctl->cancel.load())) {
-      const std::size_t i = pos++;
+  const std::size_t block_bytes = options.block_bytes;
+  // Every block's data goes straight from the caller's memory to its slot, checksummed by the transfer core on
+  // the way (for GPU memory in the pinned staging it crosses anyway); its header follows once the data is
+  // written and its sum known (finish_put). A block larger than one checked range goes in pieces.
+  std::vector<io_range> ranges;
+  try {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (clock::now() >= deadline || (ctl != nullptr && ctl->cancel.load())) {
+        for (; i < n; ++i) decide(i, stop_code(ctl));
+        break;
+      }
       detail::shard& sh = shard_for(keys[i]);
       const std::uint64_t seq = next_sequence.fetch_add(1);
       std::uint32_t slot = 0;
       std::error_code ec;
       switch (sh.begin_write(keys[i], seq, next_sequence.load(), deadline, slot, ec)) {
         case detail::write_claim::present:
-          res.ok[i] = true;
-          res.errors[i] = {};
+          job->res.ok[i] = true;
+          job->res.errors[i] = {};
           ++already_present;
           continue;
         case detail::write_claim::not_admitted:
@@ -638,117 +759,161 @@ op_result block_store::impl::run_put(std::span<const key> keys, std::span<const 
         case detail::write_claim::write:
           break;
       }
-      item it{i, &sh, slot, 0, slabs[used]};
-      try {
-        it.crc = fill(it, seq);
-      } catch (const std::system_error& e) {
-        sh.abandon(slot, false);
-        decide(i, e.code().category() == std::generic_category() ? e.code() : errno_code(EIO));
-        continue;
+      detail::put_item it;
+      it.i = i;
+      it.sh = &sh;
+      it.slot = slot;
+      it.sequence = seq;
+      it.first_range = ranges.size();
+      job->items.push_back(it);
+      const std::uint64_t at = sh.geometry().slot_position(slot);
+      for (std::size_t off = 0; off < block_bytes; off += k_piece_bytes) {
+        ranges.push_back({&sh.file(), at + off, blocks[i].sub(off, std::min(k_piece_bytes, block_bytes - off))});
       }
-      ++used;
-      ranges.push_back({&sh.file(), g.slot_position(slot), staging->view(it.slab, first_bytes)});
-      w.items.push_back(it);
+      job->items.back().ranges = ranges.size() - it.first_range;
     }
-    w.slabs.assign(slabs.begin(), slabs.begin() + static_cast<std::ptrdiff_t>(used));
-    staging->give(std::vector<std::uint8_t*>(slabs.begin() + static_cast<std::ptrdiff_t>(used), slabs.end()));
-    if (w.items.empty()) return pos;
-    const batch_options bo = window_options(deadline, ranges.size());
-    try {
-      w.fut = submit_writes(ranges, bo);
-    } catch (const std::system_error& e) {
-      for (const auto& it : w.items) {
+  } catch (...) {
+    for (const auto& it : job->items) it.sh->abandon(it.slot, false);
+    throw;
+  }
+  if (!ranges.empty()) {
+    if (const std::error_code failed = submit_checked(io_direction::write, ranges, deadline, stream, job->data)) {
+      for (const auto& it : job->items) {
         it.sh->abandon(it.slot, false);
-        decide(it.i, e.code());
+        decide(it.i, failed);
       }
-      staging->give(w.slabs);
+      job->items.clear();
     }
-    return pos;
-  };
+  }
+  return job;
+}
 
-  auto finish = [&](window& w) {
-    std::vector<std::error_code> outcome(w.items.size());
-    std::vector<batch_future> unreleased;
-    // Records a batch's outcome for the items `which` lists (its ranges in order).
-    auto record = [&](batch_future& f, const std::vector<std::size_t>& which) {
-      const batch_result& r = f.get();
-      for (std::size_t k = 0; k < which.size(); ++k) {
-        outcome[which[k]] = range_error(r.ranges[k], ctl);
-        if (r.ranges[k].ok()) bytes_written += r.ranges[k].nbytes;
-      }
-      if (!detail::settled(f)) unreleased.push_back(std::move(f));
-    };
-    // fdatasync of every volume an item that is still fine was written to; a failed sync fails its items.
-    auto sync_fine = [&] {
-      std::vector<const detail::shard*> touched;
-      for (std::size_t j = 0; j < w.items.size(); ++j) {
-        if (!outcome[j]) touched.push_back(w.items[j].sh);
-      }
-      std::sort(touched.begin(), touched.end());
-      touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
-      for (const detail::shard* sh : touched) {
-        const std::error_code ec = detail::sync_until(sh->file_ptr(), deadline);
-        for (std::size_t j = 0; j < w.items.size() && ec; ++j) {
-          if (!outcome[j] && w.items[j].sh == sh) outcome[j] = ec;
-        }
-      }
-    };
-    std::vector<std::size_t> all(w.items.size());
-    for (std::size_t j = 0; j < all.size(); ++j) all[j] = j;
-    record(w.fut, all);
+op_result block_store::impl::finish_put(detail::put_job& job, detail::op_state* ctl) {
+  const detail::layout& g = shards.front()->geometry();
+  const bool persist = options.mode == durability::persist;
+  const std::size_t block_bytes = options.block_bytes;
+  op_result& res = job.res;
+  auto& items = job.items;
+  std::vector<bool> given_up(items.size(), false);
 
-    if (persist) {
-      // Data first and synced, then the headers and synced: a header on disk always describes data on disk.
-      sync_fine();
-      std::vector<io_range> heads;
-      std::vector<std::size_t> which;
-      for (std::size_t j = 0; j < w.items.size(); ++j) {
-        if (outcome[j]) continue;
-        const item& it = w.items[j];
-        heads.push_back({&it.sh->file(), g.header_position(it.slot),
-                         staging->view(it.slab + g.header_offset, detail::page_bytes)});
-        which.push_back(j);
-      }
-      if (!heads.empty()) {
-        const batch_options bo = window_options(deadline, heads.size());
-        try {
-          batch_future hf = submit_writes(heads, bo);
-          if (ctl != nullptr) ctl->track(&hf);
-          detail::wait_or_cancel(hf, deadline);
-          if (ctl != nullptr) ctl->untrack(&hf);
-          record(hf, which);
-        } catch (const std::system_error& e) {
-          for (std::size_t k : which) outcome[k] = e.code();
-        }
-        sync_fine();
-      }
+  // Gives up the items that failed and are not given up yet. When `f` (the batch they failed in) may still
+  // write past its deadline, their slots wait in the quarantine with `memory` until it has ended.
+  auto give_up = [&](const std::shared_ptr<const batch_future>& f, const std::shared_ptr<std::uint8_t[]>& memory) {
+    const bool late = f != nullptr && !detail::settled(*f);
+    std::vector<std::pair<detail::shard*, std::uint32_t>> slots;
+    for (std::size_t k = 0; k < items.size(); ++k) {
+      const detail::put_item& it = items[k];
+      if (!it.ec || given_up[k]) continue;
+      given_up[k] = true;
+      it.sh->abandon(it.slot, late);
+      if (late) slots.emplace_back(it.sh, it.slot);
+      res.errors[it.i] = it.ec;
+      count_error(it.ec, true);
     }
-
-    auto keep = unreleased.empty() ? nullptr : std::make_shared<holding>();
-    for (std::size_t j = 0; j < w.items.size(); ++j) {
-      const item& it = w.items[j];
-      if (!outcome[j]) {
-        it.sh->publish(it.slot, it.crc);
-        res.ok[it.i] = true;
-        res.errors[it.i] = {};
-        ++stored;
-      } else {
-        it.sh->abandon(it.slot, keep != nullptr);
-        if (keep) keep->slots.emplace_back(it.sh, it.slot);
-        decide(it.i, outcome[j]);
-      }
-    }
-    if (keep) {
-      keep->owner = this;
-      keep->slabs = std::move(w.slabs);
-      for (auto& f : unreleased) held.add(std::move(f), [keep] {});
-    } else {
-      staging->give(w.slabs);
+    if (late) {
+      held.add(f, [slots = std::move(slots), memory] {
+        for (auto [sh, s] : slots) sh->release_slot(s);
+      });
     }
   };
-  run_windows<window>(*this, n, deadline, ctl, start, finish, [&](std::size_t pos, std::error_code ec) { decide(pos, ec); });
+  // fdatasync of every volume an item that is still fine was written to; a failed sync fails its items.
+  auto sync_fine = [&] {
+    std::vector<detail::shard*> touched;
+    for (const auto& it : items) {
+      if (!it.ec) touched.push_back(it.sh);
+    }
+    std::sort(touched.begin(), touched.end());
+    touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+    for (detail::shard* sh : touched) {
+      const std::error_code ec = detail::sync_until(sh->file_ptr(), job.deadline);
+      for (auto& it : items) {
+        if (ec && !it.ec && it.sh == sh) it.ec = ec;
+      }
+    }
+  };
+
+  if (job.data) {
+    wait_tracked(*job.data, ctl);
+    const batch_result& r = job.data->get();
+    for (auto& it : items) {
+      std::uint32_t crc = 0;
+      for (std::size_t k = 0; k < it.ranges; ++k) {
+        const range_result& rr = r.ranges[it.first_range + k];
+        if (!rr.ok()) {
+          if (!it.ec) it.ec = range_error(rr, ctl);
+          continue;
+        }
+        bytes_written += rr.nbytes;
+        const std::size_t len = std::min(k_piece_bytes, block_bytes - k * k_piece_bytes);
+        crc = k == 0 ? rr.crc32c : detail::crc32c_combine(crc, rr.crc32c, len);
+      }
+      it.crc = crc;
+    }
+    give_up(job.data, nullptr);
+
+    // Data first, then the headers (persist: each synced), so a header on disk describes data on disk; in
+    // cache mode a crash between the two leaves a header that does not match the data, and the block a miss.
+    if (persist) sync_fine();
+    std::vector<std::size_t> heads;
+    for (std::size_t k = 0; k < items.size(); ++k) {
+      if (!items[k].ec) heads.push_back(k);
+    }
+    if (!heads.empty()) {
+      std::shared_ptr<std::uint8_t[]> pages;
+      std::shared_ptr<const batch_future> hf;
+      try {
+        pages = aligned_pages(heads.size() * detail::page_bytes);
+        std::vector<io_range> ranges;
+        ranges.reserve(heads.size());
+        for (std::size_t j = 0; j < heads.size(); ++j) {
+          const detail::put_item& it = items[heads[j]];
+          detail::block_header h;
+          h.uuid = it.sh->uuid();
+          h.namespace_hash = it.sh->namespace_hash();
+          h.sequence = it.sequence;
+          h.volume = it.sh->volume();
+          h.slot = it.slot;
+          h.data_bytes = block_bytes;
+          h.data_crc = it.crc;
+          h.k = job.keys[it.i];
+          std::uint8_t* page = pages.get() + j * detail::page_bytes;
+          detail::encode_header(h, page);
+          ranges.push_back({&it.sh->file(), g.header_position(it.slot), buffer_view::host(page, detail::page_bytes)});
+        }
+        batch_options bo;
+        bo.deadline = job.deadline;
+        hf = std::make_shared<const batch_future>(submit_writes(ranges, bo));
+      } catch (const std::system_error& e) {
+        for (std::size_t k : heads) items[k].ec = e.code();
+      } catch (const std::bad_alloc&) {
+        for (std::size_t k : heads) items[k].ec = errno_code(ENOMEM);
+      }
+      if (hf) {
+        wait_tracked(*hf, ctl);
+        const batch_result& r = hf->get();
+        for (std::size_t j = 0; j < heads.size(); ++j) {
+          const range_result& rr = r.ranges[j];
+          if (rr.ok()) {
+            bytes_written += rr.nbytes;
+          } else {
+            items[heads[j]].ec = range_error(rr, ctl);
+          }
+        }
+        give_up(hf, pages);
+      }
+      if (persist) sync_fine();
+    }
+  }
+  give_up(nullptr, nullptr);  // failed syncs: nothing of theirs is in flight
+  for (const auto& it : items) {
+    if (it.ec) continue;
+    it.sh->publish(it.slot, it.crc);
+    res.ok[it.i] = true;
+    res.errors[it.i] = {};
+    ++stored;
+  }
   for (bool b : res.ok) res.ok_count += b ? 1 : 0;
-  res.seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  res.seconds = std::chrono::duration<double>(clock::now() - job.t0).count();
   return res;
 }
 
@@ -781,6 +946,7 @@ void block_store::impl::worker_loop() {
   }
 }
 
+
 // ---- close ----
 
 void block_store::impl::close() {
@@ -795,6 +961,17 @@ void block_store::impl::close() {
   std::unique_lock exclusive(gate);
   if (closed) return;
   closed = true;
+  // Submitted gets end by their deadline; their outcome is made now, so that their claims on slots end.
+  std::vector<std::shared_ptr<detail::op_state>> left;
+  {
+    std::lock_guard lock(pending_mutex);
+    left.swap(pending);
+  }
+  for (auto& s : left) {
+    s->batch->wait();
+    std::lock_guard lock(s->mutex);
+    settle_get_locked(*s);
+  }
   // Requests the kernel still holds past a deadline end when the device answers; their memory cannot be freed
   // before. A device that never answers keeps this store's memory for the life of the process.
   const auto limit = std::max<std::chrono::nanoseconds>(std::chrono::seconds(30), 4 * options.deadline);
@@ -857,6 +1034,25 @@ block_store::impl& open_impl(const std::shared_ptr<block_store::impl>& p) {
   return *p;
 }
 
+// The outcome of an operation that could not run: every key failed with `ec`.
+op_result all_failed(std::size_t n, std::error_code ec) {
+  op_result r;
+  r.ok.assign(n, false);
+  r.errors.assign(n, ec);
+  return r;
+}
+
+template <class F>
+op_result guarded(std::size_t n, F&& f) {
+  try {
+    return f();
+  } catch (const std::system_error& e) {
+    return all_failed(n, e.code());
+  } catch (const std::bad_alloc&) {
+    return all_failed(n, errno_code(ENOMEM));
+  }
+}
+
 }  // namespace
 
 #define GDSKIT_KV_SHARED_GATE(p)                \
@@ -866,71 +1062,80 @@ block_store::impl& open_impl(const std::shared_ptr<block_store::impl>& p) {
 op_result block_store::put(std::span<const key> keys, std::span<const buffer_view> blocks, const op_options& options) {
   impl& p = open_impl(impl_);
   GDSKIT_KV_SHARED_GATE(p);
-  p.check_views(keys, blocks, false);
-  return p.run_put(keys, blocks, p.deadline_of(options), nullptr);
+  p.check_views(keys, blocks, false, options.stream);
+  const auto job = p.start_put(keys, blocks, p.deadline_of(options), options.stream, nullptr);
+  return p.finish_put(*job, nullptr);
 }
 
 op_result block_store::get(std::span<const key> keys, std::span<const buffer_view> out, const op_options& options) {
   impl& p = open_impl(impl_);
   GDSKIT_KV_SHARED_GATE(p);
-  p.check_views(keys, out, true);
-  return p.run_get(keys, out, p.deadline_of(options), nullptr);
+  p.check_views(keys, out, true, options.stream);
+  const auto deadline = p.deadline_of(options);
+  if (!p.one_range()) return p.run_large_get(keys, out, deadline, nullptr);
+  const auto s = p.start_get(keys, out, deadline, options.stream);
+  if (s->batch) s->batch->wait();  // by the deadline at the latest
+  std::lock_guard lock(s->mutex);
+  p.settle_get_locked(*s);
+  return std::move(s->result);
 }
 
-namespace {
-
-op_future submit_op(const std::shared_ptr<block_store::impl>& ptr, std::span<const key> keys,
-                    std::span<const buffer_view> views, const op_options& options, bool reads) {
-  block_store::impl& p = open_impl(ptr);
-  {
-    GDSKIT_KV_SHARED_GATE(p);
-    p.check_views(keys, views, reads);
-  }
+op_future block_store::submit_put(std::span<const key> keys, std::span<const buffer_view> blocks,
+                                  const op_options& options) {
+  impl& p = open_impl(impl_);
   auto state = std::make_shared<detail::op_state>();
-  const clock::time_point deadline = p.deadline_of(options);
-  auto* staging = p.staging.get();
-  state->wake = [staging] { staging->wake(); };
-  std::vector<key> k(keys.begin(), keys.end());
-  std::vector<buffer_view> v(views.begin(), views.end());
-  const std::size_t n = k.size();
-  const bool queued = p.enqueue([&p, state, k = std::move(k), v = std::move(v), deadline, reads] {
-    op_result r;
-    try {
-      std::shared_lock gate_lock(p.gate);
-      if (p.closed) {
-        r.ok.assign(k.size(), false);
-        r.errors.assign(k.size(), errno_code(EBADF));
-      } else {
-        r = reads ? p.run_get(k, v, deadline, state.get()) : p.run_put(k, v, deadline, state.get());
-      }
-    } catch (const std::system_error& e) {
-      r.ok.assign(k.size(), false);
-      r.errors.assign(k.size(), e.code());
-    } catch (const std::bad_alloc&) {
-      r.ok.assign(k.size(), false);
-      r.errors.assign(k.size(), errno_code(ENOMEM));
-    }
-    state->finish(std::move(r));
-  });
-  if (!queued) {
-    op_result r;
-    r.ok.assign(n, false);
-    r.errors.assign(n, errno_code(EBADF));
-    state->finish(std::move(r));
+  state->open_event();
+  // The gate stays held until the rest is queued: close() then waits for the worker (or for this thread, when
+  // close has begun and the rest runs here), never for slots claimed by a put it does not know of.
+  GDSKIT_KV_SHARED_GATE(p);
+  p.check_views(keys, blocks, false, options.stream);
+  // The data batch starts here, so that a stream is waited for at the point of this call.
+  std::shared_ptr<detail::put_job> job = p.start_put(keys, blocks, p.deadline_of(options), options.stream, state.get());
+  state->batch = job->data;
+  auto rest = [&p, state, job] {
+    state->finish(guarded(job->keys.size(), [&] { return p.finish_put(*job, state.get()); }));
+  };
+  if (!p.enqueue([&p, rest] {
+        std::shared_lock lock(p.gate);
+        rest();
+      })) {
+    rest();
   }
   return op_future(std::move(state));
 }
 
-}  // namespace
-
-op_future block_store::submit_put(std::span<const key> keys, std::span<const buffer_view> blocks,
-                                  const op_options& options) {
-  return submit_op(impl_, keys, blocks, options, false);
-}
-
 op_future block_store::submit_get(std::span<const key> keys, std::span<const buffer_view> out,
                                   const op_options& options) {
-  return submit_op(impl_, keys, out, options, true);
+  impl& p = open_impl(impl_);
+  GDSKIT_KV_SHARED_GATE(p);
+  p.check_views(keys, out, true, options.stream);
+  const auto deadline = p.deadline_of(options);
+  if (p.one_range()) {
+    std::shared_ptr<detail::op_state> s = p.start_get(keys, out, deadline, options.stream);
+    {
+      std::lock_guard lock(s->mutex);
+      if (s->ready) return op_future(std::move(s));
+    }
+    std::lock_guard lock(p.pending_mutex);
+    p.pending.push_back(s);
+    return op_future(std::move(s));
+  }
+  auto state = std::make_shared<detail::op_state>();
+  state->open_event();
+  std::vector<key> k(keys.begin(), keys.end());
+  std::vector<buffer_view> v(out.begin(), out.end());
+  auto run = [&p, state, k = std::move(k), v = std::move(v), deadline] {
+    state->finish(guarded(k.size(), [&] { return p.run_large_get(k, v, deadline, state.get()); }));
+  };
+  // Blocks too large for one checked range are copied into `out` by the store itself: with a stream, before
+  // this returns, so that work queued on it afterwards sees them.
+  if (options.stream != nullptr || !p.enqueue([&p, run] {
+        std::shared_lock lock(p.gate);
+        run();
+      })) {
+    run();
+  }
+  return op_future(std::move(state));
 }
 
 std::vector<bool> block_store::lookup(std::span<const key> keys) const {
@@ -1032,6 +1237,12 @@ detail::op_state& need(const std::shared_ptr<detail::op_state>& s) {
   if (!s) bad(EINVAL, "op_future: empty (default-constructed or moved-from)");
   return *s;
 }
+
+// A core-batch get whose batch is ready: its outcome, made once (its job points at the store, which close()
+// keeps until every pending get is settled). With s.mutex held.
+void settle_locked(detail::op_state& s) {
+  if (!s.ready) s.job->store->settle_get_locked(s);
+}
 }  // namespace
 
 op_future::op_future() noexcept = default;
@@ -1051,19 +1262,43 @@ op_future& op_future::operator=(op_future&& o) noexcept {
 bool op_future::ready() const {
   auto& s = need(state_);
   std::lock_guard lock(s.mutex);
+  if (!s.ready && s.core && s.batch->ready()) settle_locked(s);
   return s.ready;
 }
 void op_future::wait() const {
   auto& s = need(state_);
+  if (s.core) {
+    {
+      std::lock_guard lock(s.mutex);
+      if (s.ready) return;
+    }
+    s.batch->wait();  // by its deadline at the latest
+    std::lock_guard lock(s.mutex);
+    settle_locked(s);
+    return;
+  }
   std::unique_lock lock(s.mutex);
   s.cv.wait(lock, [&] { return s.ready; });
 }
 bool op_future::wait_for(std::chrono::nanoseconds timeout) const {
   auto& s = need(state_);
+  if (s.core) {
+    {
+      std::lock_guard lock(s.mutex);
+      if (s.ready) return true;
+    }
+    if (!s.batch->wait_for(timeout)) return false;
+    std::lock_guard lock(s.mutex);
+    settle_locked(s);
+    return true;
+  }
   std::unique_lock lock(s.mutex);
   return s.cv.wait_for(lock, timeout, [&] { return s.ready; });
 }
-int op_future::fd() const { return need(state_).event_fd; }
+int op_future::fd() const {
+  auto& s = need(state_);
+  return s.core && s.batch ? s.batch->fd() : s.event_fd;
+}
 bool op_future::cancel() const {
   auto& s = need(state_);
   {
@@ -1071,17 +1306,20 @@ bool op_future::cancel() const {
     if (s.ready) return false;
   }
   s.cancel = true;
-  {
-    std::lock_guard lock(s.inflight_mutex);
-    for (const batch_future* f : s.inflight) f->cancel();
-  }
-  if (s.wake) s.wake();
+  if (s.core) return s.batch->cancel();
+  std::lock_guard lock(s.inflight_mutex);
+  for (const batch_future* f : s.inflight) f->cancel();
   return true;
 }
 const op_result& op_future::get() const {
   wait();
   return state_->result;
 }
-bool op_future::released() const { return ready(); }
+bool op_future::released() const {
+  if (!ready()) return false;
+  const auto& s = *state_;
+  // A get's rows are no longer touched once it is ready; a put's blocks once its data batch is released.
+  return s.core || !s.batch || s.batch->released();
+}
 
 }  // namespace gdskit::kv

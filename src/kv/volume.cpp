@@ -103,9 +103,11 @@ opened_volume open_volume(const fs::path& path, const settings& io) {
   if (!ec && st.type() == fs::file_type::block) {
     v.block_device = true;
     v.data_path = path;
+    // The lock on an open of its own: the data handle's descriptor may stay open a moment after close (a batch
+    // of the transfer core lets go of its files after it is released), and the lock must end with close().
+    v.lock = std::make_shared<const file_handle>(path, open_mode::read, open_options{}, io);
+    take_lock(*v.lock, path);
     v.file = std::make_shared<const file_handle>(path, open_mode::read_write, open_options{}, io);
-    take_lock(*v.file, path);
-    v.lock = v.file;
     v.device_bytes = v.file->size();
     read_superblock(v);
     return v;

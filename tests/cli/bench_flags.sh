@@ -28,8 +28,8 @@ refused() {
   grep -qi "$why" <<<"$err" || fail "bench $*: reason without '$why': $err"
 }
 refused NVLink -p
-refused "batch API" -B 8
-refused "batch API" -M 50
+refused "only the batch types" -B 8
+refused "read job and a write job" -M 50
 refused "4 KiB aligned" -U
 refused "4 KiB aligned" -a 4K
 refused RDMA -P rdma://host

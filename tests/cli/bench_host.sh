@@ -31,6 +31,39 @@ r = d["results"][0]
 assert r["io_type"] == "READ" and r["path"]["ran"] == "host" and r["throughput_gib_s"] > 0, r
 PY
 
+# The batched host type: each worker submits -B ranges to the batch core at once; written and read back byte for
+# byte (sequential and random offsets, odd -B, variable sizes), the routes and the batch size reported.
+out=$("$gdskit" bench -f "$work/batch" -s 3M -i 4K:64K:4K -w 3 -I 3 -x host-batch -B 7 -V -k 9 --quiet) \
+  || fail "batched random write: $out"
+grep -q '^IoType: RANDWRITE XferType: CPU_BATCH Threads: 3 ' <<<"$out" || fail "batched gdsio line: $out"
+grep -q 'verify: *OK' <<<"$out" || fail "batched write not verified: $out"
+grep -q 'path: *host (asked -x host-batch): batch core: [0-9]* batches of up to 7 ranges; ranges by route: host [1-9]' \
+  <<<"$out" || fail "batched path: $out"
+# A random read with the same -k replays the random write's ranges, redrawn where they overlapped, and checks them.
+out=$("$gdskit" bench -f "$work/batch" -s 3M -i 4K:64K:4K -w 3 -I 2 -x host-batch -B 7 -V -k 9 --quiet) \
+  || fail "batched random read of the random write: $out"
+out=$("$gdskit" bench -f "$work/batch" -s 3M -i 64K -w 3 -I 1 -x host-batch -B 5 -V -k 9 --quiet) \
+  || fail "batched sequential write: $out"
+json=$("$gdskit" bench -f "$work/batch" -s 3M -i 64K -w 3 -I 0 -x host-batch -B 5 -V -k 9 --cold --json --quiet) \
+  || fail "batched verified read: $json"
+python3 - "$json" <<'PY' || fail "batched json"
+import json, sys
+r = json.loads(sys.argv[1])["results"][0]
+b = r["batch"]
+assert r["verify"]["ok"] and r["verify"]["bytes"] == 3 * 3 * 2**20, r["verify"]
+assert b["ranges_per_batch"] == 5 and b["ranges_by_route"]["host"] == r["ops"] == 3 * 48, b
+assert b["batches"] == 3 * 10 and not b["stream_ordered"] and r["path"]["ran"] == "host", b
+PY
+# Corrupt the file: the batched read's verification fails (exit 1) and names the offset.
+printf 'XXXX' | dd of="$work/batch" bs=1 seek=1234567 conv=notrunc status=none
+out=$("$gdskit" bench -f "$work/batch" -s 3M -i 64K -w 3 -I 0 -x host-batch -B 5 -V -k 9 --quiet 2>&1)
+[ $? -eq 1 ] && grep -q 'mismatch in .* at offset 123456[7-9]\|at offset 1234570' <<<"$out" \
+  || fail "corruption not found by the batched read: $out"
+if ! nvidia-smi >/dev/null 2>&1; then
+  err=$("$gdskit" bench -f "$work/batch" -s 1M -i 64K -x 6 -B 8 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] && grep -q 'needs a GPU' <<<"$err" || fail "-x 6 without a GPU: $rc $err"
+fi
+
 # Wrong seed: verification fails with exit code 1.
 "$gdskit" bench -f "$work/data" -s 2M -i 256K -w 4 -I 0 -V -k 4 --quiet >/dev/null 2>&1
 [ $? -eq 1 ] || fail "wrong seed should exit 1"

@@ -3,7 +3,10 @@
 // descriptor, and one range's failure leaving the others alone.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -241,10 +244,73 @@ TEST(crc32c, known_values_and_continuation) {
   EXPECT_EQ(crc32c(digits, 0), 0u);
   const std::vector<std::uint8_t> zeros(32, 0);
   EXPECT_EQ(crc32c(zeros.data(), zeros.size()), 0x8A9136AAu);  // RFC 3720 B.4: 32 bytes of zeros
+  std::vector<std::uint8_t> ones(32, 0xFF), up(32), down(32);   // ... of ones, increasing, decreasing
+  for (int i = 0; i < 32; ++i) {
+    up[i] = static_cast<std::uint8_t>(i);
+    down[i] = static_cast<std::uint8_t>(31 - i);
+  }
+  EXPECT_EQ(crc32c(ones.data(), 32), 0x62A8AB43u);
+  EXPECT_EQ(crc32c(up.data(), 32), 0x46DD794Eu);
+  EXPECT_EQ(crc32c(down.data(), 32), 0x113FDB5Cu);
   const auto d = random_bytes(100'003, 9);
   for (std::size_t cut : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4096}, std::size_t{99'999}}) {
     EXPECT_EQ(crc32c(d.data() + cut, d.size() - cut, crc32c(d.data(), cut)), crc32c(d.data(), d.size())) << cut;
   }
+}
+
+// Reads of a file in the page cache go through it; reads of a cold file go straight to O_DIRECT (the batch asks
+// the cache about a sample of its ranges, not about every request).
+TEST_F(batch_test, cached_files_are_read_through_the_cache_and_cold_files_directly) {
+  const auto d = random_bytes(8 << 20, 18);
+  test::write_file(dir_ / "f", d);
+  settings s;
+  s.engine = engine_kind::threads;
+  file_handle f(dir_ / "f", open_mode::read, {}, s);
+  if (!f.choice().direct) GTEST_SKIP() << "no O_DIRECT here: " << f.choice().direct_reason;
+  std::atomic<int> direct{0}, buffered{0};
+  posix::syscall_table t = posix::real_syscalls();
+  const auto real_pread = t.pread;
+  t.pread = [&, real_pread](int fd, void* b, std::size_t n, off_t off) -> ssize_t {
+    ((::fcntl(fd, F_GETFL) & O_DIRECT) != 0 ? direct : buffered).fetch_add(1);
+    return real_pread(fd, b, n, off);
+  };
+  std::mt19937_64 rng(3);
+  std::vector<std::vector<std::uint8_t>> out(64, std::vector<std::uint8_t>(4096));
+  std::vector<io_range> ranges;
+  for (auto& o : out) ranges.push_back({&f, (rng() % ((8 << 20) / 4096 - 1)) * 4096 + 4096, buffer_view::host(o.data(), o.size())});
+  batch_options o;
+  o.coalesce_gap_bytes = 0;
+  auto read_all = [&] {
+    direct = 0;
+    buffered = 0;
+    posix::scoped_syscalls guard(t);
+    const batch_result r = read_batch(ranges, o);
+    ASSERT_TRUE(r.ok());
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      ASSERT_EQ(0, std::memcmp(out[i].data(), d.data() + ranges[i].offset_bytes, 4096)) << i;
+    }
+  };
+  read_all();  // just written: every page is cached
+  EXPECT_GT(buffered.load(), 0);
+  EXPECT_EQ(direct.load(), 0);
+  f.drop_cache();
+  {
+    // What is left in the cache (mincore over a mapping of the file).
+    const int fd = ::open((dir_ / "f").c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    void* m = ::mmap(nullptr, d.size(), PROT_READ, MAP_SHARED, fd, 0);
+    ::close(fd);
+    ASSERT_NE(m, MAP_FAILED);
+    std::vector<unsigned char> pages((d.size() + 4095) / 4096);
+    ASSERT_EQ(::mincore(m, d.size(), pages.data()), 0);
+    ::munmap(m, d.size());
+    std::size_t cached = 0;
+    for (unsigned char p : pages) cached += p & 1u;
+    if (cached > 0) GTEST_SKIP() << "the file system kept " << cached << " pages after DONTNEED";
+  }
+  read_all();
+  EXPECT_EQ(buffered.load(), 0);
+  EXPECT_GT(direct.load(), 0);
 }
 
 TEST_F(batch_test, checksummed_ranges_are_at_most_16_mib) {

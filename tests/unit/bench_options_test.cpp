@@ -71,15 +71,23 @@ TEST(BenchOptions, XferMapping) {
   const std::pair<const char*, gb::xfer_kind> table[] = {
       {"0", gb::xfer_kind::gds},    {"1", gb::xfer_kind::host},  {"2", gb::xfer_kind::naive},
       {"3", gb::xfer_kind::staged}, {"4", gb::xfer_kind::naive}, {"5", gb::xfer_kind::gds},
-      {"6", gb::xfer_kind::gds},    {"7", gb::xfer_kind::gds},   {"gds", gb::xfer_kind::gds},
+      {"6", gb::xfer_kind::batch},  {"7", gb::xfer_kind::batch}, {"gds", gb::xfer_kind::gds},
       {"staged", gb::xfer_kind::staged}, {"compat", gb::xfer_kind::compat}, {"host", gb::xfer_kind::host},
-      {"naive", gb::xfer_kind::naive}};
+      {"naive", gb::xfer_kind::naive}, {"batch", gb::xfer_kind::batch}, {"batch-stream", gb::xfer_kind::batch},
+      {"host-batch", gb::xfer_kind::host_batch}};
   for (auto [text, kind] : table) {
     auto x = gb::parse_xfer(text);
     ASSERT_TRUE(x) << text;
     EXPECT_EQ(x->kind, kind) << text;
   }
   EXPECT_TRUE(gb::parse_xfer("4")->page_cache);
+  // gdsio 7 and batch-stream order each batch on a CUDA stream; 6 does not.
+  EXPECT_TRUE(gb::parse_xfer("7")->stream);
+  EXPECT_TRUE(gb::parse_xfer("batch-stream")->stream);
+  EXPECT_FALSE(gb::parse_xfer("6")->stream);
+  EXPECT_EQ(gb::parse_xfer("6")->label, "GPU_BATCH");
+  EXPECT_FALSE(gb::needs_gpu(gb::xfer_kind::host_batch));
+  EXPECT_TRUE(gb::needs_gpu(gb::xfer_kind::batch));
   EXPECT_EQ(gb::parse_xfer("1")->label, "CPUONLY");
   EXPECT_FALSE(gb::parse_xfer("8"));
   EXPECT_FALSE(gb::parse_xfer("GPUD"));
@@ -261,7 +269,8 @@ TEST(BenchOptions, GdsioFlagsAndJobKeysAcceptTheSameSet) {
       {{"-b"}, "skip_bufregister=1", true},     {{"-R"}, "fill_random=1", true},
       {{"-F"}, "refill_buffer=1", true},        {{"-p"}, "enable_nvlinks=1", false},
       {{"-U"}, "unaligned=1", false},           {{"-a", "4K"}, "alignment_size=4K", false},
-      {{"-B", "8"}, "batch_size=8", false},     {{"-O", "1"}, "fd_mode=1", true},
+      {{"-B", "8"}, "batch_size=8", true},      {{"-O", "1"}, "fd_mode=1", true},
+      {{"-B", "0"}, "batch_size=0", false},     {{"-B", "65537"}, "batch_size=65537", false},
   };
   gb::job_spec defaults;
   for (const auto& p : pairs) {
@@ -275,6 +284,7 @@ TEST(BenchOptions, GdsioFlagsAndJobKeysAcceptTheSameSet) {
       EXPECT_EQ(from_flag.numa_node, from_key.numa_node) << p.key;
       EXPECT_EQ(from_flag.refill, from_key.refill) << p.key;
       EXPECT_EQ(from_flag.no_direct, from_key.no_direct) << p.key;
+      EXPECT_EQ(from_flag.batch, from_key.batch) << p.key;
     } else {
       EXPECT_THROW(gb::parse_args(a), gb::usage_error) << p.key;
       EXPECT_THROW(gb::parse_config(text, defaults), gb::usage_error) << p.key;
@@ -282,7 +292,26 @@ TEST(BenchOptions, GdsioFlagsAndJobKeysAcceptTheSameSet) {
   }
   EXPECT_EQ(gb::parse_args({"-f", "x", "-s", "1M", "-n", "0"}).jobs[0].numa_node, 0);
   EXPECT_TRUE(gb::parse_args({"-f", "x", "-s", "1M", "-F"}).jobs[0].refill);
-  expect_usage_error({"-f", "x", "-s", "1M", "-M", "50"});  // mixed read/write: batch API
+  expect_usage_error({"-f", "x", "-s", "1M", "-M", "50"});  // mixed read/write: two jobs instead
+  // -B is the batch size of the batch types: the default when absent, refused for the others before any I/O.
+  EXPECT_EQ(gb::batch_ranges(parse({"-f", "x", "-s", "1M", "-x", "host-batch"}).jobs[0]), gb::k_default_batch);
+  EXPECT_EQ(gb::batch_ranges(parse({"-f", "x", "-s", "1M", "-x", "6", "-B", "128"}).jobs[0]), 128u);
+  EXPECT_EQ(gb::batch_ranges(parse({"-f", "x", "-s", "1M", "-x", "host"}).jobs[0]), 1u);
+  {
+    gdskit::test::temp_dir dir;
+    gdskit::test::write_file(dir / "f", gdskit::test::random_bytes(1 << 20, 2));
+    const std::string f = (dir / "f").string();
+    try {
+      gb::validate(parse({"-f", f, "-s", "64K", "-i", "4K", "-x", "host", "-B", "8"}).jobs[0]);
+      ADD_FAILURE() << "-B with -x host was accepted";
+    } catch (const gb::usage_error& e) {
+      EXPECT_NE(std::string(e.what()).find("only the batch types"), std::string::npos) << e.what();
+    }
+    EXPECT_NO_THROW(gb::validate(parse({"-f", f, "-s", "64K", "-i", "4K", "-x", "host-batch", "-B", "8"}).jobs[0]));
+    // Each worker holds -B slots of the io size: more than 16 GiB is refused with the product named.
+    EXPECT_THROW(gb::validate(parse({"-f", f, "-s", "1M", "-i", "1M", "-x", "host-batch", "-B", "20000"}).jobs[0]),
+                 gb::usage_error);
+  }
   expect_usage_error({"-f", "x", "-s", "1M", "-P", "rdma://h"});
   EXPECT_NO_THROW(parse({"-f", "x", "-s", "1M", "-J"}));
   // A NUMA node that does not exist is refused before anything runs; one that does binds the workers.

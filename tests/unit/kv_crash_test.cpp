@@ -37,11 +37,10 @@ store_options crash_options(const std::string& dir, bool persist) {
   store_options o;
   o.paths = {std::filesystem::path(dir) / (persist ? "persist" : "cache")};
   o.block_bytes = block;
-  o.capacity_bytes = detail::make_layout(block, 300).end_bytes;
+  o.capacity_bytes = capacity_for(300, block);
   o.name_space = "crash";
   o.mode = persist ? durability::persist : durability::cache;
   o.deadline = 10s;
-  o.staging_bytes = 1 << 20;
   return o;
 }
 

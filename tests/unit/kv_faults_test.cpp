@@ -51,10 +51,9 @@ class kv_faults : public ::testing::TestWithParam<engine_kind> {
     }
     o_.paths = {dir_ / "store"};
     o_.block_bytes = block;
-    o_.capacity_bytes = detail::make_layout(block, 64).end_bytes;
+    o_.capacity_bytes = capacity_for(64, block);
     o_.name_space = "faults";
     o_.deadline = 5s;
-    o_.staging_bytes = 1 << 20;
     o_.io.engine = GetParam();
     store_ = std::make_unique<block_store>(o_);
     struct stat st {};

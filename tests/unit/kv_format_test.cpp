@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <random>
+#include <vector>
 
 #include "gdskit/error.hpp"
 #include "kv/format.hpp"
@@ -16,12 +17,12 @@ TEST(kv_format, layout_fits_the_budget_and_aligns) {
     for (std::uint64_t budget : {64ull << 10, 1ull << 20, 100ull << 20, 1ull << 30, 3ull << 30}) {
       const std::uint64_t s = slots_within(block, budget);
       if (s == 0) {
-        EXPECT_GT(make_layout(block, 1).end_bytes, budget);
+        EXPECT_GT(make_layout(block, 1).budget_bytes(), budget);
         continue;
       }
       const layout l = make_layout(block, s);
-      EXPECT_LE(l.end_bytes, budget) << block << " " << budget;
-      EXPECT_GT(make_layout(block, s + 1).end_bytes, budget) << "one more slot would still fit";
+      EXPECT_LE(l.budget_bytes(), budget) << block << " " << budget;
+      EXPECT_GT(make_layout(block, s + 1).budget_bytes(), budget) << "one more slot would still fit";
       EXPECT_EQ(l.slot_bytes % page_bytes, 0u);
       EXPECT_EQ(l.slot_offset % page_bytes, 0u);
       EXPECT_EQ(l.header_offset % page_bytes, 0u);
@@ -142,12 +143,17 @@ TEST(kv_format, checkpoint_header_and_entries) {
   h.body_bytes = 10 * checkpoint_entry_bytes + 3 * window_entry_bytes;
   h.body_crc = 0xdeadbeef;
   h.clean = false;
+  h.namespace_hash = 0x0123456789abcdefull;
   std::vector<std::uint8_t> page(page_bytes);
   encode_checkpoint_header(h, page.data());
   checkpoint_header back;
   ASSERT_TRUE(decode_checkpoint_header(page.data(), back));
   EXPECT_EQ(back.generation, 77u);
   EXPECT_EQ(back.window_count, 3u);
+  EXPECT_EQ(back.namespace_hash, h.namespace_hash);
+  page[85] ^= 1;  // in the namespace hash: covered by the header's CRC
+  EXPECT_FALSE(decode_checkpoint_header(page.data(), back));
+  page[85] ^= 1;
   page[40] ^= 1;
   EXPECT_FALSE(decode_checkpoint_header(page.data(), back));
 
@@ -168,6 +174,28 @@ TEST(kv_format, checkpoint_header_and_entries) {
   EXPECT_EQ(d.k.type(), key::kind::none);
   empty[20] = 1;  // key bytes without a kind: malformed
   EXPECT_FALSE(decode_entry(empty, d));
+}
+
+// A block written in pieces is summed from the pieces' sums: the combination equals the sum of the whole for
+// every cut, including empty pieces, and differs when a piece's sum is wrong.
+TEST(kv_format, crc32c_of_pieces_combines_to_the_whole) {
+  std::mt19937_64 rng(5);
+  std::vector<std::uint8_t> d(300000);
+  for (auto& b : d) b = static_cast<std::uint8_t>(rng());
+  const std::uint32_t whole = crc32c(d.data(), d.size());
+  std::vector<std::size_t> cuts = {0, 1, 7, 8, 4096, 65536, d.size() - 1, d.size()};
+  for (int i = 0; i < 20; ++i) cuts.push_back(rng() % d.size());
+  for (std::size_t cut : cuts) {
+    const std::uint32_t a = crc32c(d.data(), cut), b = crc32c(d.data() + cut, d.size() - cut);
+    EXPECT_EQ(crc32c_combine(a, b, d.size() - cut), whole) << "cut " << cut;
+    EXPECT_NE(crc32c_combine(a ^ 1u, b, d.size() - cut), whole) << "cut " << cut;
+  }
+  // Three pieces, as a block of 2.5 pieces is written.
+  const std::size_t p = 100000;
+  std::uint32_t c = crc32c(d.data(), p);
+  c = crc32c_combine(c, crc32c(d.data() + p, p), p);
+  c = crc32c_combine(c, crc32c(d.data() + 2 * p, d.size() - 2 * p), d.size() - 2 * p);
+  EXPECT_EQ(c, whole);
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 
 #include "gdskit/error.hpp"
 #include "gdskit/kv.hpp"
+#include "gpu/cuda_raii.hpp"
 #include "kv/format.hpp"
 #include "kv/volume.hpp"
 #include "posix/syscalls.hpp"
@@ -82,12 +83,11 @@ class kv_store : public ::testing::Test {
     o.capacity_bytes = capacity;
     o.name_space = ns;
     o.deadline = 10s;
-    o.staging_bytes = 1 << 20;
     return o;
   }
   // Capacity for `slots` blocks on one path.
   static std::uint64_t capacity_for(std::size_t block, std::uint64_t slots) {
-    return detail::make_layout(block, slots).end_bytes;
+    return gdskit::kv::capacity_for(slots, block);
   }
   op_result put_keys(block_store& s, const std::vector<key>& keys, std::size_t block) {
     rows r(keys.size(), block);
@@ -119,6 +119,21 @@ class kv_store : public ::testing::Test {
       }
     }
     return hits;
+  }
+  // Gets every key: all hit with their bytes except keys[bad], a miss with `why` whose row is left alone.
+  void expect_all_but(block_store& s, const std::vector<key>& keys, std::size_t block, std::size_t bad, std::errc why) {
+    rows r(keys.size(), block);
+    const op_result g = s.get(keys, r.views(keys.size()));
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (i == bad) {
+        EXPECT_FALSE(g.ok[i]);
+        EXPECT_EQ(g.errors[i], why);
+        EXPECT_TRUE(r.untouched(i));
+      } else {
+        EXPECT_TRUE(g.ok[i]) << i;
+        EXPECT_TRUE(r.equals(i, content(keys[i], block))) << i;
+      }
+    }
   }
   std::uint64_t file_physical_bytes() {
     struct stat st {};
@@ -206,6 +221,35 @@ TEST_F(kv_store, capacity_never_exceeded_and_recent_blocks_served) {
   get_and_check(s, int_keys(0, 500), block);
 }
 
+// Concurrent callers putting twice the capacity in random order write slots all over the file, so its data
+// and headers leave written and unwritten runs everywhere: the file system's extent tree grows, and its blocks
+// count too. The store keeps room for them: the file's physical size never passes the capacity.
+TEST_F(kv_store, capacity_holds_with_the_file_systems_own_blocks) {
+  const std::size_t block = 4096;
+  const std::uint64_t slots = 3000;
+  const std::uint64_t capacity = capacity_for(block, slots);
+  block_store s(options(block, capacity));
+  std::atomic<std::uint64_t> peak{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(77 + t);
+      for (int call = 0; call < 2 * static_cast<int>(slots) / 4 / 24; ++call) {
+        std::vector<key> keys;
+        for (int i = 0; i < 24; ++i) keys.push_back(key::from_uint(rng()));
+        put_keys(s, keys, block);
+        std::uint64_t now = file_physical_bytes(), seen = peak.load();
+        while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_LE(peak.load(), capacity) << "the data file's blocks passed the capacity";
+  EXPECT_LE(s.stats().physical_bytes, capacity);
+  EXPECT_GT(s.stats().evictions, 0u);
+}
+
 TEST_F(kv_store, reused_blocks_survive_a_scan) {
   // S3-FIFO: blocks read after they were stored move to the main queue; a scan of blocks put once and never
   // read flows through the small queue without displacing them. (A FIFO or LRU would lose them all.)
@@ -289,6 +333,10 @@ void patch_file(const fs::path& p, std::uint64_t offset, std::uint8_t x) {
   f.write(&c, 1);
 }
 
+// A block whose data is damaged on disk is a miss (EBADMSG) and its row is left alone: the bytes are checked in
+// the transfer core's staging before any reaches the row. A damaged header is found where headers are read (the
+// index rebuild): its block is then not held; the index of a clean close does not read it, and the block's data,
+// still checked against the CRC the index holds, is served.
 TEST_F(kv_store, corrupted_data_and_header_are_misses_and_the_rest_is_served) {
   const std::size_t block = 8192;
   const std::uint64_t slots = 64;
@@ -300,26 +348,23 @@ TEST_F(kv_store, corrupted_data_and_header_are_misses_and_the_rest_is_served) {
   ASSERT_TRUE(a && b);
   patch_file(data, *a + 1234, 0x01);                                   // one bit of the data
   patch_file(data, *b + detail::round_up(block, 4096) + 50, 0x80);     // one bit of the header
-  block_store s(options(block, capacity_for(block, slots)));
-  EXPECT_TRUE(s.lookup(std::vector<key>{keys[3]})[0]);  // the index (a checkpoint) still lists them ...
-  rows r(keys.size(), block);
-  const auto v = r.views(keys.size());
-  const op_result g = s.get(keys, v);
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    if (i == 3 || i == 17) {
-      EXPECT_FALSE(g.ok[i]);
-      EXPECT_EQ(g.errors[i], std::errc::bad_message);
-      EXPECT_TRUE(r.untouched(i));
-    } else {
-      EXPECT_TRUE(g.ok[i]) << i;
-      EXPECT_TRUE(r.equals(i, content(keys[i], block))) << i;
-    }
+  {
+    block_store s(options(block, capacity_for(block, slots)));
+    EXPECT_TRUE(s.lookup(std::vector<key>{keys[3]})[0]);  // the index (a checkpoint) still lists it ...
+    expect_all_but(s, keys, block, 3, std::errc::bad_message);
+    EXPECT_EQ(s.stats().checksum_failures, 1u);
+    EXPECT_FALSE(s.lookup(std::vector<key>{keys[3]})[0]);  // ... until a read finds it bad
+    // Its slot is used again.
+    EXPECT_EQ(put_keys(s, {keys[3]}, block).ok_count, 1u);
+    EXPECT_EQ(get_and_check(s, {keys[3]}, block), 1u);
   }
-  EXPECT_EQ(s.stats().checksum_failures, 2u);
-  EXPECT_FALSE(s.lookup(std::vector<key>{keys[3]})[0]);  // ... until a read finds them bad
-  // Their slots are used again.
-  EXPECT_EQ(put_keys(s, {keys[3]}, block).ok_count, 1u);
-  EXPECT_EQ(get_and_check(s, {keys[3]}, block), 1u);
+  // Rebuilt from the headers: the damaged one is skipped, its key not held; everything else is served.
+  store_options o = options(block, capacity_for(block, slots));
+  o.ignore_checkpoint = true;
+  block_store s(o);
+  EXPECT_EQ(s.stats().recovery.bad_headers, 1u);
+  EXPECT_FALSE(s.lookup(std::vector<key>{keys[17]})[0]);
+  expect_all_but(s, keys, block, 17, std::errc::no_such_file_or_directory);
 }
 
 TEST_F(kv_store, damaged_checkpoints_fall_back_to_the_headers) {
@@ -643,6 +688,118 @@ TEST_F(kv_store, futures_complete_by_fd_and_cancel_changes_nothing_after_the_end
   EXPECT_THROW(empty.ready(), error);
 }
 
+// capacity_for is exact: that capacity holds the blocks, one byte less does not (per path, for several paths).
+TEST_F(kv_store, capacity_for_holds_exactly_that_many_blocks) {
+  for (const std::size_t block : {std::size_t{1}, std::size_t{4096}, std::size_t{65536 + 5}}) {
+    for (const std::uint64_t n : {std::uint64_t{1}, std::uint64_t{7}, std::uint64_t{100}}) {
+      for (const std::size_t paths : {std::size_t{1}, std::size_t{3}}) {
+        const std::uint64_t need = gdskit::kv::capacity_for(n, block, paths);
+        const std::uint64_t per_path = (n + paths - 1) / paths;
+        EXPECT_EQ(detail::slots_within(block, need / paths), per_path) << block << " " << n << " " << paths;
+        EXPECT_LT(detail::slots_within(block, (need - 1) / paths), per_path) << block << " " << n << " " << paths;
+      }
+    }
+  }
+  EXPECT_THROW(gdskit::kv::capacity_for(1, 0), error);
+  EXPECT_THROW(gdskit::kv::capacity_for(1, 4096, 0), error);
+  block_store s(options(8192, gdskit::kv::capacity_for(12, 8192)));
+  EXPECT_EQ(s.stats().slots, 12u);
+}
+
+// Blocks larger than one checked range of the transfer core (8 MiB) are written in pieces whose sums combine
+// into the block's, and read through the store's memory: right bytes, unaligned rows, a damaged piece a miss
+// that leaves its row alone, and the same through submit_get.
+TEST_F(kv_store, blocks_over_8_mib_round_trip_and_are_checked) {
+  const std::size_t block = (std::size_t{8} << 20) + 12288 + 5;
+  const std::vector<key> keys = int_keys(40, 3);
+  block_store s(options(block, gdskit::kv::capacity_for(4, block)));
+  ASSERT_EQ(put_keys(s, keys, block).ok_count, 3u);
+  EXPECT_EQ(get_and_check(s, keys, block), 3u);
+  rows r(3, block);
+  op_future f = s.submit_get(keys, r.views(3));
+  pollfd p{f.fd(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 10000), 1);
+  EXPECT_EQ(f.get().ok_count, 3u);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_TRUE(r.equals(i, content(keys[i], block))) << i;
+  s.close();
+  const fs::path data = dir_ / "store" / detail::data_file_name;
+  const auto at = slot_of(data, block, 4, keys[1]);
+  ASSERT_TRUE(at);
+  patch_file(data, *at + (std::size_t{8} << 20) + 100, 0x04);  // in the second piece
+  block_store again(options(block, gdskit::kv::capacity_for(4, block)));
+  rows back(3, block);
+  const op_result g = again.get(keys, back.views(3));
+  EXPECT_TRUE(g.ok[0] && g.ok[2]);
+  EXPECT_FALSE(g.ok[1]);
+  EXPECT_EQ(g.errors[1], std::errc::bad_message);
+  EXPECT_TRUE(back.untouched(1));
+  EXPECT_TRUE(back.equals(0, content(keys[0], block)) && back.equals(2, content(keys[2], block)));
+}
+
+// A submitted get is the transfer core's batch: its descriptor becomes readable when the bytes have landed,
+// and the store settles the keys (hits, index) at its next call even when nobody asks the future.
+TEST_F(kv_store, a_submitted_get_is_settled_without_being_asked) {
+  const std::size_t block = 16384;
+  block_store s(options(block, 8 << 20));
+  const std::vector<key> keys = int_keys(0, 20);
+  ASSERT_EQ(put_keys(s, keys, block).ok_count, 20u);
+  std::vector<key> asked = keys;
+  asked.push_back(key::from_int(-5));  // not held
+  rows r(asked.size(), block);
+  op_future f = s.submit_get(asked, r.views(asked.size()));
+  pollfd p{f.fd(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 10000), 1);
+  for (std::size_t i = 0; i < keys.size(); ++i) EXPECT_TRUE(r.equals(i, content(keys[i], block))) << i;
+  EXPECT_TRUE(r.untouched(keys.size()));
+  const store_stats st = s.stats();  // settles the get
+  EXPECT_EQ(st.hits, 20u);
+  EXPECT_EQ(st.misses, 1u);
+  EXPECT_TRUE(f.ready() && f.released());
+  EXPECT_FALSE(f.cancel());
+  EXPECT_EQ(f.get().ok_count, 20u);
+  EXPECT_EQ(f.get().errors.back(), std::errc::no_such_file_or_directory);
+  // Nothing held: ready at once, with a descriptor of its own.
+  rows none(2, block);
+  op_future g = s.submit_get(int_keys(1000, 2), none.views(2));
+  EXPECT_TRUE(g.ready());
+  pollfd q{g.fd(), POLLIN, 0};
+  EXPECT_EQ(::poll(&q, 1, 0), 1);
+  EXPECT_EQ(g.get().ok_count, 0u);
+  // Cancelled before it ran: the keys not read are ECANCELED misses, rows untouched.
+  rows c(keys.size(), block);
+  op_options past;
+  op_future h = s.submit_get(keys, c.views(keys.size()));
+  h.cancel();
+  const op_result& hr = h.get();
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (hr.ok[i]) {
+      EXPECT_TRUE(c.equals(i, content(keys[i], block)));
+    } else {
+      EXPECT_EQ(hr.errors[i], std::errc::operation_canceled);
+      EXPECT_TRUE(c.untouched(i));
+    }
+  }
+  // A deadline already past: every key a timed-out miss, and the store keeps serving.
+  past.deadline = std::chrono::steady_clock::now() - 1ms;
+  const op_result late = s.get(keys, c.views(keys.size()), past);
+  EXPECT_EQ(late.ok_count, 0u);
+  EXPECT_EQ(late.errors[0], std::errc::timed_out);
+  EXPECT_EQ(get_and_check(s, keys, block), keys.size());
+}
+
+// The blocks of `keys` in GPU memory (`in`, views of src) and rows of GPU memory to get them into (`out`).
+struct gpu_rows {
+  gpu_rows(const std::vector<key>& keys, std::size_t block) : src(keys.size() * block), dst(keys.size() * block) {
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      src.copy_from_host(content(keys[i], block).data(), block, i * block);
+      in.push_back(src.view().sub(i * block, block));
+      out.push_back(dst.view().sub(i * block, block));
+    }
+  }
+  device_buffer src, dst;
+  std::vector<buffer_view> in, out;
+};
+
 // GPU memory: puts from and gets into device memory, checked through host copies; skips without a GPU.
 TEST_F(kv_store, gpu_memory_round_trip) {
   std::string why;
@@ -651,13 +808,10 @@ TEST_F(kv_store, gpu_memory_round_trip) {
   block_store s(options(block, 32 << 20));
   EXPECT_EQ(s.stats().path, data_path::staged);
   const std::vector<key> keys = int_keys(0, 12);
-  device_buffer src(keys.size() * block), dst(keys.size() * block);
-  std::vector<buffer_view> in, out;
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    src.copy_from_host(content(keys[i], block).data(), block, i * block);
-    in.push_back(src.view().sub(i * block, block));
-    out.push_back(dst.view().sub(i * block, block));
-  }
+  gpu_rows mem(keys, block);
+  device_buffer& dst = mem.dst;
+  const std::vector<buffer_view>& in = mem.in;
+  std::vector<buffer_view>& out = mem.out;
   dst.fill(0xAA);
   EXPECT_EQ(s.put(keys, in).ok_count, keys.size());
   std::vector<key> asked = keys;
@@ -675,6 +829,49 @@ TEST_F(kv_store, gpu_memory_round_trip) {
   }
   // Host rows read blocks put from GPU memory.
   EXPECT_EQ(get_and_check(s, std::vector<key>(keys.begin(), keys.end() - 1), block), keys.size() - 1);
+
+  // Stream ordering: a copy queued on the stream right after submit_get (the host never waits for the get)
+  // sees every block.
+  const std::vector<key> held(keys.begin(), keys.end() - 1);
+  dst.fill(0);
+  gpu::cuda_stream stream(0, shim::CU_STREAM_NON_BLOCKING);
+  op_options on_stream;
+  on_stream.stream = stream.get();
+  op_future f = s.submit_get(held, std::span<const buffer_view>(out.data(), held.size()), on_stream);
+  pinned_buffer seen(held.size() * block);
+  {
+    gpu::context_guard ctx(0);
+    const shim::cuda_api& api = shim::cuda_or_throw();
+    shim::check_cuda(api.cuMemcpyDtoHAsync(seen.data(), reinterpret_cast<shim::CUdeviceptr>(dst.data()),
+                                           held.size() * block, stream.get()),
+                     "cuMemcpyDtoHAsync");
+    shim::check_cuda(api.cuStreamSynchronize(stream.get()), "cuStreamSynchronize");
+  }
+  for (std::size_t i = 0; i < held.size(); ++i) {
+    EXPECT_EQ(std::memcmp(static_cast<const std::uint8_t*>(seen.data()) + i * block, content(held[i], block).data(),
+                          block),
+              0)
+        << "work on the stream ran before block " << i << " landed";
+  }
+  EXPECT_EQ(f.get().ok_count, held.size());
+}
+
+// GPU memory with blocks over 8 MiB (pieces on the way out, the store's memory on the way in).
+TEST_F(kv_store, gpu_memory_large_blocks) {
+  std::string why;
+  if (!gpu_available(&why)) GTEST_SKIP() << "no usable GPU: " << why;
+  const std::size_t block = (std::size_t{12} << 20) + 4096;
+  const std::vector<key> keys = int_keys(0, 3);
+  block_store s(options(block, gdskit::kv::capacity_for(4, block)));
+  gpu_rows g(keys, block);
+  EXPECT_EQ(s.put(keys, g.in).ok_count, keys.size());
+  EXPECT_EQ(s.get(keys, g.out).ok_count, keys.size());
+  std::vector<std::uint8_t> row(block);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    g.dst.copy_to_host(row.data(), block, i * block);
+    EXPECT_EQ(row, content(keys[i], block)) << i;
+  }
+  EXPECT_EQ(get_and_check(s, keys, block), keys.size());
 }
 
 TEST_F(kv_store, threads_share_a_store) {

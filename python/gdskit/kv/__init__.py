@@ -23,9 +23,10 @@ import sys
 import threading
 
 from .. import _gdskit
+from .._batch import _stream_handle
 from .._buffers import buffer_of as _buffer_of
 
-__all__ = ["BlockStore", "KVFuture"]
+__all__ = ["BlockStore", "KVFuture", "capacity_for"]
 
 
 def _paths(paths) -> list:
@@ -102,13 +103,14 @@ def _dev(d: int) -> str:
     return "cpu" if d < 0 else f"cuda:{d}"
 
 
-def _stream_sync(stream) -> None:
-    """Waits on the host until `stream` (a torch.cuda.Stream or an object with synchronize()) has done the
-    work queued on it so far."""
-    sync = getattr(stream, "synchronize", None)
-    if sync is None:
-        raise TypeError(f"stream must be a torch.cuda.Stream (or have synchronize()), not {type(stream).__name__}")
-    sync()
+
+
+def capacity_for(blocks: int, block_bytes: int, paths: int = 1) -> int:
+    """The capacity_bytes a BlockStore needs to hold `blocks` blocks of `block_bytes` over `paths` folders:
+    every block takes its size rounded up to 4 KiB plus a 4 KiB header, and each folder holds the store's
+    superblock and two copies of its index."""
+    return _gdskit.kv_capacity_for(_count(blocks, "blocks"), _count(block_bytes, "block_bytes"),
+                                   _count(paths, "paths"))
 
 
 class KVFuture:
@@ -187,22 +189,19 @@ class BlockStore:
     durability: "cache" (never syncs) or "persist" (a put returns True once data and header are synced).
     deadline_s: every call ends within this many seconds; unfinished keys are misses (or not stored).
     admission: "always", or "second_hit" (a key is stored the second time it is put).
-    staging_bytes: memory through which blocks move and are checked (None: 128 MiB).
     preallocate: reserve the whole capacity on disk when the store is made (a disk too small is refused at once);
     False: files grow as blocks are written.
     """
 
     def __init__(self, paths, *, capacity_bytes, block_bytes, namespace: str = "", durability: str = "cache",
-                 deadline_s: float = 2.0, admission: str = "always", staging_bytes=None, preallocate: bool = True):
+                 deadline_s: float = 2.0, admission: str = "always", preallocate: bool = True):
         if not isinstance(namespace, str):
             raise TypeError(f"namespace must be a str, not {type(namespace).__name__}")
         if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)):
             raise TypeError(f"deadline_s must be a number of seconds, not {type(deadline_s).__name__}")
-        staging = 0 if staging_bytes is None else _count(staging_bytes, "staging_bytes")
         self._block_bytes = _count(block_bytes, "block_bytes")
         self._store = _gdskit.KVStore(_paths(paths), _count(capacity_bytes, "capacity_bytes"), self._block_bytes,
-                                      namespace, durability, float(deadline_s), admission, staging,
-                                      bool(preallocate))
+                                      namespace, durability, float(deadline_s), admission, bool(preallocate))
 
     @property
     def block_bytes(self) -> int:
@@ -239,23 +238,22 @@ class BlockStore:
         return self._store.get(keys, ptrs, device, deadline_s)
 
     def submit_put(self, keys, blocks, *, stream=None, deadline_s=None) -> KVFuture:
-        """put() in the background; returns at once. The blocks must not change until the future is done.
-        stream: a CUDA stream whose queued work writes the blocks; the host waits for it before submitting."""
+        """put() in the background; returns once the writes are under way. The blocks must not change until the
+        future is done. stream: a torch.cuda.Stream (or CUstream handle) whose queued work writes the blocks:
+        they are read once the stream has reached this call (the host does not wait for it)."""
         keys = _keys_list(keys)
         ptrs, device = _rows(blocks, len(keys), self._block_bytes, writable=False, what="blocks")
-        if stream is not None:
-            _stream_sync(stream)
-        return KVFuture(self._store.submit(False, keys, ptrs, device, (keys, blocks), deadline_s))
+        return KVFuture(self._store.submit(False, keys, ptrs, device, (keys, blocks), deadline_s,
+                                           _stream_handle(stream)))
 
     def submit_get(self, keys, out, *, stream=None, deadline_s=None) -> KVFuture:
-        """get() in the background; returns at once (with `stream`, once the blocks are in `out`, so that work
-        queued on that stream afterwards sees them)."""
+        """get() in the background; returns once the reads are under way. stream: a torch.cuda.Stream (or
+        CUstream handle): work queued on it after this call waits, on the GPU, until the hits have landed in
+        `out` (blocks over 8 MiB: this call returns once they have)."""
         keys = _keys_list(keys)
         ptrs, device = _rows(out, len(keys), self._block_bytes, writable=True, what="out")
-        future = KVFuture(self._store.submit(True, keys, ptrs, device, (keys, out), deadline_s))
-        if stream is not None:
-            future._inner.wait(None)
-        return future
+        return KVFuture(self._store.submit(True, keys, ptrs, device, (keys, out), deadline_s,
+                                           _stream_handle(stream)))
 
     def lookup(self, keys) -> list:
         """Per key: whether it is held (in memory, no I/O)."""

@@ -30,6 +30,12 @@ def open_store(paths, *, capacity_bytes: int, block_bytes: int, namespace: str, 
                durability=durability, deadline_s=deadline_s)
 
 
+def capacity_for(blocks: int, block_bytes: int, paths: int = 1) -> int:
+    """The store capacity that holds `blocks` blocks of `block_bytes` over `paths` folders (gdskit.kv's rule:
+    each block takes its size rounded up to 4 KiB plus a 4 KiB header, and each folder keeps an index)."""
+    return importlib.import_module("gdskit.kv").capacity_for(blocks, block_bytes, paths)
+
+
 def store_key(*parts) -> bytes:
     """A 32-byte store key for an engine key made of `parts` (str, bytes or int). Distinct part tuples give
     distinct keys (each part is length-prefixed before hashing)."""

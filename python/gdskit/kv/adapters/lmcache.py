@@ -121,6 +121,7 @@ class GdskitL2Client:
 
     def submit_batch_exists(self, keys) -> int:
         """Which keys are stored (in memory, no I/O); completes at once."""
+        self._check_open()
         skeys = self._keys(keys)
         mask = outcome_mask(self._store.lookup(skeys), len(skeys), "LMCache exists")
         with self._lock:
@@ -192,6 +193,7 @@ class GdskitL2Client:
         return out
 
     def _submit(self, kind, keys, memoryviews) -> int:
+        self._check_open()
         skeys = self._keys(keys)
         if len(memoryviews) != len(skeys):
             raise ValueError(f"{len(skeys)} keys but {len(memoryviews)} buffers")

@@ -14,8 +14,8 @@ tokens of every layer, K and V, gathered on the GPU into a staging tensor and wr
 
 vLLM 0.11-0.13 stop on a transfer that fails, so nothing the scheduler counts on may vanish: the worker pins
 every block it stores and unpins it when the scheduler evicts it, so the store's own capacity eviction never
-takes a block the scheduler still lists (num_blocks x bytes per block must fit in the capacity; the worker checks
-it at start). Transfers go in batches of at most max_batch_mib (default 256) so each finishes well within the
+takes a block the scheduler still lists (the capacity must hold num_blocks blocks, gdskit.kv.capacity_for(); the
+worker checks it at start). Transfers go in batches of at most max_batch_mib (default 256) so each finishes well within the
 store's deadline (deadline_s, default 10 s here). A device error or a block that fails its checksum still fails
 the job.
 
@@ -35,7 +35,7 @@ import queue
 import threading
 import time
 
-from ._common import capacity_from, config_value, open_store, outcome_mask, rank_folder, store_key
+from ._common import capacity_for, capacity_from, config_value, open_store, outcome_mask, rank_folder, store_key
 from ._engine import engine_attr
 
 __all__ = ["GdskitOffloadingSpec", "GdskitOffloadingManager", "GdskitLoadStoreSpec", "GdskitOffloadingHandler",
@@ -484,9 +484,14 @@ class GdskitOffloadingSpec(_OffloadingSpec):
         views = _block_views(kv_caches, attn_backends, self.vllm_config)
         layout = _Layout(views, self._factor)
         capacity = capacity_from(extra, _WHERE)
-        if self._num_blocks * layout.block_bytes > capacity:
+        paths = config_value(extra, "path", list, required=True, where=_WHERE)
+        # Every block the scheduler lists is pinned in the store, so the store must hold num_blocks of them.
+        need = capacity_for(self._num_blocks, layout.block_bytes, len(paths))
+        if need > capacity:
             raise ValueError(f"{_WHERE}: num_blocks {self._num_blocks} x {layout.block_bytes} bytes per block "
-                             f"exceeds the capacity of {capacity} bytes")
+                             f"exceeds the capacity of {capacity} bytes: the store needs {need} bytes for them "
+                             "(each block takes its size rounded up to 4 KiB plus a 4 KiB header, and each folder "
+                             "keeps an index)")
         rank, world = _rank()
         cache = self.vllm_config.cache_config
         model = getattr(getattr(self.vllm_config, "model_config", None), "model", "")
@@ -494,8 +499,7 @@ class GdskitOffloadingSpec(_OffloadingSpec):
         namespace = "|".join(["vllm", str(model), str(getattr(cache, "cache_dtype", "")), shapes,
                               f"gpu_block{self._gpu_block_tokens}", f"block{self.offloaded_block_size}",
                               f"rank{rank}of{world}", config_value(extra, "namespace", str, "", where=_WHERE)])
-        store = open_store(rank_folder(config_value(extra, "path", list, required=True, where=_WHERE),
-                                       f"rank{rank}of{world}"),
+        store = open_store(rank_folder(paths, f"rank{rank}of{world}"),
                            capacity_bytes=capacity, block_bytes=layout.block_bytes, namespace=namespace,
                            durability=config_value(extra, "durability", str, "cache", where=_WHERE),
                            deadline_s=config_value(extra, "deadline_s", float, 10.0, where=_WHERE))
