@@ -14,7 +14,7 @@ import gdskit
 async def read_halves(f, dst):
     half = dst.numel() // 2
     a, b = dst[:half], dst[half:]
-    counts = await asyncio.gather(f.pread(a, 0), f.pread(b, half * dst.element_size()))
+    counts = await asyncio.gather(f.pread(a), f.pread(b, file_offset=half * dst.element_size()))
     return sum(counts)
 
 

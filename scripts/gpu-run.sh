@@ -88,8 +88,8 @@ if [ "$what" = python ] || [ "$what" = all ]; then
   # The extension is compiled here against this machine's Python and pybind11, linking the carried library.
   carry=$(cd "$bin/.." && pwd)
   py="$work/py"
-  mkdir -p "$py/gdskit"
-  cp python/gdskit/__init__.py "$py/gdskit/"
+  mkdir -p "$py"
+  cp -r python/gdskit "$py/"
   step python_build 300 bash -c "g++ -O2 -std=c++20 -shared -fPIC -Iinclude -I$carry/include -Isrc \
       -I\$(python3 -c 'import sysconfig;print(sysconfig.get_paths()[\"include\"])') \
       -I\$(python3 -c 'import pybind11;print(pybind11.get_include())') -DGDSKIT_VERSION_TEXT='\"0.1.0\"' \

@@ -1,15 +1,40 @@
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <string>
+
 #include "commands.hpp"
 #include "gdskit/buffer.hpp"
 #include "gdskit/file.hpp"
+#include "gdskit/settings.hpp"
 #include "gdskit/version.hpp"
 #include "shim/cufile.hpp"
 
 namespace gdskit::cli {
 
+namespace {
+
+// Every setting with its value and where it came from (docs/settings.md), one line each.
+void print_settings() {
+  const auto all = describe_settings();
+  std::size_t width = 0;
+  for (const auto& e : all) width = std::max(width, e.name.size());
+  fmt::print("settings (value, source; code > environment > device profile > default):\n");
+  for (const auto& e : all) {
+    std::string where(to_string(e.source));
+    if (e.source == setting_source::environment) where += " (" + e.variable + ")";
+    if (!e.note.empty()) where += "; " + e.note;
+    fmt::print("  {:<{}}  {:<8}  {}\n", e.name, width, e.value, where);
+  }
+}
+
+}  // namespace
+
 void add_version_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("version", "Print gdskit's version and what this process can use (io_uring, GPU, cuFile)");
+  static bool show_settings = false;
+  cmd->add_flag("--settings", show_settings,
+                "Also print every setting, its value and where it came from (environment GDSKIT_* or default)");
   cmd->callback([] {
     fmt::print("gdskit {}\n", GDSKIT_VERSION_STRING);
     const auto& uring = io_uring_unavailable_reason();
@@ -26,6 +51,7 @@ void add_version_command(CLI::App& app) {
     } else {
       fmt::print("cufile: no ({})\n", reason);
     }
+    if (show_settings) print_settings();
   });
 }
 

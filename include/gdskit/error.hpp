@@ -30,10 +30,13 @@ class error : public std::system_error {
   /// -1 when the failure has no file offset.
   std::int64_t offset_bytes() const noexcept { return offset_bytes_; }
   std::size_t nbytes() const noexcept { return nbytes_; }
+  /// The explanation given with the full form ("file ended after 10 of 20 bytes"), or empty.
+  const std::string& detail() const noexcept { return detail_; }
 
  private:
   std::string operation_;
   std::string path_;
+  std::string detail_;
   std::int64_t offset_bytes_ = -1;
   std::size_t nbytes_ = 0;
 };

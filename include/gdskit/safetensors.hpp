@@ -102,6 +102,14 @@ struct slice_spec {
   unsigned dim = 0;
 };
 
+/// The rows of a dimension of size `n` that rank `rank` of `world` takes, as (first row, row count): the
+/// numpy.array_split rule of slice_spec. EINVAL unless 0 <= rank < world.
+std::pair<std::uint64_t, std::uint64_t> split_rows(std::uint64_t n, unsigned rank, unsigned world);
+
+/// Whether an `only` entry (load_options::only) selects the tensor called `name`: the same name, or a prefix
+/// of it when the entry ends in '.' (kept) or '*' (removed). An empty entry selects nothing.
+bool name_matches(std::string_view entry, std::string_view name) noexcept;
+
 /// What to load and where.
 struct load_options {
   /// -1: host memory; >= 0: the CUDA device ordinal (one device_buffer per shard holds its tensors).
@@ -322,12 +330,25 @@ struct save_layout {
 /// nonzero size, or a header above max_header_bytes.
 save_layout plan_save(const std::vector<save_tensor>& tensors, const std::optional<metadata_entries>& metadata);
 
+/// Writes the file that save() would write for `layout` (plan_save of the same tensors and metadata) into host
+/// memory `dst` of layout.file_nbytes() bytes: the bytes safetensors.torch.save returns. GPU tensors are copied
+/// through the driver; tensors with a `source` view by view. Throws EINVAL for a source that misbehaves, and
+/// CUDA errors.
+void write_to_memory(const std::vector<save_tensor>& tensors, const save_layout& layout, void* dst);
+
+/// Checks before anything is read, computed or written that `path` can take a saved file, naming `path` (never
+/// a temporary name): ENOENT when its folder does not exist, ENOTDIR when that is not a folder, EISDIR when
+/// `path` is a folder, EEXIST when it exists and !overwrite. save() checks it first; a program that loads or
+/// computes the tensors before saving them calls it before that work.
+void check_save_target(const std::filesystem::path& path, bool overwrite);
+
 /// Writes one safetensors file at `path`: to a temporary name in its folder, tensor data first (in parallel,
 /// through the engine's write path for each buffer: host I/O, or device -> pinned staging -> O_DIRECT), the
-/// header last into its reserved place, then fdatasync, rename over `path`, fsync of the folder. Throws
-/// gdskit::error: EEXIST when `path` exists and !options.overwrite, what plan_save() throws, ECANCELED when
-/// options.cancelled says so, and I/O (ENOSPC, EIO, ...) or CUDA errors naming the file. On any error the
-/// temporary file is removed and an existing file at `path` is untouched.
+/// header last into its reserved place, then fdatasync, rename over `path` (atomic: a reader sees the old file
+/// or the new one, whole), fsync of the folder. Throws gdskit::error: what check_save_target() and plan_save()
+/// throw, ECANCELED when options.cancelled says so, and I/O (ENOSPC, EIO, ...) or CUDA errors naming `path`
+/// (errors of the temporary file say so in their detail). On any error the temporary file is removed and an
+/// existing file at `path` is untouched.
 save_stats save(const std::filesystem::path& path, const std::vector<save_tensor>& tensors,
                 const std::optional<metadata_entries>& metadata = std::nullopt, const save_options& options = {});
 

@@ -1,4 +1,10 @@
-// Run-time settings: from the environment (GDSKIT_*) and from code. Table with defaults: docs/settings.md.
+// Run-time settings: from code, the environment (GDSKIT_*) and defaults. Table with defaults: docs/settings.md.
+//
+// Precedence, strongest first: a value given in code (a settings object passed to a call, set_setting(),
+// set_default_settings()) > the GDSKIT_* variable > a device's profile (tuned by `gdskit tune` or learned by
+// earlier transfers; only the O_DIRECT depth and request sizes, per device, while transfers run) > the default.
+// The process-wide settings are one object behind a lock: read a consistent copy with default_settings(),
+// change them with set_setting() / set_default_settings(), from any thread; each value records its source.
 #pragma once
 
 #include <cstddef>
@@ -6,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace gdskit {
 
@@ -52,7 +59,8 @@ struct settings {
   /// device's rate moves. GDSKIT_LEARN=on|off (default on). Off: learned profiles are neither read nor written.
   bool learn = true;
   /// True when the matching GDSKIT_* variable was given (from_env) or code set the value on purpose: that value
-  /// then wins over the adaptive controller and the profile, which adapt the other coordinate only.
+  /// then wins over the adaptive controller and the profile, which adapt the other coordinate only. In the
+  /// process-wide settings they follow the values' sources (set whenever the source is not the default).
   bool direct_depth_set = false;
   bool chunk_bytes_set = false;
   bool staging_slot_bytes_set = false;
@@ -65,9 +73,53 @@ struct settings {
   void validate() const;
 };
 
-/// The process-wide settings, read from the environment on first use. Changing them affects handles opened
-/// afterwards. Not synchronised: set them before starting I/O from several threads.
-settings& default_settings();
+/// Where a value of the process-wide settings came from (see the precedence above).
+enum class setting_source { defaults, environment, code };
+std::string_view to_string(setting_source s) noexcept;
+
+/// A consistent copy of the process-wide settings, read from the environment on first use (throws EINVAL
+/// naming the variable when one is malformed). Thread-safe. Changes affect handles opened afterwards. Returned
+/// const so that assigning to it (which would change nothing) does not compile: use set_setting().
+const settings default_settings();
+
+/// Sets one process-wide setting from text as its GDSKIT_* variable is read ("threads" "8", "chunk_bytes"
+/// "4M", "direct" "off", "adaptive" "on"); its source becomes code. Thread-safe. Throws gdskit::error
+/// (EINVAL) naming the setting for an unknown name, a malformed value or one out of range; nothing changes then.
+void set_setting(std::string_view name, std::string_view value);
+/// Gives one setting back to the environment, or to its default when its variable is not set.
+void reset_setting(std::string_view name);
+/// Replaces the process-wide settings (validated first: EINVAL, nothing changes). Values that differ from the
+/// current ones, and direct_depth / chunk_bytes / staging_slot_bytes when their *_set flag is true, count as
+/// set in code.
+void set_default_settings(const settings& s);
+
+/// How a setting's value reads: a whole number, a byte count, one word of a list, or on/off.
+enum class setting_kind { count, bytes, choice, on_off };
+
+/// One process-wide setting as it stands.
+struct setting_entry {
+  std::string name;      ///< the field's name ("threads")
+  std::string variable;  ///< its GDSKIT_* variable
+  setting_kind kind = setting_kind::count;
+  std::string value;     ///< as text, in the form set_setting() takes ("8", "4194304", "auto", "on")
+  setting_source source = setting_source::defaults;
+  std::string help;      ///< one line: what it does, and its range or choices
+  /// Empty, or what decides the value in use beyond this one: for the O_DIRECT depth and request sizes left at
+  /// their defaults with adaptive on, a device's profile and the adaptive controller, per device.
+  std::string note;
+};
+/// Every process-wide setting, in the order of docs/settings.md's table.
+std::vector<setting_entry> describe_settings();
+
+/// The process-wide settings and their sources, to put back later (scoped changes: Python's
+/// `with gdskit.settings(...)`, tests).
+struct settings_state {
+  settings values;
+  std::vector<setting_source> sources;
+};
+settings_state save_settings();
+/// Puts back a saved state, values and sources. Thread-safe.
+void restore_settings(const settings_state& state);
 
 /// Parses a byte count: "4096", "4K", "4KiB", "8M", "1G", "1.5G" (binary units; "kB"/"MB"/"GB" are also binary,
 /// like gdsio). Returns nullopt on garbage, a negative value, or overflow.

@@ -2,71 +2,62 @@
 
     import gdskit
     tensors = gdskit.load_file("model.safetensors", device="cuda:0")          # as safetensors.torch.load_file
+    gdskit.save_file(tensors, "copy.safetensors")                              # as safetensors.torch.save_file
+    data = gdskit.save(tensors); tensors = gdskit.load(data)                  # as safetensors.torch.save/load
     with gdskit.safe_open("model.safetensors", framework="pt") as f:           # as safetensors.safe_open
         part = f.get_slice("embed.weight")[:, :1024]
     tensors = gdskit.load_safetensors("model-dir/", device="cuda:0")          # files, indexes, folders, slices
-    with gdskit.File("data.bin") as f:                                         # reads into tensors and arrays
-        f.read(tensor, offset=0)
+    with gdskit.File("data.bin", "rb") as f:                                   # KvikIO's CuFile arguments
+        f.read(tensor, file_offset=0)
     path, reasons = gdskit.plan("model.safetensors", device="cuda:0")          # ("staged", ["nvidia-fs ..."])
+    with gdskit.settings(direct="off"):                                        # settings, restored after
+        ...
 
-Devices are "cpu", "cuda", "cuda:N", N or a torch.device everywhere. Errors: OSError subclasses with errno and
-filename for I/O (FileNotFoundError, IsADirectoryError, PermissionError, ...), SafetensorError (a ValueError
-and an OSError with errno EBADMSG) for a malformed file, ValueError/TypeError for bad arguments.
+Devices are "cpu", "cuda", "cuda:N", N or a torch.device everywhere; a CUDA device this machine cannot use is
+OSError(ENODEV) with the reason. Errors: OSError subclasses with errno and filename for I/O (FileNotFoundError,
+IsADirectoryError, PermissionError, ...), SafetensorError (a ValueError and an OSError with errno EBADMSG) for a
+malformed file, InvalidArgumentError (a ValueError and an OSError with errno EINVAL) for input the engine
+refuses, ValueError/TypeError for bad arguments.
 """
 
 from __future__ import annotations
 
-import bisect
 import os
 
+from . import _frameworks
 from . import _gdskit
 from ._buffers import buffer_of as _buffer_of
 from ._devices import device_name as _device_name
 from ._devices import parse_device as _parse_device
 from ._file import File, IOFuture
 from ._safetensors import SafetensorError, load_file, safe_open
-from ._safetensors import _as_framework, _empty
+from ._settings import settings
 
 __version__ = _gdskit.__version__
 Tensor = _gdskit.Tensor
+InvalidArgumentError = _gdskit.InvalidArgumentError
 
-__all__ = ["load_file", "safe_open", "SafetensorError", "File", "IOFuture", "load_safetensors",
-           "load_safetensors_raw", "read", "plan", "header", "gpu_available", "last_stats", "Tensor", "__version__"]
+__all__ = ["load_file", "safe_open", "SafetensorError", "InvalidArgumentError", "File", "IOFuture", "settings",
+           "load_safetensors", "load_safetensors_raw", "read", "plan", "header", "gpu_available", "last_stats",
+           "Tensor", "__version__"]
 
 _last_stats: dict = {}
 
-def _torch():
-    try:
-        import torch  # noqa: PLC0415
-    except ImportError:
-        return None
-    return torch
 
-
-def _torch_views(torch, storages, tensors):
-    """{name: torch tensor} for the gdskit Tensors of a load into `storages` (the uint8 tensors it wrote into,
-    one per shard): each views the storage its bytes lie in."""
-    spans = sorted(storages, key=lambda s: s.data_ptr())
-    bases = [s.data_ptr() for s in spans]
-    out = {}
-    for name, t in tensors.items():
-        i = max(bisect.bisect_right(bases, t.data_ptr) - 1, 0)
-        out[name] = _torch_view(torch, spans[i], bases[i], t)
-    return out
-
-
-def _torch_view(torch, storage, base: int, t: Tensor):
-    """t as a torch tensor viewing `storage` (the uint8 tensor the load wrote into), with the dtype and shape
-    load_file gives."""
+def _torch_view(torch, storage, base: int, t):
+    """t (anything with data_ptr, nbytes, dtype and shape) as a torch tensor viewing `storage`, the uint8 torch
+    tensor at address `base` that holds its bytes, with the dtype and shape load_file gives. For
+    gdskit.distributed, whose loads return such offsets."""
+    shape = _gdskit.element_shape(t.dtype, list(t.shape))
     if t.nbytes == 0:
-        return _empty("pt", t.dtype, t.shape, -1 if storage.device.type == "cpu" else storage.device.index)
+        return _frameworks.empty("pt", t.dtype, shape, str(storage.device))
     x = storage.narrow(0, t.data_ptr - base, t.nbytes)
     try:
-        return _as_framework("pt", x, t.dtype, t.shape, -1)
+        return _frameworks.typed("pt", x, t.dtype, shape)
     except RuntimeError:
         # The tensor's offset in the file is not a multiple of its element size (legal in safetensors, rare):
         # torch cannot view it in place, so it gets its own aligned copy.
-        return _as_framework("pt", x.clone(), t.dtype, t.shape, -1)
+        return _frameworks.typed("pt", x.clone(), t.dtype, shape)
 
 
 def load_safetensors_raw(path, device="cpu", *, only=None, rank=None, world=None, split_dim: int = 0,
@@ -76,10 +67,12 @@ def load_safetensors_raw(path, device="cpu", *, only=None, rank=None, world=None
     allocate(nbytes), if given, returns an allocation: a contiguous torch tensor or numpy array of at least
     nbytes bytes on `device` (checked; the tensors keep it alive). It is called once per shard that has selected
     tensors (once for a single file), in file order, on the calling thread."""
-    index = _parse_device(device)
-    only = _names(only)
+    return _load_raw(path, _parse_device(device), only, rank, world, split_dim, allocate)
+
+
+def _load_raw(path, index: int, only, rank, world, split_dim, allocate):
     callback = None if allocate is None else _checked_allocate(allocate, index)
-    return _gdskit.load(_path(path), index, only, _count(rank, "rank"), _count(world, "world"),
+    return _gdskit.load(_path(path), index, _names(only), _count(rank, "rank"), _count(world, "world"),
                         _count(split_dim, "split_dim"), callback)
 
 
@@ -147,58 +140,41 @@ def load_safetensors(path, device="cpu", *, only=None, rank=None, world=None, sp
         out = _distributed.load_safetensors(path, device, group=group, only=only, **distributed)
         _last_stats = _distributed.last_stats()
         return out
-    index = _parse_device(device)
+    return _load(path, _parse_device(device), only, rank, world, split_dim, framework)
+
+
+def _load(path, index: int, only=None, rank=None, world=None, split_dim: int = 0, framework: str = "auto"):
+    """load_safetensors with the device already parsed (-1: the CPU, N: cuda:N)."""
+    global _last_stats
     if framework == "auto":
-        if _torch() is not None:
+        if _frameworks.torch() is not None:
             framework = "torch"
-        elif index < 0 and _numpy() is not None:
+        elif index < 0 and _frameworks.numpy() is not None:
             framework = "numpy"
         else:
             framework = "dlpack"
     if framework not in ("torch", "numpy", "dlpack"):
         raise ValueError(f"framework must be auto, torch, numpy or dlpack, not {framework!r}")
-    if framework == "torch":
-        # The allocations come from torch (its caching allocator on a GPU: no cuMemAlloc per load when torch
-        # has the memory cached), one uint8 tensor per shard, and the tensors are ordinary views of them.
-        torch = _torch()
-        if torch is None:
-            raise ImportError("framework='torch' needs torch")
-        storage = []
-
-        def allocate(nbytes):
-            storage.append(torch.empty(nbytes, dtype=torch.uint8, device=_device_name(index)))
-            return storage[-1]
-
-        tensors, stats = load_safetensors_raw(path, _device_name(index), only=only, rank=rank, world=world, split_dim=split_dim,
-                                              allocate=allocate)
-        _last_stats = stats
-        return _torch_views(torch, storage, tensors)
     if framework == "numpy" and index >= 0:
         raise ValueError("framework='numpy' gives numpy arrays, which live on the CPU: use device='cpu'")
-    tensors, stats = load_safetensors_raw(path, _device_name(index), only=only, rank=rank, world=world, split_dim=split_dim)
+    allocate = None
+    if framework == "torch":
+        # The allocations come from torch (its caching allocator on a GPU: no cuMemAlloc per load when torch
+        # has the memory cached), one uint8 tensor per shard; the tensors are made from them once, through
+        # DLPack, and keep them alive.
+        torch = _frameworks.torch(required="framework='torch'")
+        where = _device_name(index)
+
+        def allocate(nbytes):
+            return torch.empty(nbytes, dtype=torch.uint8, device=where)
+    elif framework == "numpy":
+        _frameworks.numpy(required="framework='numpy'")
+    tensors, stats = _load_raw(path, index, only, rank, world, split_dim, allocate)
     _last_stats = stats
-    if framework == "numpy":
-        np = _numpy()
-        if np is None:
-            raise ImportError("framework='numpy' needs numpy")
-        return {k: _to_numpy(np, v) for k, v in tensors.items()}
-    return tensors
-
-
-def _numpy():
-    try:
-        import numpy  # noqa: PLC0415
-    except ImportError:
-        return None
-    return numpy
-
-
-def _to_numpy(np, t: Tensor):
-    # The bytes as numpy sees them: numpy has no bfloat16 or 8-bit floats, so those are their raw bits as
-    # unsigned integers of the same width (safe_open(framework="np") gives the same).
-    if t.nbytes == 0:
-        return _empty("np", t.dtype, t.shape, -1)
-    return _as_framework("np", np.frombuffer(t.tobytes(), dtype=np.uint8), t.dtype, t.shape, -1)
+    if framework == "dlpack":
+        return tensors
+    short = "pt" if framework == "torch" else "np"
+    return {k: _frameworks.from_tensor(short, v) for k, v in tensors.items()}
 
 
 def last_stats() -> dict:
@@ -211,7 +187,7 @@ def read(path, tensor, offset: int = 0) -> int:
     """Reads tensor.nbytes bytes at `offset` of the file into `tensor` (a contiguous torch tensor on the CPU or
     a CUDA device, or a C-contiguous numpy array). Returns the bytes read (fewer only at end of file)."""
     with File(path, "r") as f:
-        return f.read(tensor, offset)
+        return f.read(tensor, file_offset=offset)
 
 
 def plan(path, device="cuda:0"):
@@ -240,9 +216,9 @@ __all__ += ["read_into", "write_from", "submit_reads", "submit_writes", "BatchFu
             "ItemResult", "gather_rows", "RowFile"]
 
 # Saving: safetensors files and sharded checkpoints (gdskit/_save.py).
-from ._save import _utf8, last_save_stats, save_file, save_sharded  # noqa: E402
+from ._save import _utf8, last_save_stats, load, save, save_file, save_sharded  # noqa: E402
 
-__all__ += ["save_file", "save_sharded", "last_save_stats"]
+__all__ += ["save_file", "save_sharded", "last_save_stats", "save", "load"]
 
 # Distributed save over a torch.distributed group (distributed.py); without group= the single-process save.
 _save_sharded_single = save_sharded

@@ -1,13 +1,23 @@
-"""Device arguments as the package takes them everywhere: "cpu", "cuda", "cuda:N", N (int) or torch.device."""
+"""Device arguments as the package takes them everywhere: "cpu", "cuda", "cuda:N", N (int) or torch.device.
+Each public function parses its device once, here, and hands the index on."""
 
 from __future__ import annotations
 
 import operator
 
+from . import _gdskit
+
 
 def parse_device(device) -> int:
     """-1 for the CPU, N for CUDA device N. ValueError for a malformed or unknown device, TypeError for a value
-    that is no device at all."""
+    that is no device at all, OSError(ENODEV) with the reason for a CUDA device this machine cannot use (before
+    any framework is asked for memory there)."""
+    index = _parse(device)
+    _gdskit.check_device(index)
+    return index
+
+
+def _parse(device) -> int:
     if isinstance(device, bool):
         raise TypeError(f"device must be a str, an int or a torch.device, not {type(device).__name__}")
     if isinstance(device, int) or (hasattr(device, "__index__") and not isinstance(device, (str, bytes))):

@@ -5,15 +5,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-import stat as _stat
-import errno as _errno
+import sys
 import threading
 
 from . import _gdskit
 from ._buffers import buffer_of
 from ._devices import parse_device
-
-_MODES = ("r", "r+", "w", "w+", "x", "x+")
 
 
 class IOFuture(concurrent.futures.Future):
@@ -53,29 +50,31 @@ class IOFuture(concurrent.futures.Future):
 
 
 class File:
-    """An open file for reads and writes of whole contiguous buffers:
+    """An open file for reads and writes of contiguous buffers, with KvikIO's CuFile arguments:
 
-        with gdskit.File("data.bin") as f:
-            n = f.read(tensor, offset=4096)        # blocking; the GIL is released while it runs
-            fut = f.pread(other, offset=0)         # concurrent.futures.Future, also awaitable
-            path, reasons = f.plan(tensor)         # ("staged", [...]) for a CUDA tensor
+        with gdskit.File("data.bin", "rb") as f:
+            n = f.read(tensor, file_offset=4096)          # blocking; the GIL is released while it runs
+            n = f.read(tensor, 1024, 4096)                # 1024 bytes at 4096 into the start of tensor
+            fut = f.pread(other)                          # concurrent.futures.Future, also awaitable
+            path, reasons = f.plan(tensor)                # ("staged", [...]) for a CUDA tensor
 
-    mode: "r" (read; regular files only), "r+" (read and write), "w"/"w+" (create or truncate), "x"/"x+"
-    (create; the file must not exist). Buffers: contiguous torch tensors on the CPU or a CUDA device, or
-    C-contiguous numpy arrays. Errors: OSError subclasses with errno and filename, ValueError/TypeError for bad
-    arguments, ValueError for I/O on a closed file."""
+    mode: "r" (read; regular files only), "r+" (read and write an existing file), "w"/"w+" (create or
+    truncate), "x"/"x+" (create; the file must not exist); a "b" anywhere is accepted and changes nothing
+    ("rb", "r+b", "wb", "xb", ...). "a" (append) and "t" (text) are refused: reads and writes go to explicit
+    offsets, in raw bytes. Buffers: contiguous torch tensors on the CPU or a CUDA device, or C-contiguous numpy
+    arrays. Errors: OSError subclasses with errno and filename, ValueError/TypeError for bad arguments,
+    ValueError for I/O on a closed file."""
 
     def __init__(self, path, mode: str = "r"):
-        if not isinstance(mode, str) or mode not in _MODES:
-            raise ValueError(f"mode must be one of {', '.join(_MODES)}, not {mode!r}")
+        if not isinstance(mode, str):
+            raise TypeError(f"mode must be a str such as \"rb\" or \"w+b\", not {type(mode).__name__}")
         try:
             self.path = os.fspath(path)
         except TypeError:
             raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}") from None
-        self.mode = mode
-        if mode != "r":
-            _refuse_special(self.path)
+        # The mode is parsed, and special files refused, in the compiled module.
         self._handle = _gdskit.FileHandle(self.path, mode)
+        self.mode = mode
         self._pending = set()
         self._lock = threading.Lock()
 
@@ -104,28 +103,34 @@ class File:
         """The file's current size in bytes."""
         return self._open().size()
 
-    def read(self, buf, offset: int = 0) -> int:
-        """Reads buf's nbytes at `offset` into buf; returns the bytes read (fewer only at end of file)."""
-        ptr, nbytes, device = buffer_of(buf, writable=True, what="File.read")
-        return self._open().read(ptr, nbytes, _offset(offset), device)
+    def read(self, buf, *args, **kwargs) -> int:
+        """read(buf, size=None, file_offset=0, task_size=None): reads `size` bytes (all of buf when None) at
+        `file_offset` into the start of buf; returns the bytes read (fewer only at end of file). The
+        arguments are KvikIO's; offset= is file_offset's older name. task_size is accepted and ignored (the
+        scheduler sizes requests). A second positional argument alone is refused (see _io_args)."""
+        ptr, nbytes, device, offset = _io_args("read", buf, True, args, kwargs)
+        return self._open().read(ptr, nbytes, offset, device)
 
-    def write(self, buf, offset: int = 0) -> int:
-        """Writes all of buf at `offset`; returns its nbytes (a full disk is an error, never a short write)."""
-        ptr, nbytes, device = buffer_of(buf, writable=False, what="File.write")
-        return self._open().write(ptr, nbytes, _offset(offset), device)
+    def write(self, buf, *args, **kwargs) -> int:
+        """write(buf, size=None, file_offset=0, task_size=None): writes the first `size` bytes of buf (all of it
+        when None) at `file_offset`; returns that count (a full disk is an error, never a short write)."""
+        ptr, nbytes, device, offset = _io_args("write", buf, False, args, kwargs)
+        return self._open().write(ptr, nbytes, offset, device)
 
-    def pread(self, buf, offset: int = 0) -> IOFuture:
-        """read() in the background, as a batch of one range: a future of the byte count (fewer only at end of
-        file). The future keeps buf alive until the read has let go of it."""
+    def pread(self, buf, *args, **kwargs) -> IOFuture:
+        """read() in the background (same arguments), as a batch of one range: a future of the byte count
+        (fewer only at end of file). The future keeps buf alive until the read has let go of it."""
         from ._batch import submit_reads  # noqa: PLC0415
 
-        return self._track(IOFuture(submit_reads([(self, _offset(offset), buf)], exact=False)))
+        view, offset = _io_view("pread", buf, True, args, kwargs)
+        return self._track(IOFuture(submit_reads([(self, offset, view)], exact=False)))
 
-    def pwrite(self, buf, offset: int = 0) -> IOFuture:
-        """write() in the background: a future of the byte count."""
+    def pwrite(self, buf, *args, **kwargs) -> IOFuture:
+        """write() in the background (same arguments): a future of the byte count."""
         from ._batch import submit_writes  # noqa: PLC0415
 
-        return self._track(IOFuture(submit_writes([(self, _offset(offset), buf)])))
+        view, offset = _io_view("pwrite", buf, False, args, kwargs)
+        return self._track(IOFuture(submit_writes([(self, offset, view)])))
 
     def plan(self, target="cpu"):
         """(path, reasons): the data path a read into `target` takes ("gds", "staged", "compat" or "host") and
@@ -154,21 +159,66 @@ class File:
         return fut
 
 
-def _offset(offset) -> int:
-    if isinstance(offset, bool) or not isinstance(offset, int):
-        raise TypeError(f"offset must be an int, not {type(offset).__name__}")
-    if offset < 0:
-        raise ValueError(f"offset must be >= 0, not {offset}")
-    return offset
+_IO_NAMES = ("size", "file_offset", "task_size")
 
 
-def _refuse_special(path: str):
-    # Opening a FIFO for writing waits for a reader; only regular files and new names are written.
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return
-    if _stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(_errno.EISDIR, os.strerror(_errno.EISDIR), path)
-    if not _stat.S_ISREG(st.st_mode):
-        raise OSError(_errno.EINVAL, "not a regular file", path)
+def _io_args(what, buf, writable, args, kwargs):
+    """(address, nbytes, device, file offset) for File.read/write/pread/pwrite, from KvikIO's arguments
+    (buf, size=None, file_offset=0, task_size=None) and the keyword offset= (file_offset's older name).
+
+    A second positional argument without a third is refused: KvikIO reads `f.read(buf, n)` as n bytes at offset
+    0, while gdskit's first File API read it as all of buf at offset n, so either reading would silently move
+    other bytes for code written for the other one. size=n or file_offset=n says which."""
+    if len(args) > len(_IO_NAMES):
+        raise TypeError(f"File.{what}() takes at most {len(_IO_NAMES) + 1} positional arguments "
+                        f"({len(args) + 1} given)")
+    if len(args) == 1 and args[0] is not None:
+        raise TypeError(f"File.{what}(buf, {args[0]!r}) is ambiguous: KvikIO reads a lone second argument as the "
+                        f"size, earlier gdskit as the file offset. Write File.{what}(buf, size={args[0]!r}) or "
+                        f"File.{what}(buf, file_offset={args[0]!r})")
+    given = dict(zip(_IO_NAMES, args))
+    for key, value in kwargs.items():
+        if key not in _IO_NAMES and key != "offset":
+            raise TypeError(f"File.{what}() got an unexpected keyword argument {key!r}")
+        if key in given:
+            raise TypeError(f"File.{what}() got multiple values for argument {key!r}")
+        given[key] = value
+    if "offset" in given and "file_offset" in given:
+        raise TypeError(f"File.{what}(): pass file_offset or offset (its older name), not both")
+    offset = _count(given.get("file_offset", given.get("offset", 0)), "file_offset")
+    task_size = given.get("task_size")
+    if task_size is not None and _count(task_size, "task_size") == 0:
+        raise ValueError("task_size must be positive")
+    ptr, nbytes, device = buffer_of(buf, writable=writable, what=f"File.{what}")
+    size = given.get("size")
+    if size is not None:
+        size = _count(size, "size")
+        if size > nbytes:
+            raise ValueError(f"File.{what}: size {size} exceeds the buffer's {nbytes} bytes")
+        nbytes = size
+    return ptr, nbytes, device, offset
+
+
+def _count(value, what) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    value = value.__index__()
+    if value < 0:
+        raise ValueError(f"{what} must be >= 0, not {value}")
+    return value
+
+
+def _io_view(what, buf, writable, args, kwargs):
+    """(buffer, file offset) for pread/pwrite: buf itself, or for a `size` short of it a uint8 view of its first
+    `size` bytes (the batch moves a buffer's whole nbytes)."""
+    _, nbytes, _, offset = _io_args(what, buf, writable, args, kwargs)
+    if nbytes == _nbytes_of(buf):
+        return buf, offset
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(buf, torch.Tensor):
+        return buf.reshape(-1).view(torch.uint8)[:nbytes], offset
+    return buf.reshape(-1).view("uint8")[:nbytes], offset
+
+
+def _nbytes_of(buf) -> int:
+    return buffer_of(buf, writable=False, what="File")[1]

@@ -1,42 +1,31 @@
-"""Saving tensors as safetensors files and sharded checkpoints: gdskit.save_file and gdskit.save_sharded.
+"""Saving tensors as safetensors files and sharded checkpoints: gdskit.save_file, gdskit.save_sharded, and
+gdskit.save / gdskit.load for the bytes of a file held in memory.
 
-Files are byte-identical to what safetensors.torch.save_file writes for the same tensors and metadata, appear
-under their final name only once whole and on disk, and never replace an existing file unless overwrite=True.
+Files are byte-identical to what safetensors.torch.save_file writes for the same tensors and metadata, and
+appear under their final name only once whole and on disk. save_file replaces an existing file atomically, as
+safetensors does (a reader sees the old file or the new one, whole), unless overwrite=False.
 """
 
 from __future__ import annotations
 
+import errno as _errno
 import heapq
-import math
 import os
+import signal
+import threading
 
+from . import _frameworks
 from . import _gdskit
 
-__all__ = ["save_file", "save_sharded", "last_save_stats"]
+__all__ = ["save_file", "save_sharded", "last_save_stats", "save", "load"]
 
 _last_save_stats: dict = {}
 
 # Default staging memory for strided (non-contiguous) tensors, made contiguous one piece at a time.
 STAGING_BYTES = 64 << 20
 
-_TORCH_DTYPES = {
-    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
-    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8",
-    "uint64": "U64", "uint32": "U32", "uint16": "U16", "uint8": "U8", "bool": "BOOL", "complex64": "C64",
-    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0",
-    "float4_e2m1fn_x2": "F4",
-}
-
-_NUMPY_DTYPES = {
-    "float64": "F64", "float32": "F32", "float16": "F16",
-    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8",
-    "uint64": "U64", "uint32": "U32", "uint16": "U16", "uint8": "U8", "bool": "BOOL", "complex64": "C64",
-}
-
-# huggingface_hub's units for max_shard_size: decimal.
-_SIZE_UNITS = {"TB": 10**12, "GB": 10**9, "MB": 10**6, "KB": 10**3}
-# Byte counts are 64-bit in the format and in the engine.
-_MAX_BYTES = 2**64 - 1
+# max_shard_size as huggingface_hub reads it (an int, or "5GB": decimal units), and binary units ("2GiB").
+parse_shard_size = _gdskit.parse_shard_size
 
 
 def last_save_stats() -> dict:
@@ -44,49 +33,6 @@ def last_save_stats() -> dict:
     path (the data path for the tensors' memory), reasons (asked once the first file's data was written, so
     they give the schedule its writes ended with), written (the final file names)."""
     return dict(_last_save_stats)
-
-
-def parse_shard_size(size) -> int:
-    """max_shard_size as huggingface_hub reads it: an int (bytes) or "5GB", "500MB", "1.5GB" (TB/GB/MB/KB,
-    decimal). Raises ValueError for anything else."""
-    if isinstance(size, bool):
-        raise ValueError(f"max_shard_size must be an int or a string like '5GB', not {size!r}")
-    if isinstance(size, int):
-        if not 0 < size <= _MAX_BYTES:
-            raise ValueError(f"max_shard_size must be 1 to 2**64-1 bytes, not {size}")
-        return size
-    if not isinstance(size, str):
-        raise ValueError(f"max_shard_size must be an int or a string like '5GB', not {size!r}")
-    text = size.strip()
-    unit = text[-2:].upper()
-    if unit not in _SIZE_UNITS:
-        raise ValueError(f"Unit '{unit}' not supported. Supported units are TB, GB, MB, KB. Got '{size}'.")
-    try:
-        value = float(text[:-2].strip())
-    except ValueError as e:
-        raise ValueError(f"Could not parse the size value from '{size}': {e}") from e
-    if not math.isfinite(value):
-        raise ValueError(f"max_shard_size must be a finite size, not {size!r}")
-    n = int(value * _SIZE_UNITS[unit])
-    if not 0 < n <= _MAX_BYTES:
-        raise ValueError(f"max_shard_size must be 1 byte to 2**64-1 bytes, not {size!r}")
-    return n
-
-
-def _torch():
-    try:
-        import torch  # noqa: PLC0415
-    except ImportError:
-        return None
-    return torch
-
-
-def _numpy():
-    try:
-        import numpy  # noqa: PLC0415
-    except ImportError:
-        return None
-    return numpy
 
 
 class _RowStager:
@@ -141,9 +87,6 @@ def _utf8(text: str, what: str) -> str:
 
 def _torch_entry(torch, name, t, budget, keep):
     dtype_name = str(t.dtype).split(".")[-1]
-    st_dtype = _TORCH_DTYPES.get(dtype_name)
-    if st_dtype is None:
-        raise TypeError(f"tensor `{name}`: dtype {t.dtype} has no safetensors dtype that gdskit writes")
     if t.device.type == "cpu":
         device = -1
     elif t.device.type == "cuda":
@@ -151,8 +94,6 @@ def _torch_entry(torch, name, t, budget, keep):
     else:
         raise ValueError(f"tensor `{name}` is on {t.device}; gdskit saves tensors on the CPU or CUDA devices")
     shape = list(t.shape)
-    if st_dtype == "F4" and shape:
-        shape[-1] *= 2  # two 4-bit values per byte: the header counts elements, as safetensors does
     nbytes = t.numel() * t.element_size()
     lazy = _lazy(t)
     if lazy and t.dim() == 0:
@@ -160,7 +101,7 @@ def _torch_entry(torch, name, t, budget, keep):
         keep.append(t)
         lazy = False
     if (t.is_contiguous() and not lazy) or nbytes == 0:
-        return (name, st_dtype, shape, t.data_ptr() if nbytes else 0, nbytes, device, None)
+        return (name, "torch", dtype_name, shape, t.data_ptr() if nbytes else 0, nbytes, device, None)
 
     def sync(block):
         if device >= 0:
@@ -171,21 +112,18 @@ def _torch_entry(torch, name, t, budget, keep):
     # block of rows at a time, each block made contiguous with its values resolved.
     stager = _RowStager(t, nbytes, budget, lambda x: _resolved(x).contiguous(), sync, keep)
     keep.append(stager)
-    return (name, st_dtype, shape, 0, nbytes, device, stager)
+    return (name, "torch", dtype_name, shape, 0, nbytes, device, stager)
 
 
 def _numpy_entry(np, name, a, budget, keep):
     if a.dtype.byteorder == ">":
         raise ValueError(f"array `{name}` is big-endian; safetensors files are little-endian")
-    st_dtype = _NUMPY_DTYPES.get(a.dtype.name)
-    if st_dtype is None:
-        raise TypeError(f"array `{name}`: dtype {a.dtype} has no safetensors dtype that gdskit writes")
     nbytes = a.nbytes
     if a.flags.c_contiguous or nbytes == 0:
-        return (name, st_dtype, list(a.shape), a.ctypes.data if nbytes else 0, nbytes, -1, None)
+        return (name, "numpy", a.dtype.name, list(a.shape), a.ctypes.data if nbytes else 0, nbytes, -1, None)
     stager = _RowStager(a, nbytes, budget, np.ascontiguousarray, lambda b: b.ctypes.data, keep)
     keep.append(stager)
-    return (name, st_dtype, list(a.shape), 0, nbytes, -1, stager)
+    return (name, "numpy", a.dtype.name, list(a.shape), 0, nbytes, -1, stager)
 
 
 def _torch_extent(t):
@@ -264,7 +202,7 @@ def _check_shared_numpy(np, arrays):
 def _prepare(tensors, staging_bytes):
     if not isinstance(tensors, dict):
         raise ValueError(f"Expected a dict of [str, torch.Tensor] or [str, numpy.ndarray] but received {type(tensors)}")
-    torch, np = _torch(), _numpy()
+    torch, np = _frameworks.torch(), _frameworks.numpy()
     kinds = set()
     for k, v in tensors.items():
         if not isinstance(k, str):
@@ -291,8 +229,8 @@ def _prepare(tensors, staging_bytes):
     for k, v in tensors.items():
         if torch is not None and isinstance(v, torch.Tensor):
             e = _torch_entry(torch, k, v, staging_bytes, keep)
-            if e[5] >= 0:
-                cuda_devices.add(e[5])
+            if e[6] >= 0:
+                cuda_devices.add(e[6])
         else:
             e = _numpy_entry(np, k, v, staging_bytes, keep)
         entries.append(e)
@@ -315,7 +253,54 @@ def _metadata(metadata):
     return list(metadata.items())
 
 
-def save_file(tensors, filename, metadata=None, *, overwrite: bool = False, staging_bytes: int = STAGING_BYTES):
+def _interruptible(save):
+    """save(signal_fd) on this thread, stopped by a signal (Ctrl-C): the compiled save watches `signal_fd`, which
+    Python's signal handling writes to, stops between pieces (publishing nothing) and runs the handler, whose
+    exception (KeyboardInterrupt) propagates. A signal whose handler raises nothing (a SIGCHLD handler, say)
+    only restarts the save. Off the main thread, where Python runs no handlers, the save is not watched."""
+    if threading.current_thread() is not threading.main_thread():
+        return save(-1)
+    r, w = os.pipe()
+    try:
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        try:
+            while True:
+                try:
+                    return save(r)
+                except OSError as e:
+                    if e.errno != _errno.ECANCELED or not _pass_on(r, previous):
+                        raise
+        finally:
+            signal.set_wakeup_fd(previous)
+            _pass_on(r, previous)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def _pass_on(r: int, previous: int) -> bool:
+    """Empties the wakeup pipe into the descriptor that was Python's before (an event loop's); whether any
+    signal had arrived."""
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(r, 4096)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    if seen and previous >= 0:
+        try:
+            os.write(previous, seen)
+        except OSError:
+            pass
+    return bool(seen)
+
+
+def save_file(tensors, filename, metadata=None, *, overwrite: bool = True, staging_bytes: int = STAGING_BYTES):
     """Saves {name: tensor} to `filename` in the safetensors format, like safetensors.torch.save_file (and
     safetensors.numpy.save_file for numpy arrays), with the same bytes.
 
@@ -326,18 +311,45 @@ def save_file(tensors, filename, metadata=None, *, overwrite: bool = False, stag
     safetensors does. metadata: {str: str}, written in its order. Names and metadata must be UTF-8 text
     (ValueError for a str with a lone surrogate).
 
-    The file appears under `filename` only once whole and synced to disk; an error or interruption leaves an
-    existing file as it was and no temporary file. An existing file is replaced only with overwrite=True, else
-    FileExistsError. Raises ValueError / TypeError for bad arguments and OSError subclasses (with .filename) for
-    I/O errors. Statistics: gdskit.last_save_stats().
+    The file appears under `filename` only once whole and synced to disk. An existing file is replaced
+    atomically, as safetensors replaces it: until the new file is complete the old one stays whole, and an
+    error or interruption leaves it as it was and no temporary file. overwrite=False refuses to replace it
+    (FileExistsError). Checked before any tensor is read: a missing folder (FileNotFoundError) or a folder at
+    `filename` (IsADirectoryError), naming `filename`. Raises ValueError / TypeError for bad arguments and OSError
+    subclasses (with .filename) for I/O errors. Statistics: gdskit.last_save_stats().
     """
     global _last_save_stats
     md = _metadata(metadata)
     entries, keep = _prepare(tensors, staging_bytes)
-    stats = _gdskit.save(os.fspath(filename), entries, md, bool(overwrite), False, 1)
+    stats = _interruptible(lambda fd: _gdskit.save(os.fspath(filename), entries, md, bool(overwrite), False, 1, fd))
     del keep
     _last_save_stats = stats
     return None
+
+
+def save(tensors, metadata=None) -> bytes:
+    """The bytes of the safetensors file save_file would write for {name: tensor}, as safetensors.torch.save
+    returns them (tensors in any memory save_file takes; CUDA tensors are copied to the host)."""
+    entries, keep = _prepare(tensors, STAGING_BYTES)
+    out = _gdskit.save_bytes(entries, _metadata(metadata))
+    del keep
+    return out
+
+
+def load(data) -> dict:
+    """{name: torch.Tensor} (CPU, in the file's data order) from the bytes of a safetensors file, as
+    safetensors.torch.load gives them. data: bytes, bytearray or memoryview; the tensors own a copy of their
+    bytes. A malformed file raises SafetensorError."""
+    torch = _frameworks.torch(required="gdskit.load")
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"data must be bytes, bytearray or memoryview, not {type(data).__name__}")
+
+    def allocate(nbytes):
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        return buf.data_ptr(), nbytes, buf
+
+    tensors, _ = _gdskit.load_bytes(data, allocate)
+    return {k: _frameworks.from_tensor("pt", v) for k, v in tensors.items()}
 
 
 def save_sharded(tensors, folder, max_shard_size="5GB", metadata=None, overwrite: bool = False, *,
@@ -346,15 +358,16 @@ def save_sharded(tensors, folder, max_shard_size="5GB", metadata=None, overwrite
     model-0000k-of-0000n.safetensors files of at most max_shard_size bytes of tensor data each (split in the
     order of the dict the way huggingface_hub splits; a tensor larger than the limit gets a shard of its own)
     and model.safetensors.index.json, written last. A single shard is model.safetensors with no index.
-    max_shard_size: bytes, or "5GB"/"500MB" (decimal units). Tensors, metadata (written into every shard),
-    overwrite, errors: as save_file. Shards of an earlier checkpoint that the new index does not name are left
-    in place. Returns the final file names (shards, then the index).
+    max_shard_size: bytes, or "5GB"/"500MB" (decimal units) or "2GiB" (binary). Tensors, metadata (written into
+    every shard), errors: as save_file. An existing checkpoint is replaced only with overwrite=True (the index
+    always names one whole checkpoint, old or new), else FileExistsError. Shards of an earlier checkpoint that
+    the new index does not name are left in place. Returns the final file names (shards, then the index).
     """
     global _last_save_stats
     limit = parse_shard_size(max_shard_size)
     md = _metadata(metadata)
     entries, keep = _prepare(tensors, staging_bytes)
-    stats = _gdskit.save(os.fspath(folder), entries, md, bool(overwrite), True, limit)
+    stats = _interruptible(lambda fd: _gdskit.save(os.fspath(folder), entries, md, bool(overwrite), True, limit, fd))
     del keep
     _last_save_stats = stats
     return list(stats["written"])

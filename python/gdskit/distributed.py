@@ -23,6 +23,7 @@ import socket
 import time
 import types
 
+from . import _frameworks
 from . import _gdskit
 
 __all__ = ["load_safetensors", "save_sharded", "last_stats", "llama_tp", "REPLICATED", "COLUMN", "ROW",
@@ -34,14 +35,9 @@ ROW = ("split", 1)      # row parallel: input features (columns of the weight) s
 NODE_ENV = "GDSKIT_NODE"  # overrides the host name as the node identity (tests simulate several nodes)
 
 # Segments of a strided slice below this size are read by the single-process loader through a window that
-# spans the neighbouring ranks' bytes (src/formats/safetensors_load.cpp, k_direct_segment_bytes). When several
-# ranks of a node need different slices of such a tensor, one rank reads the whole tensor and broadcasts it.
-_DIRECT_SEGMENT_BYTES = 256 << 10
-
-_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F4": 4, "F6_E2M3": 6,
-         "F6_E3M2": 6, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "C64": 64,
-         "F64": 64, "I64": 64, "U64": 64}
-_RAW_BYTES = {"F8_E5M2", "F8_E4M3", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2"}
+# spans the neighbouring ranks' bytes (the loader's own figure). When several ranks of a node need different
+# slices of such a tensor, one rank reads the whole tensor and broadcasts it.
+_DIRECT_SEGMENT_BYTES = _gdskit.LOAD_DIRECT_SEGMENT_BYTES
 
 _last_stats: dict = {}
 _subgroups: dict = {}
@@ -92,14 +88,6 @@ def _fail(code, msg, op="load"):
     return OSError(code, f"gdskit distributed {op}: {msg}")
 
 
-def _matches(entry: str, name: str) -> bool:
-    if entry.endswith("*"):
-        return name.startswith(entry[:-1])
-    if entry.endswith("."):
-        return name.startswith(entry)
-    return name == entry
-
-
 def _read_headers(path, only):
     """Files in load order, their tensors as [_Info] in file order, each file's header size in bytes, and what
     identifies the checkpoint across ranks: per file (name relative to the path, size, digest of its header)."""
@@ -119,7 +107,7 @@ def _read_headers(path, only):
             if wanted is not None and e["name"] not in wanted:
                 continue
             if only:
-                hit = [i for i, o in enumerate(only) if _matches(o, e["name"])]
+                hit = [i for i, o in enumerate(only) if _gdskit.name_matches(o, e["name"])]
                 if not hit:
                     continue
                 for i in hit:
@@ -157,12 +145,6 @@ def _same_checkpoint(identities, plans):
         if other != plans[0]:
             raise _fail(_errno.EINVAL, f"rank 0 and rank {r} planned different loads from the same files: the "
                                        "placement, only= and tp_world must give the same on every rank")
-
-
-def _array_split(n, k, parts):
-    base, extra = divmod(n, parts)
-    start = k * base + min(k, extra)
-    return start, base + (1 if k < extra else 0)
 
 
 def _normalize(t: _Info, spec, world, tps):
@@ -215,15 +197,14 @@ def _segment_bytes(t: _Info, dim):
     inner = 1
     for s in t.shape[dim + 1:]:
         inner *= s
-    return inner * _BITS[t.dtype] // 8
+    return inner * _frameworks.DTYPES[t.dtype][0] // 8  # bits per element, from the compiled table
 
 
 def _slice_bytes(t: _Info, key):
     if key == "whole":
         return t.nbytes
-    dim, k, n = key
-    _, count = _array_split(t.shape[dim], k, n)
-    return t.nbytes // t.shape[dim] * count if t.shape[dim] else 0
+    _, seg, _, segments = _gdskit.slice_plan(t.dtype, list(t.shape), *key)
+    return seg * segments
 
 
 class _Unit:
@@ -480,7 +461,7 @@ def load_safetensors(path, device: str = "cpu", *, group, tp_rank=None, tp_world
             key = b["post"].get(name, {}).get(rank) if b["post"] else None
             if key is not None and key != "whole":
                 dim, k, n = key
-                start, count = _array_split(shape[dim], k, n)
+                start, count = _gdskit.split_rows(shape[dim], k, n)
                 x = x.narrow(dim, start, count).contiguous()
             wanted[name] = x
     for name in order:
@@ -556,26 +537,21 @@ def _read_batch(torch, file, index, b):
 
 def _byte_ranges(t: _Info, key):
     """The file byte ranges [a, z) a piece covers (merged), as the loader reads them."""
-    if key == "whole" or t.nbytes == 0:
-        return [(t.file_offset, t.file_offset + t.nbytes)] if t.nbytes else []
-    dim, k, n = key
-    start, count = _array_split(t.shape[dim], k, n)
-    if count == 0:
+    if t.nbytes == 0:
         return []
-    outer = 1
-    for s in t.shape[:dim]:
-        outer *= s
-    row = t.nbytes // outer
-    seg = row // t.shape[dim] * count
-    first = row // t.shape[dim] * start
-    if seg == row:
+    if key == "whole":
         return [(t.file_offset, t.file_offset + t.nbytes)]
-    return [(t.file_offset + i * row + first, t.file_offset + i * row + first + seg) for i in range(outer)]
+    dim, k, n = key
+    first, seg, stride, segments = _gdskit.slice_plan(t.dtype, list(t.shape), dim, k, n)
+    if seg == 0:
+        return []
+    base = t.file_offset + first
+    return [(base + i * stride, base + i * stride + seg) for i in range(segments)]
 
 
 def _view(torch, storage, off, nb, dtype, shape):
     from . import _torch_view  # noqa: PLC0415  (the package's one rule for typed views of a uint8 allocation)
-    t = types.SimpleNamespace(data_ptr=off, nbytes=nb, dtype=dtype, shape=list(shape), raw_bytes=dtype in _RAW_BYTES)
+    t = types.SimpleNamespace(data_ptr=off, nbytes=nb, dtype=dtype, shape=list(shape))
     return _torch_view(torch, storage, 0, t)
 
 

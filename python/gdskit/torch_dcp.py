@@ -21,7 +21,6 @@ import errno as _errno
 import io
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -72,69 +71,6 @@ def _plain_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous()
 
 
-def _sync_file(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sync_folder(path):
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_ranges(path, ranges):
-    """Creates (truncates) `path` and writes each (address, nbytes, file offset, device) range through one
-    gdskit file handle, one gathered write per device; returns the bytes written. The file's space is reserved
-    first, so a full disk fails before any byte is written."""
-    f = _gdskit.FileHandle(path, "w")
-    try:
-        end = max((r[2] + r[1] for r in ranges), default=0)
-        if end:
-            f.reserve(end)
-        by_device = {}
-        for r in ranges:
-            by_device.setdefault(r[3], []).append(r)
-        return sum(f.write_gather(rs) for rs in by_device.values())
-    finally:
-        f.close()
-
-
-def _read_all(reads, workers=4):
-    """Reads every (path, (address, nbytes, file offset, device)) in full, up to `workers` at once (one gdskit
-    handle per file, shared by the reads of that file); returns the bytes read. The first failure is raised
-    after every started read has finished. Each read is itself parallel (the device's schedule, shared among
-    the reads in flight), so a few at once keep the device busy; eight ran slower than four on the GPU machine
-    (docs/performance.md)."""
-    handles = {}
-    try:
-        for path, _ in reads:
-            if path not in handles:
-                handles[path] = _gdskit.FileHandle(path, "r")
-
-        def one(job):
-            path, (ptr, n, off, dev) = job
-            got = handles[path].read(ptr, n, off, dev)
-            if got != n:
-                raise OSError(_errno.EIO, f"gdskit checkpoint: {path} ends at byte {off + got}, inside an item "
-                                          f"of {n} bytes at {off}")
-            return got
-
-        jobs = sorted(reads, key=lambda j: j[1][1], reverse=True)
-        if len(jobs) == 1:
-            return one(jobs[0])
-        with ThreadPoolExecutor(max(1, min(len(jobs), workers))) as pool:
-            return sum(pool.map(one, jobs))
-    finally:
-        for h in handles.values():
-            h.close()
-
-
 def _balance(items, bins, size):
     """Items into `bins` lists of about equal bytes (largest first into the lightest)."""
     if bins <= 1:
@@ -148,9 +84,10 @@ def _balance(items, bins, size):
 
 
 class FileSystemWriter(_fs.FileSystemWriter):
-    """torch.distributed.checkpoint.FileSystemWriter with gdskit's file I/O (same arguments). thread_count files
-    per rank are written in parallel; sync_files=True fdatasyncs each data file before its rename and the
-    folder after them (torch's own writer fsyncs its files but not the folder)."""
+    """torch.distributed.checkpoint.FileSystemWriter with gdskit's file I/O (same arguments). A rank's items go
+    into thread_count files (balanced by bytes), written together as one batch of gdskit's transfer core;
+    sync_files=True fdatasyncs each data file before its rename and the folder after them (torch's own writer
+    fsyncs its files but not the folder)."""
 
     def __init__(self, path, *args, **kwargs):
         fmt = kwargs.get("serialization_format")
@@ -170,37 +107,14 @@ class FileSystemWriter(_fs.FileSystemWriter):
         else:
             groups = [[it] for it in items]
         files = [(f"{prefix}{i}{SUFFIX}", g) for i, g in enumerate(g for g in groups if g)]
-        # The planner's resolve_data runs on this thread; only the writes run on the pool.
+        # The planner's resolve_data runs on this thread; then one call writes every file: all files' ranges in
+        # one batch of the transfer core, each file under a temporary name, synced (sync_files) and renamed.
         staged = [(name, self._stage(name, g, planner)) for name, g in files]
         if any(dev >= 0 for _, (ranges, _, _) in staged for _, _, _, dev in ranges):
             torch.cuda.synchronize()
-        sync = bool(self.sync_files)
-        stats = {"bytes": 0, "files": len(staged), "sync_seconds": 0.0}
-
-        def write(job):
-            name, (ranges, _keep, _) = job
-            final = os.path.join(str(self.path), name)
-            tmp = final + ".tmp"
-            try:
-                n = _write_ranges(tmp, ranges)
-                s0 = time.perf_counter()
-                if sync:
-                    _sync_file(tmp)
-                os.replace(tmp, final)
-                return n, time.perf_counter() - s0
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
-
-        with ThreadPoolExecutor(max(1, min(len(staged), 8))) as pool:
-            for n, s in pool.map(write, staged):
-                stats["bytes"] += n
-                stats["sync_seconds"] += s
-        if sync and staged:
-            s0 = time.perf_counter()
-            _sync_folder(str(self.path))
-            stats["sync_seconds"] += time.perf_counter() - s0
+        written, sync_seconds = _gdskit.write_files(
+            [(os.path.join(str(self.path), name), ranges) for name, (ranges, _, _) in staged], bool(self.sync_files))
+        stats = {"bytes": written, "files": len(staged), "sync_seconds": sync_seconds}
         results = [r for _, (_, _, rs) in staged for r in rs]
         stats["seconds"] = time.perf_counter() - t0
         _last_stats = stats
@@ -241,8 +155,9 @@ def _item_bytes(item) -> int:
 
 class FileSystemReader(_fs.FileSystemReader):
     """torch.distributed.checkpoint.FileSystemReader with gdskit's file I/O (same arguments). Items of gdskit's
-    data files are read straight into their target tensors where the target is dense and the stored chunk's
-    part is contiguous in the file; items of torch-written files go to torch's reader."""
+    data files are read, only the bytes of the part of the stored chunk they need, as batches across all files:
+    straight into their target tensors where the target is dense and of the chunk's dtype, else into a buffer
+    copied into the target. Items of torch-written files go to torch's reader."""
 
     def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
@@ -261,7 +176,7 @@ class FileSystemReader(_fs.FileSystemReader):
         total = 0
         cuda_synced = False
         # The planner runs on this thread: targets are resolved and their reads planned first, then every read
-        # of every file runs on a pool (four items at a time, largest first), then the items are committed here.
+        # of every file runs as batches of the transfer core, then the items are committed here.
         reads, after = [], []
         for rel, reqs in per_file.items():
             path = os.path.join(str(self.path), rel)
@@ -281,11 +196,12 @@ class FileSystemReader(_fs.FileSystemReader):
                 if target.is_cuda and not cuda_synced:
                     torch.cuda.synchronize()  # the targets' allocations and initialisation are done
                     cuda_synced = True
-                ranges_, fix = self._plan_read(req, info, target)
-                reads.extend((path, r) for r in ranges_)
+                item, fix = self._plan_read(path, req, info, target)
+                if item is not None:
+                    reads.append(item)
                 after.append((req, target, fix))
         if reads:
-            total += _read_all(reads)
+            total += _gdskit.read_slices(reads)
         for req, target, fix in after:
             if fix is not None:
                 fix()
@@ -303,8 +219,11 @@ class FileSystemReader(_fs.FileSystemReader):
                 return md.properties.dtype, list(c.sizes)
         raise OSError(_errno.EBADMSG, f"gdskit checkpoint: no stored chunk of {index.fqn} at {list(index.offset)}")
 
-    def _plan_read(self, req, info, target):
-        """Ranges to read for one tensor item, and what to do once they are read (None: read in place)."""
+    def _plan_read(self, path, req, info, target):
+        """One tensor item as the compiled module's read_slices takes it: the stored chunk's part (offsets and
+        lengths per dimension: a slice of the chunk) read straight into the target when it is dense and of the
+        chunk's dtype, else into a buffer of the part that is copied into the target afterwards (the returned
+        fix). (None, None) when there is nothing to read."""
         dtype, sizes = self._chunk(req.storage_index)
         elem = torch.empty((), dtype=dtype).element_size()
         numel = 1
@@ -313,26 +232,15 @@ class FileSystemReader(_fs.FileSystemReader):
         if numel * elem != info.length:
             raise OSError(_errno.EBADMSG, f"gdskit checkpoint: item {req.storage_index.fqn} holds {info.length} "
                                           f"bytes, its chunk {sizes} of {dtype} needs {numel * elem}")
-        offs, lens = list(req.storage_offsets), list(req.lengths)
-        dense = target.is_contiguous() and target.dtype == dtype and not target.is_conj() and not target.is_neg()
-        # The part is contiguous in the file when it spans whole rows below its first partial dimension.
-        lead = next((d for d in range(len(sizes)) if lens[d] != sizes[d] or offs[d] != 0), len(sizes))
-        contiguous = lead == len(sizes) or (all(lens[d] == 1 for d in range(lead)) and all(
-            offs[d] == 0 and lens[d] == sizes[d] for d in range(lead + 1, len(sizes))))
-        if dense and contiguous and target.numel() * elem:
-            start, stride = 0, elem
-            for d in reversed(range(len(sizes))):
-                start += offs[d] * stride
-                stride *= sizes[d]
-            return [(target.data_ptr(), target.numel() * elem, info.offset + start, _device_of(target))], None
         if target.numel() == 0:
-            return [], None
-        whole = torch.empty(sizes, dtype=dtype, device=target.device)
-        rng = [(whole.data_ptr(), info.length, info.offset, _device_of(whole))] if info.length else []
+            return None, None
+        picks = [(int(o), int(n), 1) for o, n in zip(req.storage_offsets, req.lengths)]
+        dense = target.is_contiguous() and target.dtype == dtype and not target.is_conj() and not target.is_neg()
+        into, fix = target, None
+        if not dense:
+            into = torch.empty([int(n) for n in req.lengths], dtype=dtype, device=target.device)
 
-        def fix():
-            part = whole
-            for d, (o, n) in enumerate(zip(offs, lens)):
-                part = part.narrow(d, o, n)
-            target.copy_(part)
-        return rng, fix
+            def fix():
+                target.copy_(into)
+        return (path, info.offset, [int(x) for x in sizes], elem, picks, into.data_ptr(), into.numel() * elem,
+                _device_of(into)), fix

@@ -225,6 +225,102 @@ def test_bad_arguments():
     return None
 
 
+def test_replacing_keeps_the_old_file_whole_until_the_new_one_is_complete():
+    """save_file over an existing file: while the new file is being written (a strided array is staged piece by
+    piece, and each piece looks at the target), readers see the old file, whole; then the new one."""
+    np = _np()
+    if np is None:
+        return "skip: numpy not installed"
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "m.safetensors")
+        old = {"a": np.arange(1000, dtype=np.float32)}
+        gdskit.save_file(old, p)
+        old_bytes = _read(p)
+        seen = []
+
+        big = np.arange(3 << 20, dtype=np.float32).reshape(-1, 2)[:, ::-1]  # strided: staged in pieces
+        real = np.ascontiguousarray
+
+        def watch(x):
+            seen.append(_read(p) == old_bytes and not [n for n in os.listdir(d) if n != "m.safetensors"
+                                                         and ".gdskit-tmp." not in n])
+            return real(x)
+
+        np.ascontiguousarray = watch
+        try:
+            gdskit.save_file({"b": big}, p, staging_bytes=1 << 20)
+        finally:
+            np.ascontiguousarray = real
+        assert len(seen) > 3 and all(seen), seen
+        back = gdskit.load_file(p) if _torch() is not None else None
+        if back is not None:
+            assert np.array_equal(back["b"].numpy(), big)
+        # An interrupted replacement (an error while writing) leaves the old file as it was.
+        gdskit.save_file(old, p)
+
+        def fail(x):
+            raise RuntimeError("stop")
+
+        np.ascontiguousarray = fail
+        try:
+            gdskit.save_file({"b": big}, p, staging_bytes=1 << 20)
+            raise AssertionError("the failing save succeeded")
+        except RuntimeError:
+            pass
+        finally:
+            np.ascontiguousarray = real
+        assert _read(p) == old_bytes and os.listdir(d) == ["m.safetensors"]
+    return None
+
+
+def test_bytes_round_trip_like_safetensors_torch_save_and_load():
+    """gdskit.save gives the bytes save_file writes; gdskit.load gives back tensors that own their memory."""
+    torch = _torch()
+    if torch is None:
+        return "skip: torch not installed"
+    tensors = {"w": torch.randn(33, 7), "b": torch.arange(5, dtype=torch.int16), "s": torch.tensor(3.5),
+               "e": torch.zeros(0, 4, dtype=torch.float64), "t": torch.randn(8, 6).t(),  # strided
+               "h": torch.randn(9).to(torch.bfloat16), "q": torch.tensor([True, False, True])}
+    md = {"format": "pt", "x": "y"}
+    data = gdskit.save(tensors, metadata=md)
+    assert isinstance(data, bytes)
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "m.safetensors")
+        gdskit.save_file(tensors, p, metadata=md)
+        assert _read(p) == data
+        assert gdskit.save(tensors) == _read_saved(gdskit, tensors, d)
+        file_order = list(gdskit.load_file(p))
+    for source in (data, bytearray(data), memoryview(data)):
+        back = gdskit.load(source)
+        assert list(back) == file_order
+        for k, v in tensors.items():
+            assert back[k].dtype == v.dtype and back[k].shape == v.shape and torch.equal(back[k], v), k
+    # The tensors own a copy: changing the buffer afterwards changes nothing.
+    buf = bytearray(data)
+    back = gdskit.load(buf)
+    buf[-1] ^= 0xFF
+    assert torch.equal(back["q"], tensors["q"]) and torch.equal(back["w"], tensors["w"])
+    for bad, kind in ((b"not a safetensors file at all", gdskit.SafetensorError), (data[:-3], gdskit.SafetensorError),
+                      (b"", gdskit.SafetensorError), ("text", TypeError), (3, TypeError)):
+        try:
+            gdskit.load(bad)
+            raise AssertionError(f"{bad!r} loaded")
+        except kind:
+            pass
+    try:
+        gdskit.load(b"hello world, not safetensors")
+        raise AssertionError("text loaded")
+    except gdskit.SafetensorError as e:
+        assert "not a safetensors file" in str(e), e
+    return None
+
+
+def _read_saved(gdskit, tensors, d):
+    p = os.path.join(d, "no-metadata.safetensors")
+    gdskit.save_file(tensors, p)
+    return _read(p)
+
+
 def test_existing_file_and_os_errors_name_the_file():
     np = _np()
     if np is None:
@@ -234,12 +330,12 @@ def test_existing_file_and_os_errors_name_the_file():
         with open(p, "wb") as f:
             f.write(b"old")
         try:
-            gdskit.save_file({"a": np.ones(3, dtype=np.float32)}, p)
-            raise AssertionError("an existing file must not be replaced without overwrite")
+            gdskit.save_file({"a": np.ones(3, dtype=np.float32)}, p, overwrite=False)
+            raise AssertionError("an existing file must not be replaced with overwrite=False")
         except FileExistsError as e:
             assert e.errno == errno.EEXIST and e.filename == p
         assert _read(p) == b"old"
-        gdskit.save_file({"a": np.ones(3, dtype=np.float32)}, p, overwrite=True)
+        gdskit.save_file({"a": np.ones(3, dtype=np.float32)}, p)  # replaced by default, as safetensors does
         assert _read(p) == reference_bytes({"a": ("F32", [3], np.ones(3, dtype=np.float32).tobytes())})
         missing = os.path.join(d, "no", "such", "folder", "x.safetensors")
         try:
@@ -326,6 +422,62 @@ def test_interrupt_publishes_nothing():
             return "skip: the save finished before the signal came"
     finally:
         signal.signal(signal.SIGALRM, old)
+
+
+def test_signals_during_a_save():
+    """A save runs on the calling thread: Ctrl-C (a handler that raises) stops it between pieces and publishes
+    nothing; a signal whose handler returns only restarts it, and the file is whole; an event loop's wakeup
+    descriptor still hears of the signals."""
+    np = _np()
+    if np is None:
+        return "skip: numpy not installed"
+    import signal  # noqa: PLC0415
+
+    tensors = {f"t{i:03d}": np.full(1 << 20, i % 251, dtype=np.uint8) for i in range(256)}  # 256 MiB, 256 pieces
+    heard = []
+
+    def raising(signum, frame):
+        raise KeyboardInterrupt
+
+    def quiet(signum, frame):
+        heard.append(signum)
+
+    old = signal.signal(signal.SIGALRM, raising)
+    loop_r, loop_w = os.pipe()  # an event loop's wakeup descriptor
+    os.set_blocking(loop_r, False)
+    os.set_blocking(loop_w, False)
+    old_fd = signal.set_wakeup_fd(loop_w, warn_on_full_buffer=False)
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "x.safetensors")
+            signal.setitimer(signal.ITIMER_REAL, 0.01)
+            try:
+                gdskit.save_file(tensors, p)
+                interrupted = False
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            if interrupted:
+                assert os.listdir(d) == [], os.listdir(d)
+                assert signal.SIGALRM in os.read(loop_r, 64), "the loop's wakeup descriptor missed the signal"
+            signal.signal(signal.SIGALRM, quiet)
+            signal.setitimer(signal.ITIMER_REAL, 0.01)
+            try:
+                gdskit.save_file(tensors, p)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            assert heard == [signal.SIGALRM], heard
+            assert gdskit.header(p)[0][0]["name"] == "t000" and os.listdir(d) == ["x.safetensors"]
+            assert _read(p)[-1] == 255 % 251
+            if not interrupted:
+                return "skip: the save finished before the signal came"
+    finally:
+        signal.set_wakeup_fd(old_fd)
+        signal.signal(signal.SIGALRM, old)
+        os.close(loop_r)
+        os.close(loop_w)
+    return None
 
 
 if __name__ == "__main__":

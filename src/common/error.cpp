@@ -129,6 +129,7 @@ error::error(std::error_code code, std::string_view operation, std::string_view 
     : std::system_error(code, format_what(operation, path, offset_bytes, nbytes, detail)),
       operation_(operation),
       path_(path),
+      detail_(detail),
       offset_bytes_(offset_bytes),
       nbytes_(nbytes) {}
 

@@ -8,15 +8,32 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "gdskit/error.hpp"
 
 namespace gdskit {
 namespace {
 
+// Text from the environment or a caller, safe to print: bytes outside printable ASCII as \xNN.
+std::string shown(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u >= 0x7f || c == '\\' || c == '"') {
+      out += fmt::format("\\x{:02x}", u);
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
 [[noreturn]] void bad_setting(std::string_view name, std::string_view value, std::string_view why) {
-  throw error(errno_code(EINVAL), fmt::format("setting {}=\"{}\": {}", name, value, why));
+  throw error(errno_code(EINVAL), fmt::format("setting {}=\"{}\": {}", shown(name), shown(value), why));
 }
 
 const char* env(const char* name) {
@@ -24,37 +41,32 @@ const char* env(const char* name) {
   return (v != nullptr && *v != '\0') ? v : nullptr;
 }
 
-std::size_t env_size(const char* name, std::size_t fallback) {
-  const char* v = env(name);
-  if (v == nullptr) return fallback;
-  auto parsed = parse_size(v);
-  if (!parsed) bad_setting(name, v, "expected a byte count such as 4194304, 4M or 1G");
-  return static_cast<std::size_t>(*parsed);
-}
-
-unsigned env_unsigned(const char* name, unsigned fallback) {
-  const char* v = env(name);
-  if (v == nullptr) return fallback;
-  unsigned out = 0;
-  std::string_view s(v);
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-  if (ec != std::errc{} || p != s.data() + s.size()) bad_setting(name, v, "expected a whole number");
-  return out;
-}
-
-template <class E>
-E env_enum(const char* name, E fallback, std::optional<E> (*parse)(std::string_view) noexcept, const char* allowed) {
-  const char* v = env(name);
-  if (v == nullptr) return fallback;
-  auto parsed = parse(v);
-  if (!parsed) bad_setting(name, v, fmt::format("expected one of {}", allowed));
-  return *parsed;
-}
-
 std::optional<bool> parse_switch(std::string_view t) noexcept {
   if (t == "on" || t == "1" || t == "true") return true;
   if (t == "off" || t == "0" || t == "false") return false;
   return std::nullopt;
+}
+
+// Parsers of one value as text; `who` (the variable or the setting's name) is named when the text is refused.
+unsigned parse_count(std::string_view who, std::string_view v) {
+  unsigned out = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (v.empty() || ec != std::errc{} || p != v.data() + v.size()) bad_setting(who, v, "expected a whole number");
+  return out;
+}
+
+std::size_t parse_bytes(std::string_view who, std::string_view v) {
+  auto parsed = parse_size(v);
+  if (!parsed) bad_setting(who, v, "expected a byte count such as 4194304, 4M or 1G");
+  return static_cast<std::size_t>(*parsed);
+}
+
+template <class E>
+E parse_choice(std::string_view who, std::string_view v, std::optional<E> (*parse)(std::string_view) noexcept,
+               const char* allowed) {
+  auto parsed = parse(v);
+  if (!parsed) bad_setting(who, v, fmt::format("expected one of {}", allowed));
+  return *parsed;
 }
 
 // Throws for the first field out of range. The message names the field, or with `env_names` the GDSKIT_*
@@ -87,37 +99,240 @@ void check_ranges(const settings& s, bool env_names) {
   }
 }
 
-}  // namespace
+// Byte counts as set_setting takes them back: the largest binary unit that divides them ("4M", "65536").
+std::string bytes_text(std::uint64_t n) {
+  static constexpr std::pair<std::uint64_t, const char*> units[] = {{1ull << 30, "G"}, {1ull << 20, "M"}, {1ull << 10, "K"}};
+  for (const auto& [u, suffix] : units) {
+    if (n >= u && n % u == 0) return fmt::format("{}{}", n / u, suffix);
+  }
+  return fmt::format("{}", n);
+}
 
-settings settings::from_env() {
+// One setting: its names, how it reads, and how it is parsed into and printed from a settings object.
+struct field {
+  const char* name;
+  const char* variable;
+  setting_kind kind;
+  const char* help;
+  void (*parse)(settings& s, std::string_view who, std::string_view text);
+  std::string (*print)(const settings& s);
+};
+
+#define GDSKIT_COUNT_FIELD(member) \
+  [](settings& s, std::string_view w, std::string_view t) { s.member = parse_count(w, t); }, \
+      [](const settings& s) { return fmt::format("{}", s.member); }
+#define GDSKIT_BYTES_FIELD(member) \
+  [](settings& s, std::string_view w, std::string_view t) { s.member = parse_bytes(w, t); }, \
+      [](const settings& s) { return bytes_text(s.member); }
+#define GDSKIT_SWITCH_FIELD(member) \
+  [](settings& s, std::string_view w, std::string_view t) { s.member = parse_choice(w, t, &parse_switch, "on, off"); }, \
+      [](const settings& s) { return std::string(s.member ? "on" : "off"); }
+#define GDSKIT_CHOICE_FIELD(member, parser, allowed) \
+  [](settings& s, std::string_view w, std::string_view t) { s.member = parse_choice(w, t, &parser, allowed); }, \
+      [](const settings& s) { return std::string(to_string(s.member)); }
+
+// In the order of docs/settings.md's table.
+const field k_fields[] = {
+    {"threads", "GDSKIT_THREADS", setting_kind::count, "workers for one large request (1..1024)",
+     GDSKIT_COUNT_FIELD(threads)},
+    {"adaptive", "GDSKIT_ADAPTIVE", setting_kind::on_off,
+     "O_DIRECT depth and request size adapt to the device while transfers run (on, off)",
+     GDSKIT_SWITCH_FIELD(adaptive)},
+    {"learn", "GDSKIT_LEARN", setting_kind::on_off,
+     "remember the shape the adaptive controller converged to, per device (on, off)", GDSKIT_SWITCH_FIELD(learn)},
+    {"direct_depth", "GDSKIT_DIRECT_DEPTH", setting_kind::count,
+     "O_DIRECT requests in flight (1..1024); set, it wins over profiles and the controller",
+     GDSKIT_COUNT_FIELD(direct_depth)},
+    {"chunk_bytes", "GDSKIT_CHUNK_BYTES", setting_kind::bytes,
+     "host request size (4 KiB multiple, at most 1 GiB); set, it wins over profiles and the controller",
+     GDSKIT_BYTES_FIELD(chunk_bytes)},
+    {"inline_bytes", "GDSKIT_INLINE_BYTES", setting_kind::bytes, "requests up to this size run on the calling thread",
+     GDSKIT_BYTES_FIELD(inline_bytes)},
+    {"direct", "GDSKIT_DIRECT", setting_kind::choice, "O_DIRECT: auto (where accepted), on (required), off",
+     GDSKIT_CHOICE_FIELD(direct, parse_direct_mode, "auto, on, off")},
+    {"engine", "GDSKIT_ENGINE", setting_kind::choice, "host I/O engine: auto, io_uring, threads",
+     GDSKIT_CHOICE_FIELD(engine, parse_engine_kind, "auto, io_uring, threads")},
+    {"mode", "GDSKIT_MODE", setting_kind::choice, "data path for GPU memory: auto, gds, staged, compat, host",
+     GDSKIT_CHOICE_FIELD(mode, parse_path_mode, "auto, gds, staged, compat, host")},
+    {"staging_slots", "GDSKIT_STAGING_SLOTS", setting_kind::count, "pinned staging slots per worker (at least 2)",
+     GDSKIT_COUNT_FIELD(staging_slots)},
+    {"cached_slot_bytes", "GDSKIT_CACHED_SLOT_BYTES", setting_kind::bytes,
+     "staging slot size for reads from the page cache (64 KiB..1 GiB, 4 KiB multiple)",
+     GDSKIT_BYTES_FIELD(cached_slot_bytes)},
+    {"staging_slot_bytes", "GDSKIT_STAGING_SLOT_BYTES", setting_kind::bytes,
+     "staging slot size for storage (64 KiB..1 GiB, 4 KiB multiple); set, it is the staged request size",
+     GDSKIT_BYTES_FIELD(staging_slot_bytes)},
+};
+#undef GDSKIT_COUNT_FIELD
+#undef GDSKIT_BYTES_FIELD
+#undef GDSKIT_SWITCH_FIELD
+#undef GDSKIT_CHOICE_FIELD
+
+constexpr std::size_t k_field_count = sizeof(k_fields) / sizeof(k_fields[0]);
+
+std::size_t index_of(std::string_view name) {
+  for (std::size_t i = 0; i < k_field_count; ++i) {
+    if (name == k_fields[i].name) return i;
+  }
+  std::string names;
+  for (const auto& f : k_fields) names += names.empty() ? f.name : std::string(", ") + f.name;
+  throw error(errno_code(EINVAL), fmt::format("setting \"{}\": no such setting (settings: {})", shown(name), names));
+}
+
+// The defaults of this machine: settings{} except the worker count.
+settings machine_defaults() {
   settings s;
   // One worker per core reads well from page cache; O_DIRECT on NVMe wants depth, so never fewer than 4.
   unsigned hw = std::thread::hardware_concurrency();
   s.threads = std::clamp(hw == 0 ? 8u : hw, 4u, 16u);
-  s.threads = env_unsigned("GDSKIT_THREADS", s.threads);
-  s.direct_depth = env_unsigned("GDSKIT_DIRECT_DEPTH", s.direct_depth);
-  s.chunk_bytes = env_size("GDSKIT_CHUNK_BYTES", s.chunk_bytes);
-  s.inline_bytes = env_size("GDSKIT_INLINE_BYTES", s.inline_bytes);
-  s.direct = env_enum("GDSKIT_DIRECT", s.direct, &parse_direct_mode, "auto, on, off");
-  s.engine = env_enum("GDSKIT_ENGINE", s.engine, &parse_engine_kind, "auto, io_uring, threads");
-  s.mode = env_enum("GDSKIT_MODE", s.mode, &parse_path_mode, "auto, gds, staged, compat, host");
-  s.staging_slots = env_unsigned("GDSKIT_STAGING_SLOTS", s.staging_slots);
-  s.staging_slot_bytes = env_size("GDSKIT_STAGING_SLOT_BYTES", s.staging_slot_bytes);
-  s.cached_slot_bytes = env_size("GDSKIT_CACHED_SLOT_BYTES", s.cached_slot_bytes);
-  s.adaptive = env_enum("GDSKIT_ADAPTIVE", s.adaptive, &parse_switch, "on, off");
-  s.learn = env_enum("GDSKIT_LEARN", s.learn, &parse_switch, "on, off");
-  s.direct_depth_set = env("GDSKIT_DIRECT_DEPTH") != nullptr;
-  s.chunk_bytes_set = env("GDSKIT_CHUNK_BYTES") != nullptr;
-  s.staging_slot_bytes_set = env("GDSKIT_STAGING_SLOT_BYTES") != nullptr;
+  return s;
+}
+
+// The *_set flags follow the sources: a value from the environment or from code wins over profiles.
+void mark_set(settings& s, const std::vector<setting_source>& sources) {
+  auto given = [&](const char* name) { return sources[index_of(name)] != setting_source::defaults; };
+  s.direct_depth_set = given("direct_depth");
+  s.chunk_bytes_set = given("chunk_bytes");
+  s.staging_slot_bytes_set = given("staging_slot_bytes");
+}
+
+// Field `i` from its variable, when the variable is set.
+bool read_variable(settings& s, std::size_t i) {
+  const char* v = env(k_fields[i].variable);
+  if (v == nullptr) return false;
+  k_fields[i].parse(s, k_fields[i].variable, v);
+  return true;
+}
+
+// The process-wide settings and their sources, behind one lock; filled from the environment on first use.
+struct global_state {
+  std::mutex mutex;
+  bool loaded = false;
+  settings_state state;
+
+  // Requires the lock.
+  settings_state& get() {
+    if (!loaded) {
+      settings_state fresh{machine_defaults(), std::vector<setting_source>(k_field_count, setting_source::defaults)};
+      for (std::size_t i = 0; i < k_field_count; ++i) {
+        if (read_variable(fresh.values, i)) fresh.sources[i] = setting_source::environment;
+      }
+      check_ranges(fresh.values, true);
+      mark_set(fresh.values, fresh.sources);
+      state = std::move(fresh);
+      loaded = true;
+    }
+    return state;
+  }
+};
+
+global_state& global() {
+  static global_state g;
+  return g;
+}
+
+}  // namespace
+
+settings settings::from_env() {
+  settings s = machine_defaults();
+  std::vector<setting_source> sources(k_field_count, setting_source::defaults);
+  for (std::size_t i = 0; i < k_field_count; ++i) {
+    if (read_variable(s, i)) sources[i] = setting_source::environment;
+  }
   check_ranges(s, true);
+  mark_set(s, sources);
   return s;
 }
 
 void settings::validate() const { check_ranges(*this, false); }
 
-settings& default_settings() {
-  static settings instance = settings::from_env();
-  return instance;
+const settings default_settings() {
+  auto& g = global();
+  std::lock_guard lock(g.mutex);
+  return g.get().values;
+}
+
+void set_setting(std::string_view name, std::string_view value) {
+  const std::size_t i = index_of(name);
+  auto& g = global();
+  std::lock_guard lock(g.mutex);
+  settings_state next = g.get();
+  k_fields[i].parse(next.values, name, value);
+  check_ranges(next.values, false);
+  next.sources[i] = setting_source::code;
+  mark_set(next.values, next.sources);
+  g.state = std::move(next);
+}
+
+void reset_setting(std::string_view name) {
+  const std::size_t i = index_of(name);
+  auto& g = global();
+  std::lock_guard lock(g.mutex);
+  settings_state next = g.get();
+  const settings defaults = machine_defaults();
+  // The field's default, printed and parsed back: one path for every kind of field.
+  k_fields[i].parse(next.values, name, k_fields[i].print(defaults));
+  next.sources[i] = read_variable(next.values, i) ? setting_source::environment : setting_source::defaults;
+  check_ranges(next.values, false);
+  mark_set(next.values, next.sources);
+  g.state = std::move(next);
+}
+
+void set_default_settings(const settings& s) {
+  s.validate();
+  auto& g = global();
+  std::lock_guard lock(g.mutex);
+  settings_state next = g.get();
+  for (std::size_t i = 0; i < k_field_count; ++i) {
+    if (k_fields[i].print(s) != k_fields[i].print(next.values)) next.sources[i] = setting_source::code;
+  }
+  if (s.direct_depth_set) next.sources[index_of("direct_depth")] = setting_source::code;
+  if (s.chunk_bytes_set) next.sources[index_of("chunk_bytes")] = setting_source::code;
+  if (s.staging_slot_bytes_set) next.sources[index_of("staging_slot_bytes")] = setting_source::code;
+  next.values = s;
+  mark_set(next.values, next.sources);
+  g.state = std::move(next);
+}
+
+std::vector<setting_entry> describe_settings() {
+  const settings_state now = save_settings();
+  std::vector<setting_entry> out;
+  out.reserve(k_field_count);
+  for (std::size_t i = 0; i < k_field_count; ++i) {
+    const field& f = k_fields[i];
+    out.push_back({f.name, f.variable, f.kind, f.print(now.values), now.sources[i], f.help, {}});
+    const std::string_view name = f.name;
+    const bool shaped = name == "direct_depth" || name == "chunk_bytes" || name == "staging_slot_bytes";
+    if (shaped && now.values.adaptive && now.sources[i] == setting_source::defaults) {
+      out.back().note = "while transfers run: a device's tuned or learned profile, then the adaptive controller";
+    }
+  }
+  return out;
+}
+
+settings_state save_settings() {
+  auto& g = global();
+  std::lock_guard lock(g.mutex);
+  return g.get();
+}
+
+void restore_settings(const settings_state& state) {
+  if (state.sources.size() != k_field_count) {
+    throw error(errno_code(EINVAL), "restore_settings: the state was not made by save_settings()");
+  }
+  state.values.validate();
+  auto& g = global();
+  std::lock_guard lock(g.mutex);
+  g.state = state;
+  g.loaded = true;
+}
+
+std::string_view to_string(setting_source s) noexcept {
+  switch (s) {
+    case setting_source::environment: return "environment";
+    case setting_source::code: return "code";
+    default: return "default";
+  }
 }
 
 std::optional<std::uint64_t> parse_size(std::string_view text) {

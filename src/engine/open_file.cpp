@@ -281,9 +281,13 @@ path_decision open_file::decide_path(const buffer_view& buf) const {
   if (buf.kind == memory_kind::host || buf.kind == memory_kind::pinned) {
     d = decide({}, rt, buf.kind, f.config.mode);
     if (f.choice.direct && reinterpret_cast<std::uintptr_t>(buf.data) % f.choice.alignment != 0) {
-      d.reasons.push_back(fmt::format("buffer not aligned to {} bytes: O_DIRECT reads go through bounce buffers "
+      // Said of the directions this file was opened for: a save's file only writes.
+      const char* moves = f.mode == open_mode::read    ? "reads"
+                          : f.mode == open_mode::write ? "writes"
+                                                       : "reads and writes";
+      d.reasons.push_back(fmt::format("buffer not aligned to {} bytes: O_DIRECT {} go through bounce buffers "
                                       "on the worker threads (an aligned buffer saves the copy)",
-                                      f.choice.alignment));
+                                      f.choice.alignment, moves));
     }
   } else {
     rt.gpu_ok = gpu_available(&rt.gpu_reason);

@@ -32,6 +32,9 @@ constexpr dtype_entry k_dtypes[] = {
     {dtype::I64, "I64", 64},        {dtype::U64, "U64", 64},
 };
 
+constexpr const char* not_safetensors =
+    "not a safetensors file: it does not begin with an 8-byte header length and a JSON object";
+
 [[noreturn]] void bad(std::string_view source, const std::string& what) {
   throw error(errno_code(EBADMSG), "safetensors header", source, -1, 0, what);
 }
@@ -257,6 +260,9 @@ header parse_header(const void* bytes, std::size_t nbytes, std::uint64_t file_nb
   }
   std::uint64_t json_len = 0;
   for (int i = 7; i >= 0; --i) json_len = (json_len << 8) | p[i];  // little-endian
+  // Every safetensors file's JSON starts with '{': a file whose ninth byte is anything else is another kind of
+  // file, and its first eight bytes are no length worth quoting.
+  if (nbytes > 8 && file_nbytes > 8 && p[8] != '{') bad(source, not_safetensors);
   if (json_len > max_header_bytes) {
     bad(source, fmt::format("header length {} exceeds the limit of {} bytes (100 MiB)", json_len,
                             max_header_bytes));
@@ -269,7 +275,7 @@ header parse_header(const void* bytes, std::size_t nbytes, std::uint64_t file_nb
   }
   const unsigned char* json_begin = p + 8;
   const std::size_t json_size = static_cast<std::size_t>(json_len);
-  if (json_size < 2 || json_begin[0] != '{') bad(source, "header is not a JSON object (must start with '{')");
+  if (json_size < 2 || json_begin[0] != '{') bad(source, not_safetensors);
   if (auto at = invalid_utf8_at(json_begin, json_size); at != std::string::npos) {
     bad(source, fmt::format("header is not valid UTF-8 JSON text (byte {} of the JSON is 0x{:02x})", at,
                             json_begin[at]));
@@ -363,16 +369,27 @@ header parse_header(const void* bytes, std::size_t nbytes, std::uint64_t file_nb
       bad(source, fmt::format("tensor \"{}\": shape x {} is {} bytes but data_offsets [{}, {}] span {}", shown,
                               to_string(t.dtype), want, t.begin_bytes, t.end_bytes, t.nbytes()));
     }
-    if (t.end_bytes > data_nbytes) {
-      bad(source, fmt::format("tensor \"{}\" data_offsets [{}, {}] run past the {}-byte data section", shown,
-                              t.begin_bytes, t.end_bytes, data_nbytes));
-    }
     t.file_offset_bytes = h.data_offset_bytes + t.begin_bytes;
     h.tensors.push_back(std::move(t));
   }
   std::sort(h.tensors.begin(), h.tensors.end(), [](const tensor_info& a, const tensor_info& b) {
     return a.begin_bytes != b.begin_bytes ? a.begin_bytes < b.begin_bytes : a.name < b.name;
   });
+  // Offsets past the data section: a file cut short, most often. The tensor that reaches furthest names it (a
+  // tensor with bytes before an empty one at the same end), so an empty tensor is blamed only when it alone is
+  // out of range.
+  const tensor_info* furthest = nullptr;
+  for (const auto& t : h.tensors) {
+    if (furthest == nullptr || t.end_bytes > furthest->end_bytes ||
+        (t.end_bytes == furthest->end_bytes && furthest->nbytes() == 0 && t.nbytes() > 0)) {
+      furthest = &t;
+    }
+  }
+  if (furthest != nullptr && furthest->end_bytes > data_nbytes) {
+    bad(source, fmt::format("the file is truncated or its header is wrong: tensor \"{}\" data_offsets [{}, {}] end "
+                            "past the {}-byte data section", printable_name(furthest->name), furthest->begin_bytes,
+                            furthest->end_bytes, data_nbytes));
+  }
   // Empty tensors own no bytes, so only non-empty ones can overlap.
   const tensor_info* prev = nullptr;
   for (const auto& t : h.tensors) {
@@ -389,15 +406,17 @@ header parse_header(const void* bytes, std::size_t nbytes, std::uint64_t file_nb
 header read_header(const file_handle& file) {
   const std::uint64_t size = file.size();
   const std::string source = file.path().string();
-  unsigned char len_bytes[8] = {};
+  // The length and the first byte of the JSON: enough to tell another kind of file from a damaged one.
+  unsigned char len_bytes[9] = {};
   if (size < 8) {
     bad(source, fmt::format("file is {} bytes: too short for the 8-byte header length", size));
   }
-  file.read_exact(len_bytes, 8, 0);
+  const std::size_t head = size > 8 ? 9 : 8;
+  file.read_exact(len_bytes, head, 0);
   std::uint64_t json_len = 0;
   for (int i = 7; i >= 0; --i) json_len = (json_len << 8) | len_bytes[i];
-  if (json_len > max_header_bytes || json_len > size - 8) {
-    return parse_header(len_bytes, 8, size, source);  // throws with the precise reason
+  if (json_len > max_header_bytes || json_len > size - 8 || (head > 8 && len_bytes[8] != '{')) {
+    return parse_header(len_bytes, head, size, source);  // throws with the precise reason
   }
   std::vector<unsigned char> buf(8 + static_cast<std::size_t>(json_len));
   std::memcpy(buf.data(), len_bytes, 8);

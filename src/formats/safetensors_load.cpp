@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "formats/safetensors_index.hpp"
+#include "formats/safetensors_load.hpp"
 #include "formats/safetensors_open.hpp"
 #include "formats/sha256.hpp"
 #include "gdskit/batch.hpp"
@@ -29,9 +30,7 @@ namespace gdskit::safetensors {
 namespace {
 
 constexpr std::size_t k_host_alignment = 4096;
-// Strided segments at least this large are read one by one straight into their destination; smaller ones are
-// gathered through the staging buffer, since many tiny requests cost more than the bytes skipped between them.
-constexpr std::uint64_t k_direct_segment_bytes = std::uint64_t{256} << 10;
+constexpr std::uint64_t k_direct_segment_bytes = formats::direct_segment_bytes;
 
 [[noreturn]] void invalid(const std::string& what) {
   throw error(errno_code(EINVAL), "safetensors load: " + what);
@@ -57,12 +56,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-bool matches(const std::string& entry, const std::string& name) {
-  if (entry.empty()) return false;
-  if (entry.back() == '*') return name.starts_with(std::string_view(entry).substr(0, entry.size() - 1));
-  if (entry.back() == '.') return name.starts_with(entry);
-  return name == entry;
-}
 
 bool ends_with(const std::string& s, std::string_view suffix) { return s.ends_with(suffix); }
 
@@ -267,7 +260,7 @@ class selection {
     if (only_.empty()) return true;
     bool any = false;
     for (std::size_t i = 0; i < only_.size(); ++i) {
-      if (matches(only_[i], name)) any = used_[i] = true;
+      if (name_matches(only_[i], name)) any = used_[i] = true;
     }
     return any;
   }

@@ -5,11 +5,15 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <charconv>
 #include <exception>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <set>
+
+#include <sys/stat.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -136,6 +140,16 @@ void check_cancel(const file_handle& f, const save_options& o) {
   }
 }
 
+// The next view of a tensor that hands out its bytes piece by piece, checked.
+buffer_view next_view(const save_tensor& t, std::uint64_t off) {
+  const buffer_view v = t.source(off);
+  if (v.data == nullptr || v.nbytes == 0 || v.nbytes > t.data.nbytes - off) {
+    invalid(fmt::format("tensor \"{}\": its source returned {} bytes at offset {} of {}", printable_name(t.name),
+                        v.nbytes, off, t.data.nbytes));
+  }
+  return v;
+}
+
 // Tensors that hand out their bytes view by view: one tensor, one view at a time.
 void write_sourced(const file_handle& f, const std::vector<save_tensor>& tensors, const save_layout& layout,
                    const save_options& o, std::atomic<std::uint64_t>& done, std::uint64_t total, save_stats& stats) {
@@ -145,11 +159,7 @@ void write_sourced(const file_handle& f, const std::vector<save_tensor>& tensors
     const std::uint64_t base = layout.header.size() + layout.begin_bytes[i];
     for (std::uint64_t off = 0; off < t.data.nbytes;) {
       check_cancel(f, o);
-      const buffer_view v = t.source(off);
-      if (v.data == nullptr || v.nbytes == 0 || v.nbytes > t.data.nbytes - off) {
-        invalid(fmt::format("tensor \"{}\": its source returned {} bytes at offset {} of {}", printable_name(t.name), v.nbytes, off,
-                            t.data.nbytes));
-      }
+      const buffer_view v = next_view(t, off);
       f.write(v, v.nbytes, base + off);
       off += v.nbytes;
       ++stats.pieces;
@@ -204,6 +214,24 @@ void check_options(const save_options& o) {
   if (o.max_shard_bytes == 0) invalid("max_shard_bytes is 0");
 }
 
+// The temporary files of a save, each with the name the caller asked for.
+using temp_names = std::vector<std::pair<std::string, std::filesystem::path>>;
+
+// An error about a temporary file, said about the file the caller named: the temporary name means nothing to
+// them. Other errors pass as they are.
+[[noreturn]] void rethrow_for_target(const error& e, const temp_names& names) {
+  for (const auto& [temp, target] : names) {
+    if (e.path() != temp) continue;
+    if (e.operation() == "rename") {
+      throw error(e.code(), "rename", target.string(), -1, 0, "publishing the finished temporary file");
+    }
+    const std::string how = "through its temporary file";
+    throw error(e.code(), e.operation(), target.string(), e.offset_bytes(), e.nbytes(),
+                e.detail().empty() ? how : e.detail() + "; " + how);
+  }
+  throw e;
+}
+
 // One file in the making: its temporary name, its open handle and its layout.
 struct pending_file {
   posix::atomic_publish publish;
@@ -213,11 +241,12 @@ struct pending_file {
 };
 
 pending_file open_pending(const std::filesystem::path& path, std::vector<save_tensor> tensors,
-                          const std::optional<metadata_entries>& metadata, const save_options& o) {
+                          const std::optional<metadata_entries>& metadata, const save_options& o, temp_names& names) {
   pending_file p;
   p.layout = plan_save(tensors, metadata);
   p.tensors = std::move(tensors);
   p.publish = posix::atomic_publish(path, o.overwrite);
+  names.emplace_back(p.publish.temp_path().string(), path);
   // 0666 before the umask, as other programs create files.
   p.handle = file_handle(p.publish.temp_path(), open_mode::write, {.create = true, .exclusive = true, .permissions = 0666},
                          o.config);
@@ -367,19 +396,59 @@ save_layout plan_save(const std::vector<save_tensor>& tensors, const std::option
   return l;
 }
 
+void write_to_memory(const std::vector<save_tensor>& tensors, const save_layout& layout, void* dst) {
+  auto* out = static_cast<std::uint8_t*>(dst);
+  std::memcpy(out, layout.header.data(), layout.header.size());
+  for (std::size_t i : layout.order) {
+    const auto& t = tensors[i];
+    std::uint8_t* base = out + layout.header.size() + layout.begin_bytes[i];
+    if (!t.source) {
+      if (t.data.nbytes > 0) copy_out(t.data, 0, base, t.data.nbytes);
+      continue;
+    }
+    for (std::uint64_t off = 0; off < t.data.nbytes;) {
+      const buffer_view v = next_view(t, off);
+      copy_out(v, 0, base + off, v.nbytes);
+      off += v.nbytes;
+    }
+  }
+}
+
+void check_save_target(const std::filesystem::path& path, bool overwrite) {
+  const std::filesystem::path folder = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  struct stat st {};
+  if (::stat(folder.c_str(), &st) != 0) {
+    const int e = errno;
+    throw error(errno_code(e), "save", path.string(), -1, 0,
+                e == ENOENT ? fmt::format("its folder {} does not exist", printable_name(folder.string())) : "its folder");
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    throw error(errno_code(ENOTDIR), "save", path.string(), -1, 0, fmt::format("{} is not a folder", printable_name(folder.string())));
+  }
+  if (::lstat(path.c_str(), &st) != 0) return;  // a new name
+  if (S_ISDIR(st.st_mode)) throw error(errno_code(EISDIR), "save", path.string(), -1, 0, "a folder, not a file");
+  if (!overwrite) throw error(errno_code(EEXIST), "save", path.string(), -1, 0, "exists, and replacing it was not asked for");
+}
+
 save_stats save(const std::filesystem::path& path, const std::vector<save_tensor>& tensors,
                 const std::optional<metadata_entries>& metadata, const save_options& options) {
   check_options(options);
+  check_save_target(path, options.overwrite);
   save_stats stats;
-  const auto t0 = std::chrono::steady_clock::now();
-  pending_file p = open_pending(path, tensors, metadata, options);
-  std::atomic<std::uint64_t> done{0};
-  write_file(p.handle, p.tensors, p.layout, options, done, p.layout.data_nbytes, stats);
-  stats.path = plan_for(p.handle, p.tensors);  // after the writes: the schedule they ended with
-  const auto t_sync = std::chrono::steady_clock::now();
-  p.publish.rename_and_sync_folder();
-  stats.sync_seconds += seconds_since(t_sync);
-  stats.seconds = seconds_since(t0);
+  temp_names names;
+  try {
+    const auto t0 = std::chrono::steady_clock::now();
+    pending_file p = open_pending(path, tensors, metadata, options, names);
+    std::atomic<std::uint64_t> done{0};
+    write_file(p.handle, p.tensors, p.layout, options, done, p.layout.data_nbytes, stats);
+    stats.path = plan_for(p.handle, p.tensors);  // after the writes: the schedule they ended with
+    const auto t_sync = std::chrono::steady_clock::now();
+    p.publish.rename_and_sync_folder();
+    stats.sync_seconds += seconds_since(t_sync);
+    stats.seconds = seconds_since(t0);
+  } catch (const error& e) {
+    rethrow_for_target(e, names);
+  }
   stats.written.push_back(path);
   return stats;
 }
@@ -428,9 +497,16 @@ std::optional<std::uint64_t> parse_shard_size(std::string_view text) {
   if (s.find_first_not_of("0123456789.") != std::string::npos || std::count(s.begin(), s.end(), '.') > 1) {
     return std::nullopt;
   }
-  if (mult == 1 && s.find('.') != std::string::npos) return std::nullopt;
+  if (mult == 1) {
+    // Plain bytes: exact, up to 2^64 - 1.
+    std::uint64_t n = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+    if (ec != std::errc{} || end != s.data() + s.size() || n == 0) return std::nullopt;
+    return n;
+  }
+  // Byte counts are 64-bit: a size of 2^64 bytes or more (or less than one byte) is no size.
   const double v = std::strtod(s.c_str(), nullptr) * mult;
-  if (!(v >= 1) || v > 1.8e19) return std::nullopt;
+  if (!(v >= 1) || !(v < 18446744073709551616.0)) return std::nullopt;
   return static_cast<std::uint64_t>(v);
 }
 
@@ -470,12 +546,12 @@ save_stats save_sharded(const std::filesystem::path& folder, const std::vector<s
     std::error_code ec;
     for (const auto& t : targets) {
       if (std::filesystem::symlink_status(t, ec).type() != std::filesystem::file_type::not_found) {
-        throw error(errno_code(EEXIST), "create", t.string(), -1, 0, "exists; pass overwrite to replace it");
+        throw error(errno_code(EEXIST), "create", t.string(), -1, 0, "exists, and replacing it was not asked for");
       }
     }
     // One shard has no index, but an index left in the folder would still name the old checkpoint: it counts.
     if (std::filesystem::symlink_status(index, ec).type() != std::filesystem::file_type::not_found) {
-      throw error(errno_code(EEXIST), "create", index.string(), -1, 0, "exists; pass overwrite to replace it");
+      throw error(errno_code(EEXIST), "create", index.string(), -1, 0, "exists, and replacing it was not asked for");
     }
   }
   std::error_code ec;
@@ -491,40 +567,46 @@ save_stats save_sharded(const std::filesystem::path& folder, const std::vector<s
   // leaves an earlier checkpoint in this folder as it was.
   std::vector<pending_file> files;
   files.reserve(n);
-  for (std::size_t k = 0; k < n; ++k) {
-    std::vector<save_tensor> part;
-    if (!groups.empty()) {
-      for (std::size_t i : groups[k]) part.push_back(tensors[i]);
-    }
-    files.push_back(open_pending(targets[k], std::move(part), metadata, options));
-    write_file(files[k].handle, files[k].tensors, files[k].layout, options, done, total, stats);
-    if (k == 0) stats.path = plan_for(files[0].handle, files[0].tensors);  // the schedule the writes ended with
-    files[k].handle = file_handle();  // synced: close it, thousands of shards need no thousands of descriptors
-  }
-  posix::atomic_publish index_file;
-  if (n > 1) {
-    std::vector<std::pair<std::string, std::string>> weight_map;
+  temp_names names;
+  try {
     for (std::size_t k = 0; k < n; ++k) {
-      for (std::size_t i : groups[k]) weight_map.emplace_back(tensors[i].name, shard_file_name(k + 1, n));
+      std::vector<save_tensor> part;
+      if (!groups.empty()) {
+        for (std::size_t i : groups[k]) part.push_back(tensors[i]);
+      }
+      files.push_back(open_pending(targets[k], std::move(part), metadata, options, names));
+      write_file(files[k].handle, files[k].tensors, files[k].layout, options, done, total, stats);
+      if (k == 0) stats.path = plan_for(files[0].handle, files[0].tensors);  // the schedule the writes ended with
+      files[k].handle = file_handle();  // synced: close it, thousands of shards need no thousands of descriptors
     }
-    index_file = posix::write_unpublished(index, index_json(weight_map, total), 0644, options.overwrite);
+    posix::atomic_publish index_file;
+    if (n > 1) {
+      std::vector<std::pair<std::string, std::string>> weight_map;
+      for (std::size_t k = 0; k < n; ++k) {
+        for (std::size_t i : groups[k]) weight_map.emplace_back(tensors[i].name, shard_file_name(k + 1, n));
+      }
+      index_file = posix::write_unpublished(index, index_json(weight_map, total), 0644, options.overwrite);
+      names.emplace_back(index_file.temp_path().string(), index);
+    }
+    // Only renames remain: the shards, then the index, so the index never names a shard not whole on disk.
+    const auto t_sync = std::chrono::steady_clock::now();
+    const auto backups = protect_old_checkpoint(index, targets);
+    for (auto& f : files) f.publish.rename_and_sync_folder();
+    stats.written = targets;
+    if (n > 1) {
+      index_file.rename_and_sync_folder();
+      stats.written.push_back(index);
+    }
+    if (n == 1 && std::filesystem::symlink_status(index, ec).type() != std::filesystem::file_type::not_found) {
+      // Readers prefer an index to model.safetensors: one naming the previous checkpoint must go.
+      if (posix::sys().unlink(index.c_str()) != 0) throw error(errno_code(errno), "remove", index.string(), -1, 0);
+      posix::sync_folder(folder);
+    }
+    for (const auto& b : backups) posix::sys().unlink(b.c_str());
+    stats.sync_seconds += seconds_since(t_sync);
+  } catch (const error& e) {
+    rethrow_for_target(e, names);
   }
-  // Only renames remain: the shards, then the index, so the index never names a shard not whole on disk.
-  const auto t_sync = std::chrono::steady_clock::now();
-  const auto backups = protect_old_checkpoint(index, targets);
-  for (auto& f : files) f.publish.rename_and_sync_folder();
-  stats.written = targets;
-  if (n > 1) {
-    index_file.rename_and_sync_folder();
-    stats.written.push_back(index);
-  }
-  if (n == 1 && std::filesystem::symlink_status(index, ec).type() != std::filesystem::file_type::not_found) {
-    // Readers prefer an index to model.safetensors: one naming the previous checkpoint must go.
-    if (posix::sys().unlink(index.c_str()) != 0) throw error(errno_code(errno), "remove", index.string(), -1, 0);
-    posix::sync_folder(folder);
-  }
-  for (const auto& b : backups) posix::sys().unlink(b.c_str());
-  stats.sync_seconds += seconds_since(t_sync);
   stats.seconds = seconds_since(t0);
   return stats;
 }

@@ -9,21 +9,32 @@
 
 namespace gdskit::safetensors {
 
+bool name_matches(std::string_view entry, std::string_view name) noexcept {
+  if (entry.empty()) return false;
+  if (entry.back() == '*') return name.starts_with(entry.substr(0, entry.size() - 1));
+  if (entry.back() == '.') return name.starts_with(entry);
+  return name == entry;
+}
+
+std::pair<std::uint64_t, std::uint64_t> split_rows(std::uint64_t n, unsigned rank, unsigned world) {
+  if (world == 0 || rank >= world) {
+    throw error(errno_code(EINVAL), "safetensors slice: " + fmt::format("slice rank {} of world {}: need 0 <= rank < world", rank, world));
+  }
+  const std::uint64_t base = n / world, extra = n % world;
+  return {rank * base + std::min<std::uint64_t>(rank, extra), base + (rank < extra ? 1 : 0)};
+}
+
 slice_plan plan_slice(const tensor_info& t, const std::optional<slice_spec>& slice) {
   slice_plan p;
   p.shape = t.shape;
   p.segment_bytes = t.nbytes();
   p.stride_bytes = t.nbytes();
   if (!slice) return p;
-  if (slice->world == 0 || slice->rank >= slice->world) {
-    throw error(errno_code(EINVAL), "safetensors slice: " + fmt::format("slice rank {} of world {}: need 0 <= rank < world", slice->rank, slice->world));
-  }
+  (void)split_rows(0, slice->rank, slice->world);  // EINVAL for a bad rank or world, whatever the tensor
   if (slice->dim >= t.shape.size()) return p;  // replicated: biases, norms, scalars
   const unsigned bits = bits_of(t.dtype);
   const std::uint64_t n = t.shape[slice->dim];
-  const std::uint64_t base = n / slice->world, extra = n % slice->world;
-  const std::uint64_t start = slice->rank * base + std::min<std::uint64_t>(slice->rank, extra);
-  const std::uint64_t count = base + (slice->rank < extra ? 1 : 0);
+  const auto [start, count] = split_rows(n, slice->rank, slice->world);
   p.shape[slice->dim] = count;
   // A tensor with a zero dimension has no bytes (and its other dimensions may be anything: avoid overflow).
   if (t.numel() == 0) {

@@ -79,7 +79,7 @@ void atomic_publish::sync_data(int fd) const {
   if (fd >= 0 && sys().fdatasync(fd) != 0) throw error(errno_code(errno), "fdatasync", temp_.string(), -1, 0);
 }
 
-void atomic_publish::rename_and_sync_folder() {
+void atomic_publish::rename() {
   const int r = overwrite_ ? sys().rename(temp_.c_str(), target_.c_str(), 0)
                            : rename_noreplace(temp_.c_str(), target_.c_str());
   if (r != 0) {
@@ -87,6 +87,10 @@ void atomic_publish::rename_and_sync_folder() {
     throw error(errno_code(e), "rename", temp_.string(), -1, 0, fmt::format("to {}", target_.string()));
   }
   committed_ = true;
+}
+
+void atomic_publish::rename_and_sync_folder() {
+  rename();
   // The rename is durable only once the folder's entry is on disk.
   sync_folder(folder_of(target_));
 }

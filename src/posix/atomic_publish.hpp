@@ -40,6 +40,9 @@ class atomic_publish {
   void sync_data(int fd) const;
   /// The rename and folder fsync of commit().
   void rename_and_sync_folder();
+  /// The rename of commit() alone, for callers that publish several files of one folder and then sync the
+  /// folder once (sync_folder), or not at all when they promise no durability.
+  void rename();
   /// Removes the temporary file now (idempotent; ENOENT ignored).
   void discard() noexcept;
   /// Forgets the temporary file without removing it, as a process killed at this point would leave it (for

@@ -36,14 +36,14 @@ void write_text(const std::filesystem::path& path, const std::string& text);
 /// Reads the whole file with plain pread (the reference).
 std::vector<std::uint8_t> read_file(const std::filesystem::path& path);
 
-/// Restores gdskit::default_settings() at destruction.
+/// Restores the process-wide settings (values and sources) at destruction.
 class settings_guard {
  public:
-  settings_guard() : saved_(default_settings()) {}
-  ~settings_guard() { default_settings() = saved_; }
+  settings_guard() : saved_(save_settings()) {}
+  ~settings_guard() { restore_settings(saved_); }
 
  private:
-  settings saved_;
+  settings_state saved_;
 };
 
 /// A folder on a file system that accepts O_DIRECT (tests' temp folder), and one that refuses it (/dev/shm),

@@ -200,6 +200,66 @@ TEST(SafetensorsHeader, RejectsBadLengthField) {
   EXPECT_EQ(parse_errno(make_file(" {}", 0, false)), EBADMSG);
 }
 
+// Another kind of file is called what it is, not measured by a "header length" read from its first bytes.
+TEST(SafetensorsHeader, AnotherKindOfFileIsNotASafetensorsFile) {
+  gdskit::test::temp_dir dir;
+  const std::string text = "hello world, this is not a safetensors file at all\n";
+  for (std::size_t n : {std::size_t{9}, std::size_t{16}, text.size()}) {
+    SCOPED_TRACE(n);
+    std::vector<std::uint8_t> f(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(n));
+    gdskit::test::write_file(dir / "junk.bin", f);
+    for (bool from_file : {false, true}) {
+      try {
+        if (from_file) {
+          st::read_header(dir / "junk.bin");
+        } else {
+          parse(f);
+        }
+        FAIL() << "parsed";
+      } catch (const gdskit::error& e) {
+        EXPECT_EQ(e.code().value(), EBADMSG);
+        const std::string what = e.what();
+        EXPECT_NE(what.find("not a safetensors file"), std::string::npos) << what;
+        EXPECT_EQ(what.find("exceeds"), std::string::npos) << what;  // no length read from text is quoted
+        EXPECT_EQ(what.find("runs past"), std::string::npos) << what;
+      }
+    }
+  }
+  // A safetensors file whose length field is damaged still says so: its JSON does begin with '{'.
+  try {
+    parse(make_file("{}", 0, true, 4096));
+    FAIL();
+  } catch (const gdskit::error& e) {
+    EXPECT_NE(std::string(e.what()).find("header length 4096"), std::string::npos) << e.what();
+  }
+}
+
+// A file cut short is blamed on the tensor that reaches furthest, never on an empty tensor at the end.
+TEST(SafetensorsHeader, TruncatedFileNamesTheTensorThatReachesFurthest) {
+  // "a" is empty and sorts first by name; "b" holds the 40 bytes the data section lacks.
+  const std::string json = R"({"a":{"dtype":"F16","shape":[0],"data_offsets":[40,40]},)"
+                           R"("b":{"dtype":"F32","shape":[10],"data_offsets":[0,40]}})";
+  try {
+    parse(make_file(json, 32));
+    FAIL();
+  } catch (const gdskit::error& e) {
+    EXPECT_EQ(e.code().value(), EBADMSG);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("truncated"), std::string::npos) << what;
+    EXPECT_NE(what.find("tensor \"b\""), std::string::npos) << what;
+    EXPECT_EQ(what.find("tensor \"a\""), std::string::npos) << what;
+  }
+  EXPECT_EQ(parse(make_file(json, 40)).tensors.size(), 2u);
+  // An empty tensor that alone points past the end is the one at fault.
+  try {
+    parse(make_file(R"({"a":{"dtype":"F16","shape":[0],"data_offsets":[50,50]},)"
+                    R"("b":{"dtype":"F32","shape":[10],"data_offsets":[0,40]}})", 40));
+    FAIL();
+  } catch (const gdskit::error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor \"a\""), std::string::npos) << e.what();
+  }
+}
+
 TEST(SafetensorsHeader, GapsBetweenTensorsAreAllowed) {
   auto h = parse(make_file(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},
                                "b":{"dtype":"U8","shape":[2],"data_offsets":[8,10]}})", 16));

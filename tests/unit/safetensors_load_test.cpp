@@ -274,6 +274,32 @@ TEST(SafetensorsLoad, SlicePlanReadsOnlyNeededRanges) {
   }
 }
 
+TEST(SafetensorsLoad, SplitRowsIsNumpyArraySplit) {
+  // 10 rows over 4 ranks: 3, 3, 2, 2 (the first n % world ranks get one more).
+  const std::pair<std::uint64_t, std::uint64_t> want[] = {{0, 3}, {3, 3}, {6, 2}, {8, 2}};
+  for (unsigned r = 0; r < 4; ++r) EXPECT_EQ(st::split_rows(10, r, 4), want[r]) << r;
+  EXPECT_EQ(st::split_rows(2, 3, 4), (std::pair<std::uint64_t, std::uint64_t>{2, 0}));  // more ranks than rows
+  EXPECT_EQ(st::split_rows(UINT64_MAX, 1, 2), (std::pair<std::uint64_t, std::uint64_t>{UINT64_MAX / 2 + 1, UINT64_MAX / 2}));
+  for (auto [rank, world] : {std::pair<unsigned, unsigned>{0, 0}, {4, 4}}) {
+    try {
+      st::split_rows(10, rank, world);
+      FAIL() << rank << " of " << world;
+    } catch (const gdskit::error& e) {
+      EXPECT_EQ(e.code().value(), EINVAL);
+    }
+  }
+}
+
+TEST(SafetensorsLoad, NameMatchesOnlyEntries) {
+  EXPECT_TRUE(st::name_matches("model.embed", "model.embed"));
+  EXPECT_FALSE(st::name_matches("model.embed", "model.embed.weight"));  // no '.' or '*': the name itself
+  EXPECT_TRUE(st::name_matches("model.layers.", "model.layers.0.w"));
+  EXPECT_FALSE(st::name_matches("model.layers.", "model.layers"));     // the '.' is kept
+  EXPECT_TRUE(st::name_matches("model.lay*", "model.layers"));
+  EXPECT_TRUE(st::name_matches("*", "anything"));
+  EXPECT_FALSE(st::name_matches("", ""));                              // an empty entry selects nothing
+}
+
 TEST(SafetensorsLoad, ShardedCheckpointThroughIndex) {
   temp_dir dir;
   auto w1 = write_st(dir / "model-00001-of-00002.safetensors", {k_model[0], k_model[1], k_model[2]}, 10);

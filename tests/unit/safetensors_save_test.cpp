@@ -311,6 +311,58 @@ TEST(safetensors_save, existing_file_needs_overwrite) {
   EXPECT_TRUE(leftovers(dir.path()).empty());
 }
 
+// A save into a folder that does not exist, or onto a folder, fails before any tensor is read, naming the path
+// the caller gave (never the temporary file's name).
+TEST(safetensors_save, bad_targets_fail_first_naming_the_callers_path) {
+  temp_dir dir;
+  std::vector<std::uint8_t> bytes(64, 7);
+  int reads = 0;
+  std::vector<st::save_tensor> t{{"a", st::dtype::U8, {64}, {nullptr, 64, gdskit::memory_kind::host, -1}, {}}};
+  t[0].source = [&](std::uint64_t off) {
+    ++reads;
+    return gdskit::buffer_view::host(bytes.data() + off, bytes.size() - off);
+  };
+  gdskit::test::write_file(dir / "plain", {1});
+  const std::pair<fs::path, std::errc> cases[] = {
+      {dir / "missing" / "m.safetensors", std::errc::no_such_file_or_directory},
+      {dir / "plain" / "m.safetensors", std::errc::not_a_directory},
+      {dir.path(), std::errc::is_a_directory},
+  };
+  for (const auto& [target, code] : cases) {
+    SCOPED_TRACE(target.string());
+    for (bool overwrite : {false, true}) {
+      try {
+        st::save(target, t, std::nullopt, quiet(overwrite));
+        FAIL() << "saved";
+      } catch (const gdskit::error& e) {
+        EXPECT_EQ(e.code(), code);
+        EXPECT_EQ(e.path(), target.string());
+        EXPECT_EQ(std::string(e.what()).find(".gdskit-tmp."), std::string::npos) << e.what();
+      }
+    }
+  }
+  EXPECT_EQ(reads, 0);
+  EXPECT_TRUE(leftovers(dir.path()).empty());
+}
+
+// The bytes of a save in memory equal the file, for tensors in memory and tensors handed out view by view.
+TEST(safetensors_save, write_to_memory_gives_the_files_bytes) {
+  temp_dir dir;
+  auto h = every_dtype();
+  auto strided = random_bytes(3000, 5);
+  st::save_tensor s{"z.strided", st::dtype::I16, {1500}, {nullptr, 3000, gdskit::memory_kind::host, -1}, {}};
+  s.source = [&](std::uint64_t off) {
+    return gdskit::buffer_view::host(strided.data() + off, std::min<std::uint64_t>(777, 3000 - off));
+  };
+  h.tensors.push_back(s);
+  const st::metadata_entries md{{"format", "pt"}, {"b", "2"}};
+  st::save(dir / "m.safetensors", h.tensors, md, quiet());
+  const auto layout = st::plan_save(h.tensors, md);
+  std::vector<std::uint8_t> mem(layout.file_nbytes());
+  st::write_to_memory(h.tensors, layout, mem.data());
+  EXPECT_EQ(mem, gdskit::test::read_file(dir / "m.safetensors"));
+}
+
 TEST(safetensors_save, cancel_publishes_nothing) {
   temp_dir dir;
   auto h = every_dtype();
@@ -391,7 +443,13 @@ TEST(safetensors_save_shards, shard_sizes_parse_like_huggingface_hub_plus_binary
   EXPECT_EQ(st::parse_shard_size(" 10KB "), 10'000u);
   EXPECT_EQ(st::parse_shard_size("2GiB"), 2ull << 30);
   EXPECT_EQ(st::parse_shard_size("4096"), 4096u);
-  for (const char* bad : {"", "GB", "5XB", "-1GB", "0", "1.5", "1e3MB", "5 G", "99999999999999999999TB"}) {
+  // 64-bit byte counts: the largest is taken exactly, anything at 2^64 or beyond is refused.
+  EXPECT_EQ(st::parse_shard_size("18446744073709551615"), UINT64_MAX);
+  EXPECT_EQ(st::parse_shard_size("17179869183GiB"), UINT64_MAX - (1ull << 30) + 1);  // 2^64 - 2^30
+  EXPECT_EQ(st::parse_shard_size("16777216TiB"), std::nullopt);                     // 2^64
+  EXPECT_EQ(st::parse_shard_size("18446744073709551TB"), std::nullopt);
+  for (const char* bad : {"", "GB", "5XB", "-1GB", "0", "1.5", "1e3MB", "5 G", "99999999999999999999TB",
+                          "18446744073709551616", "18446744073709551616KB", "infGB", "nanGB", "0.0001KB"}) {
     EXPECT_EQ(st::parse_shard_size(bad), std::nullopt) << bad;
   }
 }
@@ -640,11 +698,21 @@ TEST(safetensors_save_faults, single_file_every_stage_leaves_old_file_and_no_tem
       auto h = every_dtype();
       stage_fault f{s, err};
       std::error_code ec;
+      std::string path, what;
       {
         scoped_syscalls guard(f.table());
-        ec = code_of([&] { st::save(p, h.tensors, std::nullopt, quiet(true)); });
+        try {
+          st::save(p, h.tensors, std::nullopt, quiet(true));
+        } catch (const gdskit::error& e) {
+          ec = e.code();
+          path = e.path();
+          what = e.what();
+        }
       }
       EXPECT_EQ(ec, std::error_code(err, std::generic_category()));
+      // The error names the file the caller asked for (the folder, for the folder's sync), never the temporary.
+      EXPECT_EQ(path, s == stage::folder_fsync ? dir.path().string() : p.string());
+      EXPECT_EQ(what.find(".gdskit-tmp."), std::string::npos) << what;
       EXPECT_GT(f.hits->load(), 0);
       EXPECT_TRUE(leftovers(dir.path()).empty());
       if (s == stage::folder_fsync) {
