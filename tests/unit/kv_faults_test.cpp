@@ -12,6 +12,12 @@
 #include <cstring>
 #include <thread>
 
+#include "api/file_access.hpp"
+#include "engine/transfer/batch_state.hpp"
+#include "engine/transfer/core.hpp"
+#include "engine/transfer/driver.hpp"
+#include "gdskit/batch.hpp"
+#include "gdskit/checksum.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/kv.hpp"
 #include "kv/format.hpp"
@@ -40,8 +46,55 @@ std::vector<key> keys_from(std::int64_t first, std::size_t n) {
   return out;
 }
 
+// Stands in for a GPU in the checked-get path below: "device" memory is host memory that the transfer core
+// reaches only through this copier, whose copies land at once, on the flushing thread.
+class instant_copier final : public engine::group_copier {
+ public:
+  int device() const override { return 0; }
+  std::byte* take_chunk(std::size_t n) override { return static_cast<std::byte*>(std::aligned_alloc(4096, n)); }
+  void give_chunk(std::byte* c, std::size_t) noexcept override { std::free(c); }
+  void add(bool to_device, std::byte* host, std::uintptr_t dev, std::size_t n) override {
+    if (to_device) {
+      std::memcpy(reinterpret_cast<void*>(dev), host, n);
+    } else {
+      std::memcpy(host, reinterpret_cast<const void*>(dev), n);
+    }
+    queued_ = true;
+  }
+  void flush(std::uint64_t token, std::function<void(std::uint64_t, std::error_code)> done) override {
+    if (!queued_) return;
+    queued_ = false;
+    done(token, {});
+  }
+  void drain() noexcept override {}
+
+ private:
+  bool queued_ = false;
+};
+
+class instant_gpu final : public engine::gpu_backend {
+ public:
+  std::unique_ptr<engine::copier_lease> lease_lanes(int, unsigned, unsigned, std::size_t) override {
+    throw error(errno_code(ENOTSUP), "not in this test");
+  }
+  std::size_t cufile_transfer(const engine::open_file&, bool, buffer_view, std::size_t, std::uint64_t) override {
+    throw error(errno_code(ENOTSUP), "not in this test");
+  }
+  bool cufile_batch(std::span<const engine::cufile_entry>, const std::function<bool()>&,
+                    const std::function<void(std::size_t, std::size_t, std::error_code)>&) override {
+    return false;
+  }
+  std::unique_ptr<engine::group_copier> make_group_copier(int) override { return std::make_unique<instant_copier>(); }
+  std::function<void()> stream_gate(void*, int) override { throw error(errno_code(ENOTSUP), "not in this test"); }
+  void when_stream_reaches(void*, int, std::function<void()>) override {
+    throw error(errno_code(ENOTSUP), "not in this test");
+  }
+};
+
 // What the injected calls do to I/O on the store's data file (other files pass through).
-enum class fault { none, enospc_writes, eio_reads, slow_reads, slow_writes, torn_writes };
+// some_slow: one call in three (reads and writes alike) sleeps before it goes ahead, as a device that stalls now
+// and then.
+enum class fault { none, enospc_writes, eio_reads, slow_reads, slow_writes, torn_writes, some_slow };
 
 class kv_faults : public ::testing::TestWithParam<engine_kind> {
  protected:
@@ -83,6 +136,7 @@ class kv_faults : public ::testing::TestWithParam<engine_kind> {
         switch (fault_.load()) {
           case fault::enospc_writes: errno = ENOSPC; return -1;
           case fault::slow_writes: std::this_thread::sleep_for(delay_); break;
+          case fault::some_slow: stall(); break;
           case fault::torn_writes:
             if (n > 1) {
               real_syscalls().pwrite(fd, b, n / 2, off);
@@ -102,6 +156,7 @@ class kv_faults : public ::testing::TestWithParam<engine_kind> {
           return -1;
         }
         if (fault_ == fault::slow_reads) std::this_thread::sleep_for(delay_);
+        if (fault_ == fault::some_slow) stall();
       }
       return real_syscalls().pread(fd, b, n, off);
     };
@@ -117,6 +172,7 @@ class kv_faults : public ::testing::TestWithParam<engine_kind> {
           if (is_write) std::this_thread::sleep_for(delay_);
           return res;
         case fault::torn_writes: return is_write ? -EIO : res;
+        case fault::some_slow: stall(); return res;
         default: return res;
       }
       (void)off;
@@ -125,6 +181,13 @@ class kv_faults : public ::testing::TestWithParam<engine_kind> {
     seam_ = std::make_unique<scoped_syscalls>(t);
   }
   void clear() { fault_ = fault::none; }
+  // some_slow: from call `stall_from_` on, one call in three sleeps, `stalls_left_` times at most.
+  void stall() {
+    const std::uint64_t c = calls_.fetch_add(1);
+    if (c >= stall_from_ && (c - stall_from_) % 3 == 0 && stalls_left_.fetch_sub(1) > 0) {
+      std::this_thread::sleep_for(delay_);
+    }
+  }
 
   op_result put(const std::vector<key>& keys, const op_options& oo = {}) {
     std::vector<std::vector<std::uint8_t>> data;
@@ -158,6 +221,9 @@ class kv_faults : public ::testing::TestWithParam<engine_kind> {
   ino_t inode_ = 0;
   std::atomic<fault> fault_{fault::none};
   std::chrono::milliseconds delay_{0};
+  std::atomic<std::uint64_t> calls_{0};
+  std::uint64_t stall_from_ = 0;
+  std::atomic<int> stalls_left_{1 << 30};
   std::unique_ptr<scoped_syscalls> seam_;
 };
 
@@ -225,6 +291,140 @@ TEST_P(kv_faults, slow_writes_end_at_the_deadline_and_their_slots_come_back) {
   for (int round = 0; round < 8; ++round) EXPECT_EQ(put(keys_from(1000 + round * 8, 8)).ok_count, 8u);
   EXPECT_EQ(store_->stats().blocks, 64u);
   EXPECT_LE(store_->stats().physical_bytes, o_.capacity_bytes);
+}
+
+// Many threads put and get, synchronously and submitted, while one device call in three stalls far past the
+// deadline: every operation still ends by its deadline (a stalled request is left to the kernel, never waited
+// for, and does not hold up the operations after it: checkpoints, header writes, locks).
+TEST_P(kv_faults, a_stalling_device_never_holds_an_operation_past_its_deadline) {
+  ASSERT_EQ(put(keys_from(0, 32)).ok_count, 32u);
+  inject(fault::some_slow, 1500ms);
+  constexpr auto deadline = 300ms;
+  constexpr auto margin = 200ms;
+  std::atomic<std::int64_t> next{1000};
+  std::atomic<long> worst_ms{0};
+  std::atomic<int> wrong{0}, late{0};
+  auto note = [&](std::chrono::steady_clock::duration took) {
+    const long ms = static_cast<long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
+    long w = worst_ms.load();
+    while (ms > w && !worst_ms.compare_exchange_weak(w, ms)) {
+    }
+    if (took > deadline + margin) ++late;
+  };
+  const auto stop = std::chrono::steady_clock::now() + 2500ms;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; std::chrono::steady_clock::now() < stop; ++round) {
+        const bool submitted = (round + t) % 2 == 0;
+        const op_options oo{std::chrono::steady_clock::now() + deadline};
+        if ((round + t) % 4 < 2) {  // a put of new keys
+          const auto keys = keys_from(next.fetch_add(4), 4);
+          std::vector<std::vector<std::uint8_t>> data;
+          std::vector<buffer_view> v;
+          for (const key& k : keys) data.push_back(content(k));
+          for (auto& d : data) v.push_back(buffer_view::host(d.data(), block));
+          const auto t0 = std::chrono::steady_clock::now();
+          if (submitted) {
+            op_future f = store_->submit_put(keys, v, oo);
+            f.wait();
+            note(std::chrono::steady_clock::now() - t0);
+            (void)f.get();
+            while (!f.released()) std::this_thread::sleep_for(5ms);  // `data` may still be read by a late write
+          } else {
+            (void)store_->put(keys, v, oo);
+            note(std::chrono::steady_clock::now() - t0);
+          }
+        } else {  // a get of blocks put before the stalls
+          const auto keys = keys_from((round * 4 + t * 8) % 32, 4);
+          std::vector<std::vector<std::uint8_t>> rows(keys.size(), std::vector<std::uint8_t>(block, 0x5A));
+          std::vector<buffer_view> v;
+          for (auto& r : rows) v.push_back(buffer_view::host(r.data(), block));
+          const auto t0 = std::chrono::steady_clock::now();
+          op_result res;
+          if (submitted) {
+            op_future f = store_->submit_get(keys, v, oo);
+            f.wait();
+            note(std::chrono::steady_clock::now() - t0);
+            res = f.get();
+          } else {
+            res = store_->get(keys, v, oo);
+            note(std::chrono::steady_clock::now() - t0);
+          }
+          for (std::size_t i = 0; i < keys.size(); ++i) {
+            if (res.ok[i] ? rows[i] != content(keys[i]) : !untouched(rows[i])) ++wrong;
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(late.load(), 0) << "operations outlived their deadline by more than the margin; the worst took "
+                            << worst_ms.load() << " ms (deadline " << deadline.count() << " ms)";
+  EXPECT_EQ(wrong.load(), 0);
+  clear();
+  for (int i = 0; i < 2000 && store_->stats().quarantined != 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(store_->stats().quarantined, 0u);
+}
+
+// A get into GPU memory is one checked batch of the transfer core whose blocks reach the rows through copy
+// groups, each range claimed while its copies are in flight (a deadline cannot report it then). Completions of
+// other blocks that stall the thread driving the batch must not hold a claimed range, nor the get, past the
+// deadline; and nothing lands in a row after the batch is ready.
+TEST_P(kv_faults, a_get_into_gpu_memory_ends_by_its_deadline_while_completions_stall) {
+  constexpr std::size_t n = 48;
+  constexpr std::size_t bytes = 64 << 10;
+  constexpr unsigned depth = 8;
+  // Blocks apart from one another (a request each), `depth` in flight: the first ones are claimed for their
+  // copies while the next ones complete; two of those stall.
+  const auto data = test::random_bytes(2 * n * bytes, 77);
+  test::write_file(dir_ / "blocks", data);
+  settings cfg = default_settings();
+  cfg.engine = GetParam();
+  file_handle f(dir_ / "blocks", open_mode::read, {}, cfg);
+  struct stat st {};
+  ASSERT_EQ(::stat((dir_ / "blocks").c_str(), &st), 0);
+  inode_ = st.st_ino;  // the faults now strike this file
+  std::vector<std::vector<std::uint8_t>> rows(n, std::vector<std::uint8_t>(bytes, 0x5A));
+  std::vector<io_range> ranges;
+  for (std::size_t i = 0; i < n; ++i) {
+    io_range r{&f, 2 * i * bytes, buffer_view{rows[i].data(), bytes, memory_kind::device, 0}};
+    r.crc32c = crc32c(data.data() + 2 * i * bytes, bytes);
+    ranges.push_back(r);
+  }
+  engine::transfer_core core;
+  core.install(std::make_unique<instant_gpu>());
+  stall_from_ = depth;
+  stalls_left_ = 2;
+  inject(fault::some_slow, 1000ms);
+  constexpr auto deadline = 300ms;
+  batch_options bo;
+  bo.queue_depth = depth;
+  bo.deadline = std::chrono::steady_clock::now() + deadline;
+  bo.checksum = batch_checksum::crc32c;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto state = std::make_shared<gdskit::detail::batch_state>(io_direction::read, bo, ranges.size());
+  for (const auto& r : ranges) state->ranges.push_back({file_access::shared(*r.file), r.offset_bytes, r.memory, r.crc32c});
+  state->attach_files();
+  gdskit::detail::arm_deadline(state, *bo.deadline);
+  engine::run_batch(core, state);
+  batch_future fut(state);
+  const batch_result& res = fut.get();
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_LE(took, deadline + 200ms) << "the batch ended "
+                                    << std::chrono::duration_cast<std::chrono::milliseconds>(took - deadline).count()
+                                    << " ms after its deadline";
+  std::vector<bool> hit(n);
+  for (std::size_t i = 0; i < n; ++i) hit[i] = res.ranges[i].ok();
+  clear();
+  fut.wait_released();  // the stalled completions end; what they read must stay in staging
+  for (std::size_t i = 0; i < n; ++i) {
+    if (hit[i]) {
+      EXPECT_EQ(0, std::memcmp(rows[i].data(), data.data() + 2 * i * bytes, bytes)) << "wrong bytes in row " << i;
+    } else {
+      EXPECT_TRUE(untouched(rows[i])) << "row " << i << " was written after the batch ended";
+    }
+  }
 }
 
 TEST_P(kv_faults, a_torn_write_is_never_served) {

@@ -1120,18 +1120,59 @@ class driver {
     live_.erase(&r);
   }
 
+  // A read part that is its range's only part, delivered by a group of copies: the copier's callback gives the
+  // range its outcome itself.
+  struct landing {
+    std::size_t range;
+    std::size_t moved;
+    std::error_code ec;
+    std::uint32_t crc;
+    std::chrono::steady_clock::time_point issued;
+  };
+
   void flush_copies() {
     if (group_.empty()) return;
     const std::uint64_t token = next_token_++;
+    // The ranges a group fills whole end the moment its copies have landed, not when this thread next looks:
+    // it may be held up by other requests (a slow completion, a request it runs itself), and a claimed range
+    // is out of reach of the batch's deadline, so the batch would end that much after it.
+    std::vector<landing> landings;
+    for (request* r : group_) {
+      if (r->write) continue;
+      const std::size_t got = logical_got(*r);
+      for (std::size_t k = 0; k < r->parts.size(); ++k) {
+        const delivery& p = r->parts[k];
+        if (r->claimed[k] != 1 || splits_.count(p.range) != 0) continue;
+        const std::size_t n = std::min(p.nbytes, got > p.req_off ? got - p.req_off : 0);
+        const std::size_t moved = p.range_off + n;
+        std::error_code ec;
+        if (moved < b_.ranges[p.range].memory.nbytes && b_.options.exact) ec = errno_code(ENODATA);
+        landings.push_back({p.range, moved, ec, r->crcs.empty() ? 0 : r->crcs[k], r->issued});
+        r->claimed[k] = 2;  // decided by the callback
+      }
+    }
     groups_.emplace(token, std::move(group_));
     group_.clear();
     ++copies_inflight_;
     auto* self = this;
-    copier_->flush(token, [self](std::uint64_t t, std::error_code ec) { self->copy_done(t, ec); });
+    copier_->flush(token, [self, landings = std::move(landings)](std::uint64_t t, std::error_code ec) {
+      self->copy_done(t, ec, landings);
+    });
   }
 
-  // From the copier's thread: queue the group's outcome and wake the driver.
-  void copy_done(std::uint64_t token, std::error_code ec) {
+  // From the copier's thread: decide the ranges the group filled whole, queue the group's outcome (its staging
+  // and the rest of its parts) and wake the driver.
+  void copy_done(std::uint64_t token, std::error_code ec, const std::vector<landing>& landings) {
+    const auto now = std::chrono::steady_clock::now();
+    for (const landing& l : landings) {
+      const double latency = l.issued == std::chrono::steady_clock::time_point{}
+          ? 0.0 : std::chrono::duration<double>(now - l.issued).count();
+      if (ec) {
+        b_.finish(l.range, 0, ec, latency);
+      } else {
+        b_.finish(l.range, l.moved, l.ec, latency, l.crc);
+      }
+    }
     {
       std::lock_guard lock(done_mutex_);
       done_groups_.emplace_back(token, ec);
@@ -1173,7 +1214,7 @@ class driver {
         const std::size_t got = logical_got(*r);
         for (std::size_t k = 0; k < r->parts.size(); ++k) {
           const delivery& p = r->parts[k];
-          if (r->claimed[k] == 0) continue;
+          if (r->claimed[k] != 1) continue;  // not claimed, or decided when its copies landed
           const std::size_t n = std::min(p.nbytes, got > p.req_off ? got - p.req_off : 0);
           if (ec) {
             part_failed(p, ec, true);
