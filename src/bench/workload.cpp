@@ -16,7 +16,7 @@
 
 #include "bench/bench.hpp"
 #include "bench/transfer.hpp"
-#include "common/signal_cleanup.hpp"
+#include "tools/signal_cleanup.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
 #include "shim/cufile.hpp"

@@ -1,6 +1,6 @@
 #include "doctor/system_root.hpp"
 
-#include "common/bounded_read.hpp"
+#include "posix/bounded_read.hpp"
 
 #include <sys/resource.h>
 #include <sys/utsname.h>

@@ -1,4 +1,4 @@
-#include "common/shell_text.hpp"
+#include "tools/shell_text.hpp"
 
 #include <filesystem>
 
