@@ -4,11 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake --preset portable >/dev/null
-targets=(gdskit gdskit_cli gpu_paths_test file_handle_test io_faults_test staged_test host_read_bench gpu_compare_bench first_transfer_bench)
+targets=(gdskit gdskit_cli gpu_paths_test file_handle_test io_faults_test pipeline_test batch_test batch_driver_test
+         host_read_bench gpu_compare_bench first_transfer_bench batch_bench)
 cmake --build build/portable -j "$(nproc)" --target "${targets[@]}"
 mkdir -p .carry/bin
-cp build/portable/apps/gdskit/gdskit build/portable/bench/host_read_bench build/portable/bench/gpu_compare_bench build/portable/bench/first_transfer_bench .carry/bin/
-for t in gpu_paths_test file_handle_test io_faults_test staged_test; do cp "build/portable/tests/$t" .carry/bin/; done
+cp build/portable/apps/gdskit/gdskit build/portable/bench/host_read_bench build/portable/bench/gpu_compare_bench \
+   build/portable/bench/first_transfer_bench build/portable/bench/batch_bench .carry/bin/
+for t in gpu_paths_test file_handle_test io_faults_test pipeline_test batch_test batch_driver_test; do
+  cp "build/portable/tests/$t" .carry/bin/
+done
 strip .carry/bin/* 2>/dev/null || true
 # For building the Python extension on the GPU machine (its Python headers and pybind11 live there).
 mkdir -p .carry/lib .carry/include/gdskit

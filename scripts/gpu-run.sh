@@ -38,7 +38,7 @@ cat "$out/machine.txt" >> "$summary"
 if [ "$what" = tests ] || [ "$what" = all ]; then
   step abi_check 120 bash -c "g++ -std=c++20 -Isrc -I/usr/local/cuda/include tests/gpu/abi_check.cpp -o $work/abi_check && $work/abi_check"
   step version 30 "$bin/gdskit" version
-  step unit_host 300 bash -c "cd $work && $bin/file_handle_test --gtest_brief=1 && $bin/io_faults_test --gtest_brief=1 && $bin/staged_test --gtest_brief=1"
+  step unit_host 300 bash -c "cd $work && $bin/file_handle_test --gtest_brief=1 && $bin/io_faults_test --gtest_brief=1 && $bin/pipeline_test --gtest_brief=1 && $bin/batch_test --gtest_brief=1 && $bin/batch_driver_test --gtest_brief=1"
   step gpu_tests 400 env TMPDIR=$work "$bin/gpu_paths_test"
   step verify 300 "$bin/gdskit" verify -D "$work" --sizes 4K,1M+1,64M+4095,1G,4G -o 4097
   step doctor 120 "$bin/gdskit" doctor --path "$work"
@@ -93,7 +93,7 @@ if [ "$what" = python ] || [ "$what" = all ]; then
   step python_build 300 bash -c "g++ -O2 -std=c++20 -shared -fPIC -Iinclude -I$carry/include -Isrc \
       -I\$(python3 -c 'import sysconfig;print(sysconfig.get_paths()[\"include\"])') \
       -I\$(python3 -c 'import pybind11;print(pybind11.get_include())') -DGDSKIT_VERSION_TEXT='\"0.1.0\"' \
-      python/src/module.cpp $carry/lib/libgdskit.a \$(ls $carry/lib/liburing.a 2>/dev/null) -ldl -lpthread \
+      python/src/*.cpp $carry/lib/libgdskit.a \$(ls $carry/lib/liburing.a 2>/dev/null) -ldl -lpthread \
       -o $py/gdskit/_gdskit\$(python3 -c 'import sysconfig;print(sysconfig.get_config_var(\"EXT_SUFFIX\"))')"
   TAIL=40 step python_tests 400 env PYTHONPATH="$py" PYTHONUNBUFFERED=1 python3 scripts/gpu-safetensors-test.py --cli "$bin/gdskit" --dir "$work"
   TAIL=40 step python_perf 500 env PYTHONPATH="$py" PYTHONUNBUFFERED=1 python3 scripts/perf-safetensors.py --dir "$work" --size-gib "${ST_SIZE_GIB:-4}" --runs 2 --cli "$bin/gdskit"

@@ -23,6 +23,7 @@ void add_doctor_command(CLI::App& app) {
     bool probe = false;
     bool no_probe = false;
     bool no_colour = false;
+    bool all = false;
     // The probe process (hidden): one cuFile configuration per process.
     std::string probe_child;
     std::string probe_file;
@@ -40,6 +41,8 @@ void add_doctor_command(CLI::App& app) {
   cmd->add_flag("--probe", opt->probe, "Run the live cuFile proof (default on a live system with a GPU)");
   cmd->add_flag("--no-probe", opt->no_probe, "Do not run the live cuFile proof");
   cmd->add_flag("--no-color", opt->no_colour, "No colours even on a terminal");
+  cmd->add_flag("--all", opt->all,
+                "Show every layer even on a machine without a usable NVIDIA GPU (which otherwise gets a few lines)");
   // Hidden (empty group): how the doctor re-runs itself for each cuFile configuration.
   cmd->add_option("--probe-child", opt->probe_child)->group("");
   cmd->add_option("--probe-file", opt->probe_file)->group("");
@@ -84,7 +87,7 @@ void add_doctor_command(CLI::App& app) {
         if (unpacked->error()) return refuse("--root", opt->root, unpacked->error().message());
         std::string why;
         if (auto ec = doctor::extract_capture(opt->root, unpacked->path(), why))
-          return refuse("--root", opt->root, "not a capture archive: " + why + " (" + ec.message() + ")");
+          return refuse("--root", opt->root, "not a capture archive: " + (why.empty() ? ec.message() : why));
         root_dir = unpacked->path().string();
       } else if (auto ec = check_folder_argument(opt->root)) {
         return refuse("--root", opt->root, folder_argument_problem(ec));
@@ -118,20 +121,21 @@ void add_doctor_command(CLI::App& app) {
         fmt::print("{}", doctor::render_json(report));
       } else {
         const bool colour = !opt->no_colour && ::isatty(STDOUT_FILENO) != 0 && std::getenv("NO_COLOR") == nullptr;
-        fmt::print("{}", doctor::render_text(report, colour));
+        fmt::print("{}", doctor::render_text(report, colour, opt->all));
       }
       if (!opt->capture.empty()) {
-        if (auto ec = doctor::write_capture(root, path, opt->capture)) {
-          fmt::print(stderr, "gdskit doctor: --capture {}: {}\n", opt->capture, ec.message());
+        std::string why;
+        if (auto ec = doctor::write_capture(root, path, opt->capture, why)) {
+          fmt::print(stderr, "gdskit doctor: --capture {}: {}\n", printable(opt->capture), why);
           exit_code() = 2;
           return;
         }
-        fmt::print(stderr, "capture written to {} ({} files)\n", opt->capture, root.recorded().size());
+        fmt::print(stderr, "capture written to {} ({} files)\n", printable(opt->capture), root.recorded().size());
       }
       std::fflush(stdout);
       exit_code() = report.result.exit_code();
     } catch (const std::exception& e) {
-      fmt::print(stderr, "gdskit doctor: {}\n", e.what());
+      fmt::print(stderr, "gdskit doctor: {}\n", printable(e.what()));
       exit_code() = 2;
     }
   });

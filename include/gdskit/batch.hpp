@@ -28,6 +28,8 @@ struct io_range {
   const file_handle* file = nullptr;
   std::uint64_t offset_bytes = 0;
   buffer_view memory;
+  /// With batch_options::checksum on a read: the CRC32C (checksum.hpp) the range's bytes must have.
+  std::uint32_t crc32c = 0;
 };
 
 /// What happened to one range.
@@ -38,8 +40,17 @@ struct range_result {
   /// Empty on success; else errno (EIO, ENOSPC, ETIMEDOUT at the deadline, ECANCELED after cancel(), ...),
   /// cuFile or CUDA category.
   std::error_code error;
+  /// Seconds from the start of the range's first file request to its completion (0 when it needed none):
+  /// the latency of the range itself, without the time it waited in the batch's queue.
+  double latency_s = 0;
+  /// With batch_options::checksum: the CRC32C of the range's bytes as they were read (even when they did not
+  /// match, EBADMSG) or as they were written.
+  std::uint32_t crc32c = 0;
   bool ok() const noexcept { return !error; }
 };
+
+/// Checksums a batch computes while the bytes sit in host memory (the staging of GPU transfers included).
+enum class batch_checksum { none, crc32c };
 
 /// How a batch runs. Everything has a default that suits random reads of small ranges.
 struct batch_options {
@@ -54,6 +65,11 @@ struct batch_options {
   unsigned queue_depth = 0;
   /// A read that ends short (the file ends first) is an error (ENODATA) instead of a short count.
   bool exact = false;
+  /// crc32c: every range's bytes are checksummed on the way. A read is delivered only when its bytes match the
+  /// range's io_range::crc32c (else EBADMSG, and its memory is not written; a short read is ENODATA); a write
+  /// reports the checksum of the bytes it wrote. Ranges are then moved whole (at most 16 MiB each, EINVAL
+  /// otherwise) and reads always go through staging.
+  batch_checksum checksum = batch_checksum::none;
   /// CUDA stream (a CUstream) to order the batch with; nullptr for none. A read: work queued on the stream
   /// after submit() waits, on the GPU, until every range has completed (the host is not blocked). A write:
   /// the I/O starts once the stream has reached the point of submit(), so a kernel queued before it has
@@ -77,6 +93,8 @@ struct batch_result {
   std::size_t nbytes = 0;
   std::size_t failed = 0;
   batch_routes routes;
+  /// Checksummed reads whose bytes did not match their io_range::crc32c (those ranges failed with EBADMSG).
+  std::size_t checksum_mismatches = 0;
   /// Seconds from submit() to completion.
   double seconds = 0;
   bool ok() const noexcept { return failed == 0; }
@@ -126,6 +144,34 @@ class batch_future {
 
  private:
   std::shared_ptr<detail::batch_state> state_;
+};
+
+/// The completion of one asynchronous range (file_handle's *_async forms): a batch of one range, with the
+/// same waits, event descriptor and cancel, whose get() returns the bytes moved or throws the range's error as
+/// gdskit::error naming the file and the range.
+class io_future {
+ public:
+  io_future() noexcept = default;
+  io_future(batch_future batch, std::string path, std::uint64_t offset_bytes, std::size_t nbytes, bool write);
+
+  bool valid() const noexcept { return batch_.valid(); }
+  bool ready() const { return batch_.ready(); }
+  void wait() const { batch_.wait(); }
+  bool wait_for(std::chrono::nanoseconds timeout) const { return batch_.wait_for(timeout); }
+  int fd() const { return batch_.fd(); }
+  bool cancel() const { return batch_.cancel(); }
+  bool released() const { return batch_.released(); }
+  void wait_released() const { batch_.wait_released(); }
+  /// Waits; the bytes moved, or throws the range's error.
+  std::size_t get() const;
+  const batch_future& batch() const noexcept { return batch_; }
+
+ private:
+  batch_future batch_;
+  std::string path_;
+  std::uint64_t offset_ = 0;
+  std::size_t nbytes_ = 0;
+  bool write_ = false;
 };
 
 /// Submits ranges to be read from (io_direction::read) or written to (write) their files, and returns at once.

@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
-#include <future>
 #include <memory>
 #include <span>
 #include <string>
@@ -15,6 +14,8 @@
 #include "gdskit/settings.hpp"
 
 namespace gdskit {
+
+class io_future;  // batch.hpp
 
 enum class open_mode { read, write, read_write };
 
@@ -77,10 +78,12 @@ class file_handle {
   /// full device is never a short success).
   std::size_t pwrite(const void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const;
 
-  /// Asynchronous forms: the work runs on gdskit's thread pool; `buf` must stay valid until the future is
-  /// ready. The future throws what the blocking form would, and keeps the file open until it is ready.
-  std::future<std::size_t> pread_async(void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const;
-  std::future<std::size_t> pwrite_async(const void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const;
+  /// Asynchronous forms: one range submitted as a batch (batch.hpp); `buf` must stay valid until the future is
+  /// released. The arguments are checked before it returns (it throws what the blocking form would for them,
+  /// EBADF for an empty handle); the future's get() returns the bytes or throws the transfer's error, and the
+  /// batch keeps the file open until it is released.
+  io_future pread_async(void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const;
+  io_future pwrite_async(const void* buf, std::size_t nbytes, std::uint64_t offset_bytes) const;
 
   /// Reads into host or GPU memory through the path the planner picks for this buffer (see plan()).
   /// `dst.nbytes` must be at least `nbytes`. Same contract as pread: fewer bytes only at end of file.
@@ -97,12 +100,12 @@ class file_handle {
   /// overlap in the file. Returns the bytes written or throws (EINVAL for bad extents before any I/O;
   /// ENOSPC included: a full device is never a short success).
   std::size_t write_gather(std::span<const write_extent> extents, const gather_options& options = {}) const;
-  /// Asynchronous read() and write() for host or GPU buffers: same contracts, run on gdskit's thread pool.
-  /// The memory `dst`/`src` views must stay valid until the future is ready; the handle need not (the future
-  /// keeps the file open, and close() waits for it). The future returns the bytes moved (a read: fewer only at
-  /// end of file; a write: always nbytes) or throws what the blocking form would (EBADF for an empty handle).
-  std::future<std::size_t> read_async(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const;
-  std::future<std::size_t> write_async(buffer_view src, std::size_t nbytes, std::uint64_t offset_bytes) const;
+  /// Asynchronous read() and write() for host or GPU buffers, as batches of one range: same contracts. The
+  /// memory `dst`/`src` views must stay valid until the future is released; the handle need not (the batch
+  /// keeps the file open, and close() waits for it). Bad arguments throw here; get() returns the bytes moved
+  /// (a read: fewer only at end of file; a write: always nbytes) or throws the transfer's error.
+  io_future read_async(buffer_view dst, std::size_t nbytes, std::uint64_t offset_bytes) const;
+  io_future write_async(buffer_view src, std::size_t nbytes, std::uint64_t offset_bytes) const;
   /// The path read()/write() take for this buffer, and the reasons (cheap; cached per device). An empty
   /// handle returns a default path_decision.
   path_decision plan(buffer_view buf) const;
@@ -151,3 +154,6 @@ class file_handle {
 const std::string& io_uring_unavailable_reason();
 
 }  // namespace gdskit
+
+// The completion types of the asynchronous forms.
+#include "gdskit/batch.hpp"  // IWYU pragma: export

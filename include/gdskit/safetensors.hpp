@@ -118,12 +118,11 @@ struct load_options {
   /// Selected tensors closer than this in the file are read in one request together with the gap between
   /// them (the gap lands in the allocation and is never exposed).
   std::size_t coalesce_gap_bytes = std::size_t{64} << 10;
-  /// One pipeline across every shard: the reads of all files are cut into segments of this size (at absolute
-  /// file offsets, a multiple of 4 KiB) and `pipeline_depth` segments are in flight at any time, so the next
-  /// segment (of the same file or the next one) is already reading while the last requests of the current one
-  /// finish: the engine's queue does not drain at a file boundary. The load streams: the first shard's reads
-  /// start as soon as its header is parsed and its memory allocated, and each later header is read, parsed
-  /// and allocated for on the calling thread while earlier shards' segments read.
+  /// The reads of all files are cut into segments of this size (at absolute file offsets, a multiple of 4 KiB),
+  /// each shard's segments one batch of the transfer core with `pipeline_depth` segments in flight (each segment
+  /// itself read at the device's depth). The load streams: the first shard's batch starts as soon as its header
+  /// is parsed and its memory allocated, and each later header is read, parsed and allocated for on the calling
+  /// thread while earlier shards' segments read; a shard's batch starts once the one before it has completed.
   std::size_t pipeline_segment_bytes = std::size_t{256} << 20;
   unsigned pipeline_depth = 2;
   /// Settings for opening the files.

@@ -111,11 +111,12 @@ def _names(only):
     if only is None:
         return []
     if isinstance(only, str):
-        return [only]
+        return [_utf8(only, "only: name")]
     names = list(only)
     for n in names:
         if not isinstance(n, str):
             raise TypeError(f"only: names must be str, not {type(n).__name__}")
+        _utf8(n, "only: name")
     return names
 
 
@@ -231,8 +232,15 @@ def gpu_available():
     return _gdskit.gpu_available()
 
 
+# Batches of many ranges and row gathers (gdskit/_batch.py).
+from ._batch import (BatchError, BatchFuture, BatchResult, ItemResult, RowFile, gather_rows,  # noqa: E402
+                     read_into, submit_reads, submit_writes, write_from)
+
+__all__ += ["read_into", "write_from", "submit_reads", "submit_writes", "BatchFuture", "BatchResult", "BatchError",
+            "ItemResult", "gather_rows", "RowFile"]
+
 # Saving: safetensors files and sharded checkpoints (gdskit/_save.py).
-from ._save import last_save_stats, save_file, save_sharded  # noqa: E402
+from ._save import _utf8, last_save_stats, save_file, save_sharded  # noqa: E402
 
 __all__ += ["save_file", "save_sharded", "last_save_stats"]
 

@@ -14,30 +14,42 @@ from ._buffers import buffer_of
 from ._devices import parse_device
 
 _MODES = ("r", "r+", "w", "w+", "x", "x+")
-_pool_lock = threading.Lock()
-_pool = None
-
-
-def _executor():
-    # Blocking calls release the GIL, so a few threads keep several requests in flight; the engine splits each
-    # request over its own threads too.
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
-                                                          thread_name_prefix="gdskit-io")
-        return _pool
 
 
 class IOFuture(concurrent.futures.Future):
-    """A concurrent.futures.Future of a byte count that can also be awaited: `n = await f.pread(t)`."""
+    """The byte count of one background read or write, as a concurrent.futures.Future: a batch of one range
+    (gdskit.BatchFuture) whose result is the bytes moved, or whose exception is the range's OSError. Awaitable
+    (`n = await f.pread(t)`), with fileno() (readable once done) and cancel()."""
+
+    def __init__(self, batch_future):
+        super().__init__()
+        self._fut = batch_future
+        self.set_running_or_notify_cancel()
+        batch_future.add_done_callback(self._settle)
+
+    def _settle(self, fut):
+        from ._batch import BatchError  # noqa: PLC0415
+
+        try:
+            self.set_result(fut.result().nbytes)
+        except BatchError as e:
+            self.set_exception(e.results[0].error)
+        except BaseException as e:  # noqa: BLE001
+            self.set_exception(e)
+
+    def get(self, timeout=None) -> int:
+        """The byte count (KvikIO's spelling of result())."""
+        return self.result(timeout)
+
+    def cancel(self) -> bool:
+        """Stops the transfer if it has not completed (result() then raises OSError ECANCELED)."""
+        return False if self.done() else self._fut.cancel()
+
+    def fileno(self) -> int:
+        return self._fut.fileno()
 
     def __await__(self):
         return asyncio.wrap_future(self).__await__()
-
-    def get(self, timeout=None):
-        """The byte count (KvikIO's spelling of result())."""
-        return self.result(timeout)
 
 
 class File:
@@ -103,15 +115,17 @@ class File:
         return self._open().write(ptr, nbytes, _offset(offset), device)
 
     def pread(self, buf, offset: int = 0) -> IOFuture:
-        """read() in the background: a future of the byte count. buf must not be resized or freed before it is
-        done (the future keeps a reference to it)."""
-        ptr, nbytes, device = buffer_of(buf, writable=True, what="File.pread")
-        return self._submit(self._open().read, buf, ptr, nbytes, _offset(offset), device)
+        """read() in the background, as a batch of one range: a future of the byte count (fewer only at end of
+        file). The future keeps buf alive until the read has let go of it."""
+        from ._batch import submit_reads  # noqa: PLC0415
+
+        return self._track(IOFuture(submit_reads([(self, _offset(offset), buf)], exact=False)))
 
     def pwrite(self, buf, offset: int = 0) -> IOFuture:
         """write() in the background: a future of the byte count."""
-        ptr, nbytes, device = buffer_of(buf, writable=False, what="File.pwrite")
-        return self._submit(self._open().write, buf, ptr, nbytes, _offset(offset), device)
+        from ._batch import submit_writes  # noqa: PLC0415
+
+        return self._track(IOFuture(submit_writes([(self, _offset(offset), buf)])))
 
     def plan(self, target="cpu"):
         """(path, reasons): the data path a read into `target` takes ("gds", "staged", "compat" or "host") and
@@ -126,29 +140,17 @@ class File:
     def close(self):
         """Waits for the background reads and writes of this file, then closes it. Closing twice is harmless."""
         with self._lock:
-            pending = list(self._pending)
-        concurrent.futures.wait(pending)
+            pending, self._pending = list(self._pending), set()
+        for fut in pending:
+            fut._fut.wait_released()
         handle, self._handle = self._handle, None
         if handle is not None:
             handle.close()
 
-    def _submit(self, call, keep, *args) -> IOFuture:
-        fut = IOFuture()
-
-        def run(keep=keep):  # `keep` holds the buffer alive until the call is done
-            if not fut.set_running_or_notify_cancel():
-                return
-            try:
-                fut.set_result(call(*args))
-            except BaseException as e:  # noqa: BLE001
-                fut.set_exception(e)
-            finally:
-                with self._lock:
-                    self._pending.discard(fut)
-
+    def _track(self, fut: IOFuture) -> IOFuture:
         with self._lock:
+            self._pending = {f for f in self._pending if not f._fut.released()}
             self._pending.add(fut)
-        _executor().submit(run)
         return fut
 
 

@@ -28,6 +28,13 @@ _ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "C64": 8, "I64": 8, "I32":
 # Gaps up to this many bytes between the ranges a slice needs are read rather than skipped: the kernel reads
 # whole pages anyway, and one request costs more than a page.
 _SLICE_GAP_BYTES = 4096
+# Host memory a slice reads through at once, gaps included (as the C++ loader's staging budget): a column of a
+# large tensor must not read the whole tensor into memory to keep a few bytes of each row.
+_GATHER_WINDOW_BYTES = 64 << 20
+# Byte indexes built at once to pick the segments out of a window (8 bytes each).
+_PICK_INDEXES = 1 << 20
+# Segment offsets a slice computes at once (8 bytes each, and a few arrays of that size while they are read).
+_SEGMENTS_AT_ONCE = 1 << 18
 _F6 = ("F6_E2M3", "F6_E3M2")
 
 
@@ -168,7 +175,8 @@ class safe_open:  # noqa: N801 (the safetensors library's name)
             part = f.get_slice("embed.weight")[:, :1024]   # reads only the bytes the slice needs
 
     framework: "pt" (torch tensors) or "np" (numpy arrays; CPU only). Raises ValueError for a bad framework or
-    device, OSError subclasses for I/O errors and SafetensorError for a malformed file."""
+    device (or a path with a NUL byte), OSError(ENODEV) for a CUDA device without a usable GPU, OSError
+    subclasses for I/O errors and SafetensorError for a malformed file."""
 
     def __init__(self, filename, framework="pt", device="cpu"):
         self._framework = _check_framework(framework)
@@ -176,6 +184,12 @@ class safe_open:  # noqa: N801 (the safetensors library's name)
         if self._framework == "np" and self._device >= 0:
             raise ValueError("framework \"np\" gives numpy arrays, which live on the CPU: use device=\"cpu\"")
         path = _fspath(filename)
+        if self._device >= 0:
+            # Documented as for gdskit.plan: without a usable GPU, OSError(ENODEV) with the reason (the tensors
+            # would otherwise fail later, in the framework's own allocator, with its own error).
+            usable, why = _gdskit.gpu_available()
+            if not usable:
+                raise OSError(_errno.ENODEV, f"cuda:{self._device}: no usable GPU: {why}", path)
         _refuse_folder(path)
         self._handle = _gdskit.FileHandle(path, "r")
         entries, metadata = self._handle.header()
@@ -310,21 +324,34 @@ class _Slice:
         k = len(sel) - 1
         while k >= 0 and sel[k][0] == 0 and sel[k][2] == 1 and sel[k][1] == shape[k]:
             k -= 1
-        offsets = np.zeros(1, dtype=np.int64)
+        # Segments: every combination of the indices of the dimensions up to the last partly selected one
+        # (`dims`, each (first, count, step, stride)), `seg` bytes each, `extra` bytes into the row.
+        dims, extra = [], 0
         if k < 0:
             seg = total
         else:
             start, count, step, _ = sel[k]
             last = k if step != 1 else k - 1
             seg = strides[k] if step != 1 else count * strides[k]
-            for d in range(last + 1):
-                s0, c, st, _ = sel[d]
-                idx = (s0 + st * np.arange(c, dtype=np.int64)) * strides[d]
-                offsets = (offsets[:, None] + idx[None, :]).ravel()
+            dims = [(sel[d][0], sel[d][1], sel[d][2], strides[d]) for d in range(last + 1)]
             if step == 1:
-                offsets = offsets + start * strides[k]
+                extra = start * strides[k]
+        segments = 1
+        for _, c, _, _ in dims:
+            segments *= c
         out = np.empty(total, dtype=np.uint8)
-        _gather(owner, out, offsets, seg, entry.file_offset)
+        # Their offsets are made a bounded number at a time (8 bytes each and a few temporaries: a slice of
+        # 1-byte elements would otherwise need tens of times its own size), in file order.
+        for a in range(0, segments, _SEGMENTS_AT_ONCE):
+            b = min(segments, a + _SEGMENTS_AT_ONCE)
+            flat = np.arange(a, b, dtype=np.int64)
+            offsets = np.full(b - a, extra, dtype=np.int64)
+            inner = 1
+            for s0, c, st, stride in reversed(dims):
+                offsets += (s0 + st * (flat // inner % c)) * stride
+                inner *= c
+            del flat
+            _gather(owner, out[a * seg:b * seg], offsets, seg, entry.file_offset)
         if framework == "np":
             return out.view(np.dtype(_DTYPES[entry.dtype][1])).reshape(newshape)
         torch = _torch()
@@ -340,7 +367,7 @@ def _file_shape(dtype, eshape):
 
 def _gather(owner, out, offsets, seg: int, base: int):
     """Reads segments of `seg` bytes at base + offsets (ascending) into `out`, one request per run of segments
-    closer than _SLICE_GAP_BYTES."""
+    closer than _SLICE_GAP_BYTES, through windows of at most _GATHER_WINDOW_BYTES (at least one segment)."""
     np = _numpy()
     ends = offsets + seg
     breaks = np.nonzero(offsets[1:] - ends[:-1] > _SLICE_GAP_BYTES)[0] + 1
@@ -350,9 +377,26 @@ def _gather(owner, out, offsets, seg: int, base: int):
         n = len(group) * seg
         if hi - lo == n:  # back to back: straight into place
             owner._read(out, n, base + lo, -1, at=pos)
-        else:
-            span = np.empty(hi - lo, dtype=np.uint8)
-            owner._read(span, hi - lo, base + lo, -1)
-            picks = (offsets[group] - lo)[:, None] + np.arange(seg, dtype=np.int64)[None, :]
-            out[pos:pos + n] = span[picks.ravel()]
-        pos += n
+            pos += n
+            continue
+        starts, stops = offsets[group], ends[group]
+        i = 0
+        while i < len(group):
+            # The segments from i whose bytes end within one window of the first's start.
+            j = max(i + 1, int(np.searchsorted(stops, starts[i] + _GATHER_WINDOW_BYTES, side="right")))
+            wlo, whi = int(starts[i]), int(stops[j - 1])
+            if j - i == 1:
+                owner._read(out, seg, base + wlo, -1, at=pos)
+            else:
+                span = np.empty(whi - wlo, dtype=np.uint8)
+                owner._read(span, whi - wlo, base + wlo, -1)
+                rel = starts[i:j] - wlo
+                per = max(1, _PICK_INDEXES // seg)
+                for c in range(0, len(rel), per):
+                    part = rel[c:c + per]
+                    picks = (part[:, None] + np.arange(seg, dtype=np.int64)[None, :]).ravel()
+                    at = pos + c * seg
+                    out[at:at + len(part) * seg] = span[picks]
+                del span
+            pos += (j - i) * seg
+            i = j

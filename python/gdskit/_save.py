@@ -6,6 +6,8 @@ under their final name only once whole and on disk, and never replace an existin
 
 from __future__ import annotations
 
+import heapq
+import math
 import os
 
 from . import _gdskit
@@ -33,6 +35,8 @@ _NUMPY_DTYPES = {
 
 # huggingface_hub's units for max_shard_size: decimal.
 _SIZE_UNITS = {"TB": 10**12, "GB": 10**9, "MB": 10**6, "KB": 10**3}
+# Byte counts are 64-bit in the format and in the engine.
+_MAX_BYTES = 2**64 - 1
 
 
 def last_save_stats() -> dict:
@@ -48,8 +52,8 @@ def parse_shard_size(size) -> int:
     if isinstance(size, bool):
         raise ValueError(f"max_shard_size must be an int or a string like '5GB', not {size!r}")
     if isinstance(size, int):
-        if size <= 0:
-            raise ValueError(f"max_shard_size must be positive, not {size}")
+        if not 0 < size <= _MAX_BYTES:
+            raise ValueError(f"max_shard_size must be 1 to 2**64-1 bytes, not {size}")
         return size
     if not isinstance(size, str):
         raise ValueError(f"max_shard_size must be an int or a string like '5GB', not {size!r}")
@@ -61,9 +65,11 @@ def parse_shard_size(size) -> int:
         value = float(text[:-2].strip())
     except ValueError as e:
         raise ValueError(f"Could not parse the size value from '{size}': {e}") from e
+    if not math.isfinite(value):
+        raise ValueError(f"max_shard_size must be a finite size, not {size!r}")
     n = int(value * _SIZE_UNITS[unit])
-    if n <= 0:
-        raise ValueError(f"max_shard_size must be positive, not {size!r}")
+    if not 0 < n <= _MAX_BYTES:
+        raise ValueError(f"max_shard_size must be 1 byte to 2**64-1 bytes, not {size!r}")
     return n
 
 
@@ -109,6 +115,30 @@ class _RowStager:
         return ptr, (last - first) * self.row_bytes
 
 
+def _lazy(t) -> bool:
+    """Whether t is a conjugate or negative view: its memory holds the original values, and torch applies the
+    conjugation or negation only when the values are read, so its bytes are not its values."""
+    return bool((hasattr(t, "is_conj") and t.is_conj()) or (hasattr(t, "is_neg") and t.is_neg()))
+
+
+def _resolved(t):
+    """t with its values in its memory: a copy for a conjugate or negative view, t itself otherwise."""
+    if hasattr(t, "is_conj") and t.is_conj():
+        t = t.resolve_conj()
+    if hasattr(t, "is_neg") and t.is_neg():
+        t = t.resolve_neg()
+    return t
+
+
+def _utf8(text: str, what: str) -> str:
+    """text, which the format stores as UTF-8; ValueError for a str that has no UTF-8 form (a lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} {text!r} is not valid UTF-8 text ({e.reason} at position {e.start})") from None
+    return text
+
+
 def _torch_entry(torch, name, t, budget, keep):
     dtype_name = str(t.dtype).split(".")[-1]
     st_dtype = _TORCH_DTYPES.get(dtype_name)
@@ -124,7 +154,12 @@ def _torch_entry(torch, name, t, budget, keep):
     if st_dtype == "F4" and shape:
         shape[-1] *= 2  # two 4-bit values per byte: the header counts elements, as safetensors does
     nbytes = t.numel() * t.element_size()
-    if t.is_contiguous() or nbytes == 0:
+    lazy = _lazy(t)
+    if lazy and t.dim() == 0:
+        t = _resolved(t)  # one value: resolved whole (the stager works in rows)
+        keep.append(t)
+        lazy = False
+    if (t.is_contiguous() and not lazy) or nbytes == 0:
         return (name, st_dtype, shape, t.data_ptr() if nbytes else 0, nbytes, device, None)
 
     def sync(block):
@@ -132,7 +167,9 @@ def _torch_entry(torch, name, t, budget, keep):
             torch.cuda.current_stream(device).synchronize()
         return block.data_ptr()
 
-    stager = _RowStager(t, nbytes, budget, lambda x: x.contiguous(), sync, keep)
+    # Strided tensors, and conjugate or negative views (whose memory holds the original values), are written a
+    # block of rows at a time, each block made contiguous with its values resolved.
+    stager = _RowStager(t, nbytes, budget, lambda x: _resolved(x).contiguous(), sync, keep)
     keep.append(stager)
     return (name, st_dtype, shape, 0, nbytes, device, stager)
 
@@ -162,10 +199,11 @@ def _torch_extent(t):
 
 def _check_shared(torch, tensors):
     # Like safetensors: tensors of one storage whose bytes overlap are refused (saving both would store the
-    # memory twice and load them as independent tensors); disjoint views of one storage are fine.
+    # memory twice and load them as independent tensors); disjoint views of one storage are fine. Conjugate and
+    # negative views are written as their resolved values, bytes of their own, so they share nothing on disk.
     groups = {}
     for k, v in tensors.items():
-        if v.device.type == "meta":
+        if v.device.type == "meta" or _lazy(v):
             continue
         try:
             storage = v.untyped_storage()
@@ -197,13 +235,28 @@ def _check_shared(torch, tensors):
             f" loading them again: {failing}. Save one tensor per storage (clone the others) instead.")
 
 
+def _byte_bounds(np):
+    try:
+        from numpy.lib.array_utils import byte_bounds  # noqa: PLC0415  (numpy 2)
+    except ImportError:
+        byte_bounds = np.byte_bounds
+    return byte_bounds
+
+
 def _check_shared_numpy(np, arrays):
-    items = [(k, a) for k, a in arrays.items() if a.nbytes]
-    failing = []
-    for i, (k, a) in enumerate(items):
-        for k2, b in items[i + 1:]:
-            if np.shares_memory(a, b):
-                failing.append({k, k2})
+    # Sorted by the first byte each array touches, so only arrays whose spans overlap are compared (exactly,
+    # with np.shares_memory: interleaved strided views share a span but no byte): n log n for arrays in memory of
+    # their own, however many.
+    bounds = _byte_bounds(np)
+    spans = sorted((*bounds(a), i, k) for i, (k, a) in enumerate(arrays.items()) if a.nbytes)
+    failing, open_spans = [], []  # open_spans: a heap of (end, i, name) of spans not yet passed
+    for start, end, i, k in spans:
+        while open_spans and open_spans[0][0] <= start:
+            heapq.heappop(open_spans)
+        for _, _, k2 in open_spans:
+            if np.shares_memory(arrays[k2], arrays[k]):
+                failing.append({k2, k})
+        heapq.heappush(open_spans, (end, i, k))
     if failing:
         raise RuntimeError(f"Some arrays share memory: {failing}. Save one array per buffer (copy the others).")
 
@@ -216,6 +269,7 @@ def _prepare(tensors, staging_bytes):
     for k, v in tensors.items():
         if not isinstance(k, str):
             raise TypeError(f"tensor names must be str, not {type(k).__name__} ({k!r})")
+        _utf8(k, "tensor name")
         if torch is not None and isinstance(v, torch.Tensor):
             kinds.add("torch")
             if v.layout != torch.strided:
@@ -256,6 +310,8 @@ def _metadata(metadata):
     for k, v in metadata.items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise TypeError(f"metadata must map str to str; {k!r}: {v!r} does not")
+        _utf8(k, "metadata key")
+        _utf8(v, "metadata value")
     return list(metadata.items())
 
 
@@ -265,8 +321,10 @@ def save_file(tensors, filename, metadata=None, *, overwrite: bool = False, stag
 
     Tensors: torch tensors on the CPU (written from their memory, no copy) or CUDA devices (written straight
     from device memory through pinned staging), or numpy arrays. Non-contiguous ones are made contiguous a block
-    of rows at a time within `staging_bytes`. Tensors whose memory overlaps are refused (RuntimeError), as
-    safetensors does. metadata: {str: str}, written in its order.
+    of rows at a time within `staging_bytes`, as are conjugate and negative views (c.conj(), torch._neg_view),
+    which are written as their values. Tensors whose memory overlaps are refused (RuntimeError), as
+    safetensors does. metadata: {str: str}, written in its order. Names and metadata must be UTF-8 text
+    (ValueError for a str with a lone surrogate).
 
     The file appears under `filename` only once whole and synced to disk; an error or interruption leaves an
     existing file as it was and no temporary file. An existing file is replaced only with overwrite=True, else

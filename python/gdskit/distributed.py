@@ -16,6 +16,8 @@ docs/distributed.md for the placement contract, what is read where, the statisti
 from __future__ import annotations
 
 import errno as _errno
+import hashlib
+import json
 import os
 import socket
 import time
@@ -86,8 +88,8 @@ class _Info:
         self.file_index, self.file_offset, self.nbytes = file_index, file_offset, nbytes
 
 
-def _fail(code, msg):
-    return OSError(code, f"gdskit distributed load: {msg}")
+def _fail(code, msg, op="load"):
+    return OSError(code, f"gdskit distributed {op}: {msg}")
 
 
 def _matches(entry: str, name: str) -> bool:
@@ -99,13 +101,17 @@ def _matches(entry: str, name: str) -> bool:
 
 
 def _read_headers(path, only):
-    """Files in load order, their tensors as [_Info] in file order, and each file's header size in bytes."""
-    shards = _gdskit.resolve_shards(str(path))
-    files, infos, header_sizes = [], [], []
+    """Files in load order, their tensors as [_Info] in file order, each file's header size in bytes, and what
+    identifies the checkpoint across ranks: per file (name relative to the path, size, digest of its header)."""
+    shards = _gdskit.resolve_shards(os.fspath(path))
+    base = os.fspath(path) if os.path.isdir(path) else (os.path.dirname(os.fspath(path)) or os.curdir)
+    files, infos, header_sizes, identity = [], [], [], []
     used = [False] * len(only or [])
     for fi, (file, names) in enumerate(shards):
-        entries, _ = _gdskit.header(file)
+        entries, metadata = _gdskit.header(file)
         size = os.path.getsize(file)
+        text = json.dumps([entries, metadata], sort_keys=True)
+        identity.append((os.path.relpath(file, base), size, hashlib.sha256(text.encode()).hexdigest()))
         starts = [e["file_offset"] - e["data_offsets"][0] for e in entries]
         header_sizes.append(min(starts) if starts else size)
         wanted = set(names) if names else None
@@ -125,7 +131,32 @@ def _read_headers(path, only):
         if not u:
             raise _fail(_errno.EINVAL, f"no tensor matches {only[i]!r} in {path}")
     infos.sort(key=lambda t: (t.file_index, t.file_offset, t.name))
-    return files, infos, header_sizes
+    return files, infos, header_sizes, identity
+
+
+def _same_checkpoint(identities, plans):
+    """Raises the same EINVAL on every rank (each computes it from the same gathered values) unless every rank
+    sees the same files (names, sizes and headers) and derived the same plan from them."""
+    mine = identities[0]
+    for r, other in enumerate(identities[1:], 1):
+        if other == mine:
+            continue
+        names0, names = [f[0] for f in mine], [f[0] for f in other]
+        if names != names0:
+            i = next((i for i, (a, b) in enumerate(zip(names0, names)) if a != b), min(len(names0), len(names)))
+            say = lambda ns: repr(ns[i]) if i < len(ns) else "nothing"  # noqa: E731
+            what = (f"file {i + 1} is {say(names0)} of {len(names0)} on rank 0 and {say(names)} of {len(names)} "
+                    f"on rank {r}")
+        else:
+            (f, size0, h0), (_, size, h) = next((a, b) for a, b in zip(mine, other) if a != b)
+            what = (f"{f!r} is {size0} bytes on rank 0 and {size} on rank {r}" if size != size0 else
+                    f"the header of {f!r} differs between rank 0 and rank {r}")
+        raise _fail(_errno.EINVAL, f"the ranks do not see the same checkpoint: {what}; every rank must load the "
+                                   "same files (same names, sizes and headers)")
+    for r, other in enumerate(plans[1:], 1):
+        if other != plans[0]:
+            raise _fail(_errno.EINVAL, f"rank 0 and rank {r} planned different loads from the same files: the "
+                                       "placement, only= and tp_world must give the same on every rank")
 
 
 def _array_split(n, k, parts):
@@ -314,7 +345,7 @@ def _subgroup(dist, group, members, timeout):
     return g
 
 
-def _agree(dist, group, mine, err):
+def _agree(dist, group, mine, err, op="load"):
     """all_gather_object of (error, payload): every rank learns every rank's outcome; any error raises on all."""
     world = dist.get_world_size(group)
     out = [None] * world
@@ -326,7 +357,7 @@ def _agree(dist, group, mine, err):
             raise err
         r, (code, msg) = failed[0]
         raise _fail(code, f"rank {r} failed: {msg}" + (f" (and {len(failed) - 1} more ranks)" if len(failed) > 1
-                                                       else ""))
+                                                       else ""), op)
     return [p for _, p in out]
 
 
@@ -372,11 +403,21 @@ def load_safetensors(path, device: str = "cpu", *, group, tp_rank=None, tp_world
              "broadcasts": 0, "read_ranges": [], "path": None, "reasons": []}
     err, mine, plan, order = None, {}, None, []
     held = {}  # batch index -> (storage tensor, {name: (offset, nbytes, dtype, shape)})
+    # Every rank's files and plan are checked against rank 0's before any read: ranks that see different files
+    # under the same names would otherwise read and broadcast parts of different checkpoints.
+    identity = None
     try:
-        files, infos, header_sizes = _read_headers(path, only)
+        files, infos, header_sizes, files_identity = _read_headers(path, only)
         order = [t.name for t in infos]
         stats["header_bytes_read"] += sum(header_sizes)
         plan = _make_plan(infos, ids, world, placement)
+        plan_text = repr([(b["file"], b["members"], b["reader"], b["key"], b["names"], b["post"]) for b in plan])
+        identity = (files_identity, hashlib.sha256(plan_text.encode()).hexdigest())
+    except Exception as e:  # noqa: BLE001  (every rank must learn of it, or the others would hang)
+        err = e
+    agreed = _agree(dist, group, identity, err)
+    _same_checkpoint([a for a, _ in agreed], [b for _, b in agreed])
+    try:
         t0 = time.perf_counter()
         for bi, b in enumerate(plan):
             if b["reader"] != rank:
@@ -561,14 +602,27 @@ def save_sharded(tensors, folder, max_shard_size="5GB", metadata=None, overwrite
     folder = os.fspath(folder)
     stats = {"rank": rank, "world": world, "files_written": 0, "bytes_written": 0, "write_seconds": 0.0,
              "sync_seconds": 0.0, "bytes_sent": 0, "bytes_received": 0, "comm_seconds": 0.0, "written": []}
-    err, desc, limit = None, [], 0
+    err, desc, limit, settings, token, created = None, [], 0, None, None, False
     try:
         limit = _save.parse_shard_size(max_shard_size)
+        settings = (limit, bool(overwrite), _save._metadata(metadata))  # noqa: SLF001
         for name, t in tensors.items():
+            _save._utf8(name, "tensor name")  # noqa: SLF001
             desc.append((name, str(t.dtype), tuple(t.shape), int(t.numel() * t.element_size())))
+        if rank == 0:
+            # The folder every rank writes to: rank 0 makes it and leaves a token in it that the others must
+            # find, so that ranks writing to folders of their own (node-local disks) fail before any write.
+            created = not os.path.isdir(folder)
+            os.makedirs(folder, exist_ok=True)
+            token = _leave_token(folder)
     except Exception as e:  # noqa: BLE001
         err = e
-    descs = _agree(dist, group, desc, err)
+    try:
+        descs = _check_save_preconditions(dist, group, rank, folder, desc, settings, token, err)
+    except BaseException:
+        if created:
+            _remove_empty(folder)
+        raise
 
     order, info, holders = [], {}, {}
     for r, d in enumerate(descs):
@@ -579,7 +633,7 @@ def save_sharded(tensors, folder, max_shard_size="5GB", metadata=None, overwrite
             elif info[name] != (dtype, shape, nbytes):
                 # Every rank sees the same descriptions, so every rank raises here.
                 raise _fail(_errno.EINVAL, f"tensor {name!r}: rank {holders[name][0]} has {info[name][:2]}, "
-                                           f"rank {r} has {(dtype, shape)}")
+                                           f"rank {r} has {(dtype, shape)}", "save")
             holders.setdefault(name, []).append(r)
     shards = _gdskit.plan_shards([info[n][2] for n in order], limit) if order else []
     count = max(1, len(shards))
@@ -599,10 +653,14 @@ def save_sharded(tensors, folder, max_shard_size="5GB", metadata=None, overwrite
             for p in mine:
                 if os.path.lexists(p):
                     raise FileExistsError(_errno.EEXIST, f"{p} exists; pass overwrite=True to replace it", p)
-        os.makedirs(folder, exist_ok=True)
     except Exception as e:  # noqa: BLE001
         err = e
-    _agree(dist, group, None, err)
+    try:
+        _agree(dist, group, None, err, "save")
+    except BaseException:
+        if created:
+            _remove_empty(folder)
+        raise
 
     # Tensors a writer lacks, point to point in one global order (a blocking pair at a time: no cycles).
     received = {}
@@ -646,7 +704,7 @@ def save_sharded(tensors, folder, max_shard_size="5GB", metadata=None, overwrite
     stats["write_seconds"] = time.perf_counter() - t0
     received.clear()
     try:
-        _agree(dist, group, None, err)
+        _agree(dist, group, None, err, "save")
     except BaseException:
         if not overwrite:  # the files did not exist before this save
             for p in published:
@@ -665,12 +723,84 @@ def save_sharded(tensors, folder, max_shard_size="5GB", metadata=None, overwrite
                 _gdskit.write_index(folder, weight_map, sum(info[n][2] for n in order), bool(overwrite))
             except Exception as e:  # noqa: BLE001
                 err = e
-        _agree(dist, group, None, err)
+        _agree(dist, group, None, err, "save")
         written.append(os.path.join(folder, "model.safetensors.index.json"))
     stats["written"] = written
     stats["seconds"] = time.perf_counter() - t_start
     _last_stats = stats
     return written
+
+
+_TOKEN_PREFIX = ".gdskit-shared-"
+
+
+def _leave_token(folder):
+    """Creates a file of random name and content in `folder`; returns (name, content, folder)."""
+    name, content = _TOKEN_PREFIX + os.urandom(8).hex(), os.urandom(16).hex()
+    fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, content.encode())
+    finally:
+        os.close(fd)
+    return name, content, folder
+
+
+def _sees_token(folder, token) -> bool:
+    """Whether `folder` holds the token rank 0 left (the same folder, as this rank sees it)."""
+    name, content, _ = token
+    try:
+        fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return os.read(fd, 64) == content.encode()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _remove_empty(folder):
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass
+
+
+def _check_save_preconditions(dist, group, rank, folder, desc, settings, token, err):
+    """Two collectives that every rank passes or fails alike, before anything is written: every rank's
+    descriptions and settings (max_shard_size, overwrite, metadata: the same everywhere), and whether each rank
+    sees the token rank 0 left in the folder. Removes the token (rank 0). Returns the descriptions."""
+    try:
+        gathered = _agree(dist, group, (desc, settings, token), err, "save")
+        token = gathered[0][2]
+        for r, (_, other, _) in enumerate(gathered[1:], 1):
+            if other != gathered[0][1]:
+                names = ("max_shard_size", "overwrite", "metadata")
+                what = next(n for n, a, b in zip(names, gathered[0][1], other) if a != b)
+                raise _fail(_errno.EINVAL, f"rank 0 and rank {r} pass different {what}: every rank must pass the "
+                                           "same max_shard_size, overwrite and metadata", "save")
+        sees = rank == 0
+        sees_err = None
+        try:
+            sees = sees or _sees_token(folder, token)
+        except Exception as e:  # noqa: BLE001
+            sees_err = e
+        seen = _agree(dist, group, sees, sees_err, "save")
+    finally:
+        if rank == 0 and token is not None:
+            try:
+                os.unlink(os.path.join(folder, token[0]))
+            except OSError:
+                pass
+    blind = [r for r, ok in enumerate(seen) if not ok]
+    if blind:
+        ranks = ", ".join(str(r) for r in blind)
+        raise _fail(_errno.EINVAL, f"rank{'s' if len(blind) > 1 else ''} {ranks} cannot see the folder rank 0 "
+                                   f"writes to ({token[2]!r} on rank 0): a distributed save needs one shared folder "
+                                   "that every rank reaches (a node-local path on each node gives each node part "
+                                   "of the checkpoint)", "save")
+    return [d for d, _, _ in gathered]
 
 
 def _assign_writers(parts, info, holders, world):
@@ -691,7 +821,8 @@ def _assign_writers(parts, info, holders, world):
 
 
 def _raw_bytes(torch, t):
-    t = t.detach().contiguous().reshape(-1)
+    from ._save import _resolved  # noqa: PLC0415  (conjugate and negative views: their values, not their memory)
+    t = _resolved(t.detach()).contiguous().reshape(-1)
     return t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8, device=t.device)
 
 

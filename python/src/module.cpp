@@ -2,7 +2,7 @@
 // capsules and objects with __dlpack__), so there is no build dependency on torch or numpy.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-#include <pybind11/stl/filesystem.h>
+#include "path_caster.hpp"
 
 #include <cerrno>
 #include <chrono>
@@ -15,11 +15,17 @@
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
 #include "gdskit/safetensors.hpp"
+#include "file_object.hpp"
 
 namespace py = pybind11;
 namespace st = gdskit::safetensors;
 
+void add_kv_bindings(py::module_& m);  // kv_bindings.cpp: gdskit.kv
+
 namespace {
+
+using gdskit_python::file_object;
+using gdskit_python::view_for;
 
 // DLPack ABI (v0.8 layout of DLManagedTensor), declared here so no header is needed.
 struct dl_device {
@@ -125,12 +131,6 @@ struct tensor_handle {
   }
 };
 
-gdskit::buffer_view view_for(std::uintptr_t ptr, std::size_t nbytes, int device) {
-  void* p = reinterpret_cast<void*>(ptr);
-  if (device < 0) return gdskit::buffer_view::host(p, nbytes);
-  return gdskit::describe_pointer(p, nbytes);
-}
-
 // ([{name, dtype, shape, data_offsets, file_offset}], metadata) of a parsed header.
 py::tuple header_tuple(const st::header& h) {
   py::list out;
@@ -146,34 +146,6 @@ py::tuple header_tuple(const st::header& h) {
   return py::make_tuple(out, h.metadata);
 }
 
-// The state behind gdskit.File; shared with the calls in flight, so closing waits for nothing and frees nothing
-// that a read still uses.
-struct file_object {
-  std::shared_ptr<const gdskit::file_handle> handle;
-  // A call holds its own reference while the GIL is released, so close() on another thread cannot free the
-  // handle under it; the file closes when the last call in flight ends.
-  std::shared_ptr<const gdskit::file_handle> get() const {
-    if (!handle) throw py::value_error("I/O operation on a closed gdskit.File");
-    return handle;
-  }
-  // read (Write false) or write of nbytes at ptr on `device` (-1: host), with the GIL released.
-  template <bool Write>
-  std::size_t transfer(std::uintptr_t ptr, std::size_t nbytes, std::uint64_t offset, int device) const {
-    const auto h = get();
-    py::gil_scoped_release unlocked;
-    const auto view = view_for(ptr, nbytes, device);
-    return Write ? h->write(view, nbytes, offset) : h->read(view, nbytes, offset);
-  }
-  // One gathered write of [(ptr, nbytes, offset, device)], with the GIL released.
-  std::size_t write_gather(const std::vector<std::tuple<std::uintptr_t, std::size_t, std::uint64_t, int>>& ranges) const {
-    const auto h = get();
-    py::gil_scoped_release unlocked;
-    std::vector<gdskit::write_extent> extents;
-    extents.reserve(ranges.size());
-    for (const auto& [ptr, nbytes, offset, device] : ranges) extents.push_back({view_for(ptr, nbytes, device), offset});
-    return h->write_gather(extents);
-  }
-};
 
 // Keeps a Python object (the caller's allocation) alive from C++; may be released on any thread.
 struct py_owner {
@@ -325,6 +297,7 @@ void add_save_functions(py::module_& m) {
 PYBIND11_MODULE(_gdskit, m) {
   m.doc() = "gdskit: storage <-> GPU memory transfers (compiled part; use the gdskit package)";
   m.attr("__version__") = GDSKIT_VERSION_TEXT;
+  gdskit_python::register_batch(m);
 
   // gdskit::error becomes OSError(errno, message, path): Python picks the subclass from the errno
   // (FileNotFoundError, IsADirectoryError, PermissionError, ...). A malformed file (EBADMSG) is SafetensorError,
@@ -541,4 +514,5 @@ PYBIND11_MODULE(_gdskit, m) {
   });
 
   add_save_functions(m);
+  add_kv_bindings(m);
 }

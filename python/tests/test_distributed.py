@@ -7,6 +7,7 @@ on the process group and here, so a hang fails the case instead of the run. Exit
 torch or gloo is missing.
 """
 import datetime
+import errno
 import json
 import os
 import subprocess
@@ -185,9 +186,11 @@ def run_save(rank, world, args):
     mine = {n: full[n] for n in _holdings(dims, world, args["save"], rank)}
     if args.get("bad_on") == rank:
         mine["zz.unwritable"] = torch.zeros(3, dtype=torch.complex128)  # no safetensors dtype: the save fails
-    out = os.path.join(args["folder"], "saved")
+    # Node-local folders (one per rank) and per-rank limits break the save's preconditions on purpose.
+    out = os.path.join(args["folder"], f"saved-{rank}" if args.get("own_folder") else "saved")
+    limit = args["limit"][rank] if isinstance(args["limit"], list) else args["limit"]
     try:
-        written = gdskit.save_sharded(mine, out, max_shard_size=args["limit"], group=dist.group.WORLD)
+        written = gdskit.save_sharded(mine, out, max_shard_size=limit, group=dist.group.WORLD)
         stats = gdskit.distributed.last_stats()
         result.update(ok=True, written=[os.path.basename(w) for w in written], stats=stats)
         dist.barrier()
@@ -384,6 +387,16 @@ def save_case(mode, folder, name, limit=150_000, bad_on=None):
     return {"save": mode, "reference": index, "folder": sub, "limit": limit, "bad_on": bad_on}
 
 
+def _check_same_error(res, code, *words):
+    """Every rank raised, with the same errno and the same message, naming `words`."""
+    for r in res:
+        assert not r.get("ok"), r
+        assert r["errno"] == code, r
+        assert r["error"] == res[0]["error"], (r["error"], res[0]["error"])
+    for w in words:
+        assert w in res[0]["error"], (w, res[0]["error"])
+
+
 def _check_save(res, world):
     _check_ok(res)
     written = res[0]["written"]
@@ -423,6 +436,89 @@ def test_save_refuses_an_existing_index():
         for r in res:
             assert not r.get("ok") and r["errno"] == 17, r  # EEXIST on every rank, from rank 0's check
         assert res[0]["left"] == ["model.safetensors.index.json"], res[0]["left"]
+
+
+def test_save_preconditions_fail_every_rank_alike():
+    with tempfile.TemporaryDirectory() as d:
+        write_checkpoint(os.path.join(d, "ckpt"))
+        local = save_case("replicated", d, "local")
+        local["own_folder"] = True  # each rank writes to a folder of its own, as node-local disks would be
+        limits = save_case("replicated", d, "limits", limit=[150_000, 200_000])
+        after = save_case("disjoint", d, "after")
+        res_local, res_limits, res_after = run_cases(2, [local, limits, after], d)
+        # Every rank learns that rank 1 does not see rank 0's folder; no rank writes a shard or an index.
+        _check_same_error(res_local, errno.EINVAL, "rank 1", "shared folder")
+        for r in range(2):
+            folder = os.path.join(local["folder"], f"saved-{r}")
+            assert not os.path.isdir(folder) or os.listdir(folder) == [], os.listdir(folder)
+        _check_same_error(res_limits, errno.EINVAL, "max_shard_size")
+        assert not os.path.exists(os.path.join(limits["folder"], "saved")) or \
+            os.listdir(os.path.join(limits["folder"], "saved")) == []
+        # The group is still usable.
+        _check_save(res_after, 2)
+
+
+def _altered_copy(folder):
+    """A copy of the checkpoint whose second shard has the same name and tensor names, but one tensor stored
+    as another dtype of the same size (F16 for BF16); returns its index path."""
+    from test_gdskit import write_st  # noqa: PLC0415
+    src = os.path.join(folder, "ckpt")
+    alt = os.path.join(folder, "altered")
+    os.makedirs(alt, exist_ok=True)
+    ts = model_tensors()
+    for f in os.listdir(src):
+        if not f.startswith("model-00002-of"):
+            with open(os.path.join(src, f), "rb") as a, open(os.path.join(alt, f), "wb") as b:
+                b.write(a.read())
+    part = {name: ("F16" if dtype == "BF16" else dtype, shape, raw) for name, dtype, shape, raw in ts[7:]}
+    write_st(os.path.join(alt, "model-00002-of-00002.safetensors"), part)
+    return os.path.join(alt, "model.safetensors.index.json")
+
+
+def test_load_refuses_ranks_that_see_different_files():
+    with tempfile.TemporaryDirectory() as d:
+        write_checkpoint(os.path.join(d, "ckpt"))
+        altered = _altered_copy(d)
+        index = os.path.join(d, "ckpt", "model.safetensors.index.json")
+        broken = _broken_copy(d)
+        other, same_node, missing_file, after = run_cases(2, [
+            case(2, "replicated", paths=[index, altered], nodes=["a", "b"], folder=d),
+            case(2, "llama", tp=[[0, 2], [1, 2]], paths=[index, altered], folder=d),
+            # A folder whose index names a shard that is missing on rank 1: every rank raises ENOENT.
+            case(2, "replicated", paths=[index, broken], nodes=["a", "b"], folder=d),
+            case(2, "replicated", folder=d)], d)
+        for res in (other, same_node):
+            _check_same_error(res, errno.EINVAL, "model-00002-of-00002.safetensors", "rank 1")
+            for r in res:
+                assert "stats" not in r, r  # nothing was loaded
+        _check_missing_shard(missing_file, 1)
+        _check_ok(after)
+
+
+def test_checkpoint_differences_are_named():
+    from gdskit.distributed import _same_checkpoint  # noqa: PLC0415  (pure: what every rank computes alike)
+    a = [("model-00001-of-00002.safetensors", 100, "h1"), ("model-00002-of-00002.safetensors", 200, "h2")]
+    cases = [
+        ([a, a[:1]], "file 2 is 'model-00002-of-00002.safetensors' of 2 on rank 0 and nothing of 1 on rank 1"),
+        ([a, a, [a[0], ("other.safetensors", 200, "h2")]], "file 2 is 'model-00002-of-00002.safetensors' of 2 on "
+                                                            "rank 0 and 'other.safetensors' of 2 on rank 2"),
+        ([a, [a[0], (a[1][0], 199, "h2")]], "'model-00002-of-00002.safetensors' is 200 bytes on rank 0 and 199 on "
+                                             "rank 1"),
+        ([a, [(a[0][0], 100, "h9"), a[1]]], "the header of 'model-00001-of-00002.safetensors' differs between rank 0 "
+                                             "and rank 1"),
+    ]
+    for identities, words in cases:
+        try:
+            _same_checkpoint(identities, ["p"] * len(identities))
+            raise AssertionError(f"{identities} passed")
+        except OSError as e:
+            assert e.errno == errno.EINVAL and words in str(e), str(e)
+    try:
+        _same_checkpoint([a, a], ["p", "q"])
+        raise AssertionError("different plans passed")
+    except OSError as e:
+        assert "rank 0 and rank 1 planned different loads" in str(e), str(e)
+    _same_checkpoint([a, a, a], ["p", "p", "p"])
 
 
 def test_world_1_and_2():

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "common/log.hpp"
+#include "common/printable.hpp"
 
 namespace gdskit {
 namespace {
@@ -103,7 +104,9 @@ class cuda_category_impl final : public std::error_category {
 std::string format_what(std::string_view operation, std::string_view path, std::int64_t offset_bytes,
                         std::size_t nbytes, std::string_view detail) {
   std::string out(operation);
-  if (!path.empty()) out += fmt::format(" \"{}\"", path);
+  // Paths often come from outside (an index, a folder listing): the message shows them escaped, so that a
+  // control character in one cannot drive the terminal that prints it; path() keeps the bytes.
+  if (!path.empty()) out += fmt::format(" \"{}\"", printable(path));
   if (offset_bytes >= 0) out += fmt::format(" at {}+{}", offset_bytes, nbytes);
   if (!detail.empty()) out += fmt::format(" ({})", detail);
   return out;

@@ -17,6 +17,7 @@ std::string_view to_string(status s) noexcept {
 std::string_view to_string(verdict_kind v) noexcept {
   switch (v) {
     case verdict_kind::true_gds: return "true_gds";
+    case verdict_kind::not_proven: return "not_proven";
     case verdict_kind::compat_only: return "compat_only";
     case verdict_kind::unusable: return "unusable";
   }
@@ -120,8 +121,17 @@ std::string root_complex_in(std::string_view s) {
 std::vector<layer> run_checks(system_root& root, const std::string& path) {
   facts f;
   layer userspace{"userspace", "User space (cuFile)", {}};
-  // The kernel layer needs the effective cufile.json (P2PDMA route) and the logs need dmesg early; the
-  // layers are still reported bottom-up.
+  // The kernel layer needs the effective cufile.json (P2PDMA route), and every layer may cite the kernel log,
+  // libcufile's log or the kernel release; the layers are still reported bottom-up.
+  if (auto rel = root.read("proc/sys/kernel/osrelease", 4096); rel.ok()) f.release = trim(*rel.text);
+  if (auto dmesg = root.command("dmesg"); dmesg.ok()) {
+    f.dmesg_readable = true;
+    f.dmesg = std::move(*dmesg.text);
+  }
+  if (auto log = root.command("cufile-log"); log.ok()) {
+    f.cufile_log_readable = true;
+    f.cufile_log = std::move(*log.text);
+  }
   read_cufile_config(root, f, userspace);
   std::vector<layer> layers;
   layers.push_back(check_gpu(root, f));

@@ -33,9 +33,14 @@ layer check_gpu(system_root& root, facts& f) {
       c.evidence.push_back({"proc/driver/nvidia/version", 0, v.reason()});
     } else if (!v.ok()) {
       c.state = status::fail;
-      c.summary = "NVIDIA kernel driver not loaded (no /proc/driver/nvidia/version)";
       c.evidence.push_back({"proc/driver/nvidia/version", 0, v.reason()});
-      c.fix = "Install and load the NVIDIA open kernel module (nvidia-open / nvidia-driver-<ver>-open), then modprobe nvidia.";
+      const load_failure why = why_not_loaded(root, f, "nvidia");
+      c.summary = why.cause.empty() ? "NVIDIA kernel driver not loaded (no /proc/driver/nvidia/version)"
+                                    : "NVIDIA kernel driver not loaded: " + why.cause;
+      for (const auto& e : why.evidence) c.evidence.push_back(e);
+      c.fix = !why.fix.empty() ? why.fix
+                               : "Install and load the NVIDIA open kernel module (nvidia-open / nvidia-driver-<ver>-open), "
+                                 "then modprobe nvidia.";
     } else {
       auto lines = split_lines(*v.text);
       std::string first = lines.empty() ? "" : trim(lines[0]);
@@ -57,9 +62,19 @@ layer check_gpu(system_root& root, facts& f) {
     check o{"gpu.open_module", "Open kernel module", status::unknown, impact::direct, "", {}, ""};
     if (out.checks.back().state == status::ok) {
       o.evidence = out.checks.back().evidence;
+      // nvidia-fs before 2.17.5 still found nvidia_p2p_* through symbol_get and works with the proprietary module.
+      const auto nvfs = root.read("proc/driver/nvidia-fs/version");
+      const auto nvfs_version = nvfs.ok() ? parse_dotted_version(*nvfs.text) : std::nullopt;
       if (f.open_module) {
         o.state = status::ok;
         o.summary = "NVIDIA UNIX Open Kernel Module (needed by nvidia-fs >= 2.17.5 and by PCI P2PDMA)";
+      } else if (nvfs_version && *nvfs_version < dotted_version{2, 17, 5}) {
+        o.state = status::warn;
+        o.summary = fmt::format("proprietary kernel module: works with the loaded nvidia-fs {}.{} (older than 2.17.5), "
+                                "but not with newer nvidia-fs or the PCI P2PDMA route",
+                                nvfs_version->major, nvfs_version->minor);
+        o.evidence.push_back({"proc/driver/nvidia-fs/version", 1, trim(*nvfs.text)});
+        o.fix = "Plan the switch to the open kernel module before upgrading nvidia-fs.";
       } else {
         o.state = status::fail;
         o.summary = "proprietary kernel module: nvidia-fs >= 2.17.5 and PCI P2PDMA need the open module";

@@ -54,10 +54,6 @@ layer check_kernel(system_root& root, facts& f) {
     out.checks.push_back(std::move(c));
   }
 
-  auto dmesg = root.command("dmesg");
-  f.dmesg_readable = dmesg.ok();
-  if (dmesg.ok()) f.dmesg = *dmesg.text;
-
   // IOMMU: translated DMA breaks peer-to-peer between the NVMe and GPU BAR1 on x86.
   {
     check c{"kernel.iommu", "IOMMU", status::unknown, impact::direct, "", {}, ""};
@@ -129,6 +125,7 @@ layer check_kernel(system_root& root, facts& f) {
       nvfs_loaded = true;
       auto lines = split_lines(*ver.text);
       c.evidence.push_back({"proc/driver/nvidia-fs/version", 1, lines.empty() ? "" : trim(lines[0])});
+      f.route.nvfs_version = parse_dotted_version(*ver.text);
     }
     if (nvfs_loaded) {
       c.state = status::ok;
@@ -137,37 +134,23 @@ layer check_kernel(system_root& root, facts& f) {
       c.summary = "nvidia-fs loaded (" + v + ")";
     } else if (modules.ok()) {
       c.state = status::fail;
-      c.summary = "nvidia-fs not loaded";
       c.evidence.push_back({"proc/driver/nvidia-fs/version", 0, "absent"});
-      c.fix = "Install nvidia-fs (apt install nvidia-fs-dkms or nvidia-gds) and modprobe nvidia-fs.";
+      const load_failure why = why_not_loaded(root, f, "nvidia_fs");
+      c.summary = why.cause.empty() ? "nvidia-fs not loaded" : "nvidia-fs not loaded: " + why.cause;
+      for (const auto& e : why.evidence) c.evidence.push_back(e);
+      c.fix = !why.fix.empty() ? why.fix
+                               : "Install nvidia-fs (apt install nvidia-fs-dkms or nvidia-gds) and modprobe nvidia-fs.";
     } else {
       c.summary = "proc/modules not readable";
     }
     out.checks.push_back(std::move(c));
   }
+  f.route.nvfs_loaded = nvfs_loaded;
+  if (nvfs_loaded) check_nvfs_health(root, f, out);
 
-  if (nvfs_loaded) {
-    check c{"kernel.nvfs_modules", "Drivers registered with nvidia-fs", status::warn, impact::none, "", {}, ""};
-    auto m = root.read("proc/driver/nvidia-fs/modules");
-    if (m.ok()) {
-      auto [line, text] = find_line(*m.text, "nvme:");
-      if (line > 0) {
-        c.state = status::ok;
-        c.summary = "nvme registered with nvidia-fs";
-        c.evidence.push_back({"proc/driver/nvidia-fs/modules", line, text});
-      } else {
-        c.summary = "nvme not (yet) registered with nvidia-fs; it registers when a cuFile process opens /dev/nvidia-fs*";
-        c.evidence.push_back({"proc/driver/nvidia-fs/modules", 0, fmt::format("{} line(s), no nvme", split_lines(*m.text).size())});
-      }
-    } else {
-      c.state = status::unknown;
-      c.summary = "proc/driver/nvidia-fs/modules not readable";
-    }
-    out.checks.push_back(std::move(c));
-  }
-
-  // Symbols: the nvme hook, the nvidia_p2p exports and P2PDMA.
-  auto ks = root.grep("proc/kallsyms", {"nvfs", "nvidia_p2p", "p2pdma", "nvidia_fs"});
+  // Symbols: the nvme hook (and which ABI it has), the nvidia_p2p exports and P2PDMA. blk_rq_dma_map_iter_start
+  // tells which hook ABI a nvidia-fs built on this kernel looks for.
+  auto ks = root.grep("proc/kallsyms", {"nvfs", "nvidia_p2p", "p2pdma", "nvidia_fs", "blk_rq_dma_map_iter_start"});
   bool hidden_addrs = false;
   auto has_sym = [&](const std::string& name) -> std::pair<int, std::string> {
     if (!ks.ok()) return {0, {}};
@@ -175,27 +158,108 @@ layer check_kernel(system_root& root, facts& f) {
     if (r.first > 0 && r.second.rfind("0000000000000000", 0) == 0) hidden_addrs = true;
     return r;
   };
+  // What nvidia-fs itself says about nvme: its modules list, its kernel log, and libcufile's log.
+  std::optional<bool> nvfs_lists_nvme;
+  std::pair<int, std::string> nvfs_modules_line;
+  if (nvfs_loaded) {
+    auto m = root.read("proc/driver/nvidia-fs/modules");
+    if (m.ok()) {
+      nvfs_modules_line = find_line(*m.text, "nvme:");
+      nvfs_lists_nvme = nvfs_modules_line.first > 0;
+      if (!*nvfs_lists_nvme) nvfs_modules_line = {0, fmt::format("{} line(s), no nvme", split_lines(*m.text).size())};
+    }
+  }
+  const auto refused = f.dmesg_readable ? last_line_with(f.dmesg, "nvfs registration failed for module sym :nvme")
+                                        : std::pair<int, std::string>{0, {}};
+  const auto not_registered = f.cufile_log_readable ? last_line_with(f.cufile_log, "NVMe Driver not registered with nvidia-fs")
+                                                    : std::pair<int, std::string>{0, {}};
   {
     check c{"kernel.nvme_hook", "NVMe nvfs hook", status::unknown, impact::direct, "", {}, ""};
     auto v1 = has_sym("nvme_v1_register_nvfs_dma_ops");
     auto v2 = has_sym("nvme_v2_register_nvfs_dma_ops");
+    // Only the kernel's own function counts: nvidia-fs's configure probes the base kernel, while DOCA-OFED's nvme
+    // carries a backport of its own (a module symbol, "[...]" in kallsyms) that nvidia-fs never sees.
+    auto iter = has_sym("blk_rq_dma_map_iter_start");
+    if (iter.first > 0 && iter.second.find('[') != std::string::npos) iter = {0, {}};
+    f.route.nvme_rdma_hook = has_sym("nvme_rdma_v1_register_nvfs_dma_ops").first > 0;
+    // nvidia-fs 2.28.2 and later look for the v2 hook when the kernel it was built on has
+    // blk_rq_dma_map_iter_start, else for v1; older releases know only v1.
+    // proc/driver/nvidia-fs/version has no patch level: 2.28 alone cannot tell 2.28.2 from 2.28.1.
+    std::optional<int> wanted;
+    if (nvfs_loaded && f.route.nvfs_version && ks.ok()) {
+      const auto& v = *f.route.nvfs_version;
+      if (iter.first == 0 || v < dotted_version{2, 28, 0}) wanted = 1;
+      else if (v >= dotted_version{2, 29, 0} || (f.route.nvfs_version_exact && v >= dotted_version{2, 28, 2})) wanted = 2;
+      else if (f.route.nvfs_version_exact) wanted = 1;
+    }
     if (!ks.ok()) {
       c.summary = "proc/kallsyms not readable";
-    } else if (v1.first > 0 || v2.first > 0) {
-      auto& hit = v2.first > 0 ? v2 : v1;
-      c.state = status::ok;
-      c.summary = "nvme exports its nvfs hook (NVIDIA-patched nvme driver)";
-      c.evidence.push_back({"proc/kallsyms", hit.first, hit.second});
-    } else {
+    } else if (v1.first == 0 && v2.first == 0) {
       c.state = status::fail;
       c.summary = "no nvme_v1/v2_register_nvfs_dma_ops in kallsyms: the nvme driver is stock, nvidia-fs cannot drive NVMe";
       c.evidence.push_back({"proc/kallsyms", 0, "no nvme_v*_register_nvfs_dma_ops"});
       c.fix = "Boot a kernel whose nvme driver carries the nvfs hook (Ubuntu linux-nvidia / NV-Kernels, DGX OS), or install "
               "MOFED/DOCA mlnx-nvme-dkms with GDS support; or use the PCI P2PDMA route (open driver >= 565, "
               "use_pci_p2pdma).";
+    } else {
+      const int has = v2.first > 0 ? 2 : 1;
+      const auto& hit = has == 2 ? v2 : v1;
+      c.evidence.push_back({"proc/kallsyms", hit.first, hit.second});
+      if (wanted && *wanted != has && !(v1.first > 0 && v2.first > 0) && nvfs_lists_nvme != true) {
+        c.state = status::fail;
+        c.summary = fmt::format(
+            "hook ABI mismatch: nvme exports nvme_v{}_register_nvfs_dma_ops, but nvidia-fs {} on this kernel ({} "
+            "blk_rq_dma_map_iter_start) looks for nvme_v{}_*: nvme never registers and every read falls back to compat "
+            "mode",
+            has, version_text(*f.route.nvfs_version, f.route.nvfs_version_exact), iter.first > 0 ? "with" : "without", *wanted);
+        c.evidence.push_back({"proc/kallsyms", iter.first, iter.first > 0 ? iter.second : "no blk_rq_dma_map_iter_start"});
+        c.fix = "Use an nvme driver and nvidia-fs built for the same hook ABI: on DOCA-OFED, 26.04 or later names the hook "
+                "after the ABI it compiles (26.01 exports nvme_v2 with the v1 functions); or rebuild nvidia-fs against the "
+                "kernel the nvme module was built for.";
+      } else {
+        c.state = status::ok;
+        c.summary = fmt::format("nvme exports its nvfs hook (nvme_v{}_*, NVIDIA-patched nvme driver){}", has,
+                                wanted && nvfs_lists_nvme != true ? fmt::format("; the loaded nvidia-fs looks for nvme_v{}_*", *wanted)
+                                                                  : std::string());
+      }
+    }
+    f.route.nvme_hook = c.state == status::ok;
+    out.checks.push_back(std::move(c));
+  }
+
+  if (nvfs_loaded) {
+    // "Registered" is what nvidia-fs reports, not the presence of a symbol: nvme appears in its modules list
+    // once a cuFile process opened /dev/nvidia-fs* and the registration call succeeded.
+    check c{"kernel.nvfs_modules", "nvme registered with nvidia-fs", status::unknown, impact::direct, "", {}, ""};
+    if (nvfs_lists_nvme) c.evidence.push_back({"proc/driver/nvidia-fs/modules", nvfs_modules_line.first, nvfs_modules_line.second});
+    if (refused.first > 0) c.evidence.push_back({"commands/dmesg.txt", refused.first, refused.second});
+    if (not_registered.first > 0) c.evidence.push_back({"commands/cufile-log.txt", not_registered.first, not_registered.second});
+    if (nvfs_lists_nvme == true && not_registered.first > 0) {
+      c.summary = "contradicting evidence: nvidia-fs lists nvme, but cufile.log says the NVMe driver is not registered "
+                  "(the log may be older than the registration)";
+      c.fix = "Run a cuFile program (or gdskit doctor with its probe) now, then look at "
+              "/proc/driver/nvidia-fs/modules and the new cufile.log lines.";
+    } else if (nvfs_lists_nvme == true) {
+      c.state = status::ok;
+      c.summary = "nvidia-fs lists nvme as registered";
+      f.route.nvme_registered = true;
+    } else if (refused.first > 0 || not_registered.first > 0) {
+      c.state = status::fail;
+      c.summary = refused.first > 0 ? "the nvme driver refused nvidia-fs's registration (kernel log)"
+                                    : "libcufile found the NVMe driver not registered with nvidia-fs: reads fall back to compat mode";
+      c.fix = "See kernel.nvme_hook: the nvme driver must export the hook ABI the loaded nvidia-fs looks for.";
+    } else if (!nvfs_lists_nvme) {
+      c.summary = "proc/driver/nvidia-fs/modules not readable: registration of nvme not known";
+      c.fix = "Read /proc/driver/nvidia-fs/modules (root may be needed) after a cuFile program ran.";
+    } else {
+      c.summary = "nvidia-fs does not list nvme (yet): the symbol is there, the registration is not shown; nvme "
+                  "registers when a cuFile process opens /dev/nvidia-fs*";
+      c.fix = "Run a cuFile program once (or gdskit doctor with its probe), then capture again; nvme must "
+              "appear in /proc/driver/nvidia-fs/modules.";
     }
     out.checks.push_back(std::move(c));
   }
+
   {
     check c{"kernel.nvidia_p2p", "nvidia_p2p exports", status::unknown, impact::direct, "", {}, ""};
     auto p = has_sym("nvidia_p2p_get_pages_persistent");
@@ -215,7 +279,6 @@ layer check_kernel(system_root& root, facts& f) {
     if (hidden_addrs) c.summary += " (addresses hidden: not root)";
     out.checks.push_back(std::move(c));
   }
-  bool p2pdma_ready = false;
   {
     check c{"kernel.p2pdma", "PCI P2PDMA route (no nvidia-fs)", status::warn, impact::none, "", {}, ""};
     auto k = has_sym("p2pdma_pgmap_ops");
@@ -230,7 +293,7 @@ layer check_kernel(system_root& root, facts& f) {
     const std::vector<std::string> missing = engine::p2pdma_missing(pf);
     if (missing.empty()) {
       c.state = status::ok;
-      p2pdma_ready = true;
+      f.route.p2pdma_ready = true;
       c.summary = "PCI P2PDMA route configured (kernel, open driver, static BAR1, use_pci_p2pdma)";
     } else {
       c.summary = "P2PDMA route not ready: " + fmt::format("{}", fmt::join(missing, "; "));
@@ -240,12 +303,15 @@ layer check_kernel(system_root& root, facts& f) {
     }
     out.checks.push_back(std::move(c));
   }
-  // With a ready P2PDMA route, nvidia-fs and the nvme hook are not needed.
-  if (p2pdma_ready) {
+  // With a ready P2PDMA route (libcufile prefers it for NVMe), nvidia-fs and its hook are not on the route.
+  if (f.route.p2pdma_ready) {
     for (auto& c : out.checks) {
-      if ((c.id == "kernel.nvidia_fs" || c.id == "kernel.nvme_hook") && c.state == status::fail) {
+      const bool nvfs_only = c.id == "kernel.nvidia_fs" || c.id == "kernel.nvme_hook" || c.id == "kernel.nvfs_modules" ||
+                             c.id == "kernel.nvfs_stats" || c.id == "kernel.nvfs_release";
+      if (nvfs_only && (c.state == status::fail || c.state == status::unknown)) {
         c.state = status::warn;
-        c.summary += " (not needed: the PCI P2PDMA route is configured)";
+        c.blocks = impact::none;
+        c.summary += " (not on the route: the PCI P2PDMA route is configured)";
       }
     }
   }

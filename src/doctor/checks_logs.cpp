@@ -38,7 +38,11 @@ const pattern dmesg_patterns[] = {
     {"O_DIRECT flag is not set", status::warn, impact::none, "nvidia-fs got a file descriptor without O_DIRECT",
      "Open files with O_DIRECT (or let cuFile open its own)."},
     {"Incompatible page table version", status::fail, impact::direct,
-     "nvidia-fs and the NVIDIA driver disagree on the P2P page table version", "Rebuild nvidia-fs against this driver."},
+     "nvidia-fs and the NVIDIA driver disagree on the P2P page table version: every GPU buffer pin fails",
+     "Install an nvidia-fs release built for this driver series (rebuild it with dkms against the loaded driver)."},
+    {"kernel BUG at", status::fail, impact::direct,
+     "nvidia-fs crashed inside the kernel (BUG): its state is undefined until the next boot",
+     "Reboot; then fix the error logged just before the crash (often a pin failure); report the trace to NVIDIA."},
 };
 
 // cufile.log lines.
@@ -61,6 +65,19 @@ const pattern cufile_patterns[] = {
      "Use a plain NVMe partition or MD RAID0."},
     {"bar1 memory not available", status::fail, impact::direct, "no BAR1 space: only compat mode is possible",
      "Enable Resizable BAR / Above 4G Decoding."},
+    {"nvidia-fs MAP ioctl failed", status::fail, impact::direct,
+     "nvidia-fs could not pin the GPU buffer (the NVIDIA driver refused the P2P pin): cuFileBufRegister fails and IO "
+     "goes through host memory",
+     "On GeForce the stock driver refuses the pin (see gpu.class); check dmesg for nvidia_p2p errors."},
+    {"error allocating nvfs handle", status::fail, impact::direct,
+     "cuFileBufRegister could not get a buffer from nvidia-fs", "See the nvidia-fs lines of dmesg at the same time."},
+    {"GPUDirect Storage not supported on current file", status::fail, impact::direct,
+     "cuFile refused the direct path for this file (strict mode fails, compat mode bounces through host memory)",
+     "See the kernel and storage layers for the cause."},
+    {"pci_p2pdma not supported", status::warn, impact::none,
+     "CUDA reports no PCI P2PDMA for this GPU with the current driver settings (static BAR1 missing, or GPU/driver "
+     "too old): the P2PDMA route is unavailable",
+     "options nvidia NVreg_RegistryDwords=\"RMForceStaticBar1=1;RmForceDisableIomapWC=1;\" and reboot (see kernel.p2pdma)."},
 };
 
 void scan(const std::string& text, const std::string& source, const pattern* begin, const pattern* end,
@@ -83,7 +100,7 @@ void scan(const std::string& text, const std::string& source, const pattern* beg
 
 }  // namespace
 
-layer check_logs(system_root& root, facts& f) {
+layer check_logs(system_root&, facts& f) {
   layer out{"logs", "Logs (dmesg, cufile.log)", {}};
   {
     check c{"logs.dmesg", "Kernel log", status::ok, impact::none, "", {}, ""};
@@ -105,17 +122,24 @@ layer check_logs(system_root& root, facts& f) {
     }
   }
   {
-    auto log = root.command("cufile-log");
     check c{"logs.cufile", "cufile.log", status::ok, impact::none, "", {}, ""};
-    if (!log.ok()) {
+    if (!f.cufile_log_readable) {
       c.summary = "no cufile.log (run a cuFile program in this folder, or set CUFILE_LOGFILE_PATH)";
       out.checks.push_back(std::move(c));
     } else {
-      c.summary = fmt::format("{} line(s) read", split_lines(*log.text).size());
+      c.summary = fmt::format("{} line(s) read", split_lines(f.cufile_log).size());
       c.evidence.push_back({"commands/cufile-log.txt", 0, c.summary});
       out.checks.push_back(std::move(c));
-      scan(*log.text, "commands/cufile-log.txt", std::begin(cufile_patterns), std::end(cufile_patterns),
+      scan(f.cufile_log, "commands/cufile-log.txt", std::begin(cufile_patterns), std::end(cufile_patterns),
            "logs.cufile_error", out, false);
+      // The static checks call the P2PDMA route configured, libcufile's own probe says it is not: contradicting
+      // evidence, so the route is not proven.
+      for (auto& c : out.checks) {
+        if (c.title == "log: pci_p2pdma not supported" && f.route.p2pdma_ready) {
+          c.state = status::fail;
+          c.blocks = impact::direct;
+        }
+      }
     }
   }
   return out;

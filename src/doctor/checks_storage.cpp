@@ -85,6 +85,133 @@ std::string option_value(const std::string& opts, const std::string& key) {
 }
 
 
+// The whole-disk name of a partition ("nvme0n1p2" -> "nvme0n1", "sda1" -> "sda"); the name itself otherwise.
+std::string disk_of(const std::string& name) {
+  if (name.rfind("nvme", 0) == 0) {
+    const auto p = name.rfind('p');
+    if (p != std::string::npos && p > 4 && p + 1 < name.size() &&
+        std::all_of(name.begin() + static_cast<std::ptrdiff_t>(p + 1), name.end(), [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)); }))
+      return name.substr(0, p);
+    return name;
+  }
+  std::size_t end = name.size();
+  while (end > 0 && std::isdigit(static_cast<unsigned char>(name[end - 1]))) --end;
+  return end > 0 && end < name.size() && name.rfind("sd", 0) == 0 ? name.substr(0, end) : name;
+}
+
+struct judged_layers {
+  status state = status::ok;
+  std::string summary;
+  std::vector<source_ref> evidence;
+  std::string fix;
+};
+
+// The block layers between the file system and the NVMe devices, judged for the route a read takes: the
+// nvidia-fs route supports partitions, MD RAID0 (with the mdadm udev rule) and NVMe-oF over RDMA (with the
+// nvme_rdma hook); the PCI P2PDMA route supports partitions of local PCIe NVMe only (no RAID at all, no
+// NVMe-oF, no native NVMe multipath). device-mapper (LVM, dm-crypt, dm-multipath) and loop devices are on no route.
+judged_layers judge_block_layers(system_root& root, const facts& f, const std::vector<std::string>& chain, const std::vector<std::string>& leaves,
+                                 bool partition) {
+  judged_layers j;
+  const bool p2pdma = f.route.p2pdma();
+  const std::string route = p2pdma ? "the PCI P2PDMA route" : "the nvidia-fs route";
+  std::vector<std::string> layers, bad;
+  auto worse = [&](status st) {
+    auto rank = [](status x) { return x == status::fail ? 3 : x == status::unknown ? 2 : x == status::warn ? 1 : 0; };
+    if (rank(st) > rank(j.state)) j.state = st;
+  };
+  if (partition) layers.push_back("partition");
+  for (const auto& b : chain) {
+    const std::string base = "sys/block/" + b;
+    if (b.rfind("dm-", 0) == 0) {
+      auto uuid = root.read(base + "/dm/uuid", 4096);
+      auto name = root.read(base + "/dm/name", 4096);
+      const std::string u = uuid.ok() ? trim(*uuid.text) : "";
+      const std::string kind = u.rfind("LVM-", 0) == 0      ? "LVM (device-mapper)"
+                               : u.rfind("CRYPT-", 0) == 0  ? "dm-crypt (device-mapper)"
+                               : u.rfind("mpath-", 0) == 0  ? "dm-multipath (device-mapper)"
+                                                            : "device-mapper";
+      layers.push_back(fmt::format("{} {}", kind, name.ok() ? trim(*name.text) : b));
+      if (uuid.ok()) j.evidence.push_back({base + "/dm/uuid", 1, u});
+      bad.push_back(fmt::format("{} ({}) is on no GDS route: cuFile says \"Unsupported block device\"", kind, b));
+      worse(status::fail);
+    } else if (b.rfind("md", 0) == 0) {
+      auto level = root.read(base + "/md/level", 4096);
+      const std::string lv = level.ok() ? trim(*level.text) : "";
+      layers.push_back("MD " + (lv.empty() ? std::string("RAID (level unknown)") : lv));
+      if (level.ok()) j.evidence.push_back({base + "/md/level", 1, lv});
+      if (p2pdma) {
+        bad.push_back(fmt::format("MD RAID ({}) is not supported by the PCI P2PDMA route at all (x86)", b));
+        worse(status::fail);
+      } else if (lv.empty()) {
+        bad.push_back(fmt::format("the RAID level of {} is not known: only RAID0 is supported", b));
+        worse(status::unknown);
+      } else if (lv != "raid0") {
+        bad.push_back(fmt::format("{} is {}: GDS supports MD RAID0 only", b, lv));
+        worse(status::fail);
+      }
+    } else if (b.rfind("loop", 0) == 0) {
+      layers.push_back("loop");
+      bad.push_back("a loop device has no DMA to a real device");
+      worse(status::fail);
+    }
+  }
+  // NVMe transport of each NVMe leaf: the controller's transport file, else where its sysfs folder lives.
+  for (const auto& l : leaves) {
+    if (l.rfind("nvme", 0) != 0) continue;
+    const std::string disk = disk_of(l);
+    std::string transport;
+    if (auto t = root.read("sys/block/" + disk + "/device/transport", 256); t.ok()) {
+      transport = trim(*t.text);
+      j.evidence.push_back({"sys/block/" + disk + "/device/transport", 1, transport});
+    } else if (auto rp = root.real_path("sys/block/" + disk); rp.ok()) {
+      transport = rp.text->find("nvme-fabrics") != std::string::npos ? "fabrics" : !last_bdf_in(*rp.text).empty() ? "pcie" : "";
+    }
+    if (transport.empty() || transport == "pcie") continue;
+    layers.push_back(fmt::format("NVMe-oF ({}) {}", transport, disk));
+    if (p2pdma) {
+      bad.push_back(fmt::format("{} is NVMe over fabrics ({}): the PCI P2PDMA route does not support NVMe-oF", disk, transport));
+      worse(status::fail);
+    } else if (transport == "rdma" && f.route.nvme_rdma_hook) {
+      continue;
+    } else if (transport == "rdma") {
+      bad.push_back(fmt::format("{} is NVMe over RDMA but nvme_rdma exports no nvfs hook (MOFED/DOCA nvme-rdma with GDS "
+                                "support needed)", disk));
+      worse(status::fail);
+    } else {
+      bad.push_back(fmt::format("{} is NVMe over {}: only NVMe-oF over RDMA is supported (nvidia-fs route)", disk, transport));
+      worse(status::fail);
+    }
+  }
+  // Native NVMe multipath: the P2PDMA route needs it off.
+  if (p2pdma && std::any_of(leaves.begin(), leaves.end(), [](const std::string& l) { return l.rfind("nvme", 0) == 0; })) {
+    const std::string mp = "sys/module/nvme_core/parameters/multipath";
+    if (auto r = root.read(mp, 16); r.ok()) {
+      j.evidence.push_back({mp, 1, trim(*r.text)});
+      if (trim(*r.text) == "Y") {
+        bad.push_back("native NVMe multipath is on (nvme_core multipath=Y): the PCI P2PDMA route needs it off");
+        worse(status::fail);
+      }
+    } else {
+      bad.push_back("nvme_core multipath not known: the PCI P2PDMA route needs multipath=N");
+      worse(status::unknown);
+    }
+  }
+  const std::string shape = layers.empty() ? "no partition, RAID, LVM or NVMe-oF" : fmt::format("{}", fmt::join(layers, ", "));
+  if (bad.empty()) {
+    j.summary = fmt::format("{}: no block layer {} refuses", shape, route);
+  } else {
+    j.summary = fmt::format("{} on {}: {}", shape, route, fmt::join(bad, "; "));
+    j.fix = j.state == status::unknown
+                ? "Read the RAID level (/sys/block/<md>/md/level) or /sys/module/nvme_core/parameters/multipath."
+            : p2pdma ? "Put the data on a partition (or whole namespace) of a local PCIe NVMe without RAID or LVM, with "
+                       "options nvme_core multipath=N; or use the nvidia-fs route, which supports MD RAID0."
+                     : "Put the data on a plain NVMe partition or an MD RAID0 of NVMe (with the mdadm udev rule); "
+                       "device-mapper and other RAID levels are not supported.";
+  }
+  return j;
+}
+
 }  // namespace
 
 layer check_storage(system_root& root, facts& f, const std::string& path) {
@@ -140,7 +267,7 @@ layer check_storage(system_root& root, facts& f, const std::string& path) {
       c.fix = "Put the data on ext4 (data=ordered) or xfs on a local NVMe.";
     } else if (t == "nfs" || t == "nfs4" || t == "lustre" || t == "beegfs" || t == "gpfs" || t == "wekafs") {
       c.state = status::warn;
-      c.summary = t + ": distributed file system, needs its own GDS-enabled client";
+      c.summary = t + ": network file system, needs its own GDS-enabled client (see storage.network_fs)";
     } else {
       c.state = status::fail;
       c.summary = t + ": not supported by GDS (ext4 and xfs on NVMe are)";
@@ -149,9 +276,41 @@ layer check_storage(system_root& root, facts& f, const std::string& path) {
     out.checks.push_back(std::move(c));
   }
 
+  // A network file system has no local block device: its GDS client registers with nvidia-fs instead.
+  static const std::pair<const char*, const char*> network_fs[] = {
+      {"nfs", "rpcrdma"}, {"nfs4", "rpcrdma"}, {"lustre", "lnet"}, {"beegfs", "beegfs"}, {"gpfs", "mmfslinux"},
+      {"wekafs", "wekafsio"}};
+  for (const auto& [fs_type, client] : network_fs) {
+    if (mnt->fs_type != fs_type) continue;
+    check c{"storage.network_fs", "Network file system client", status::unknown, impact::direct, "", {}, ""};
+    const bool nfs = mnt->fs_type.rfind("nfs", 0) == 0;
+    const std::string opts = "," + mnt->super_options + "," + mnt->mount_options + ",";
+    auto m = root.read("proc/driver/nvidia-fs/modules");
+    const auto listed = m.ok() ? last_line_with(*m.text, std::string(client) + ":") : std::pair<int, std::string>{0, {}};
+    if (nfs && opts.find(",proto=rdma,") == std::string::npos) {
+      c.state = status::fail;
+      c.summary = "NFS over TCP: GDS needs NFS over RDMA (proto=rdma)";
+      c.evidence.push_back({"proc/self/mountinfo", mnt->line, mnt->super_options});
+      c.fix = "Mount with -o proto=rdma (with MOFED/DOCA nfsrdma, or the storage vendor's GDS client).";
+    } else if (!f.route.nvfs_loaded) {
+      c.state = status::fail;
+      c.summary = std::string(fs_type) + " reaches GPU memory only through nvidia-fs, which is not loaded";
+      c.fix = "Load nvidia-fs (see kernel.nvidia_fs).";
+    } else if (listed.first > 0) {
+      c.state = status::ok;
+      c.summary = fmt::format("{} client registered with nvidia-fs ({})", fs_type, client);
+      c.evidence.push_back({"proc/driver/nvidia-fs/modules", listed.first, listed.second});
+    } else {
+      c.summary = fmt::format("nvidia-fs does not list {} (yet): the {} client's registration is not shown", client, fs_type);
+      c.fix = fmt::format("Read /proc/driver/nvidia-fs/modules after a cuFile program used this mount; {} must appear.", client);
+    }
+    out.checks.push_back(std::move(c));
+    return out;
+  }
+
   // Block device chain, from maj:min through dm/md slaves to the physical devices.
   std::error_code ec;
-  auto blocks = root.list("sys/block", ec);
+  auto blocks = root.list("sys/block", ec, /*record_links=*/true);
   std::string top, part;  // whole-disk name of the mount's device, and the partition (if any)
   for (const auto& b : blocks) {
     auto d = root.read("sys/block/" + b + "/dev");
@@ -172,7 +331,7 @@ layer check_storage(system_root& root, facts& f, const std::string& path) {
   std::vector<std::string> leaves;
   std::vector<std::string> chain;
   {
-    check c{"storage.block_chain", "Block-device chain", status::ok, impact::direct, "", {}, ""};
+    check c{"storage.block_chain", "Block layers on the route", status::ok, impact::direct, "", {}, ""};
     if (top.empty()) {
       c.state = mnt->dev.rfind("0:", 0) == 0 ? status::fail : status::unknown;
       c.summary = mnt->dev.rfind("0:", 0) == 0 ? "no block device (virtual file system, dev " + mnt->dev + ")"
@@ -185,23 +344,24 @@ layer check_storage(system_root& root, facts& f, const std::string& path) {
         todo.pop_back();
         chain.push_back(b);
         std::error_code sec;
-        auto slaves = root.list("sys/block/" + b + "/slaves", sec);
+        auto slaves = root.list("sys/block/" + b + "/slaves", sec, /*record_links=*/true);
         if (slaves.empty()) leaves.push_back(b);
-        for (const auto& s : slaves) todo.push_back(s.rfind(b, 0) == 0 ? s : s);
+        for (const auto& sl : slaves) todo.push_back(sl);
       }
       c.evidence.push_back({"sys/block/" + top + "/dev", 1, mnt->dev});
-      c.summary = fmt::format("{}{} -> {}", part.empty() ? "" : part + " on ", top, fmt::join(chain, " -> "));
-      if (top.rfind("dm-", 0) == 0) {
-        c.state = status::fail;
-        c.summary += ": device-mapper (LVM, crypt) is not supported by GDS";
-        c.fix = "Use a plain NVMe partition or MD RAID0 for GDS data.";
-      } else if (top.rfind("md", 0) == 0) {
-        c.state = status::warn;
-        c.summary += ": MD RAID works for GDS only as RAID0 with the mdadm udev rule";
-      } else if (top.rfind("loop", 0) == 0) {
-        c.state = status::fail;
-        c.summary += ": loop device, no DMA to a real device";
+      for (const auto& l : leaves) {
+        // What else holds the devices under the file system (an array or volume using them too).
+        std::error_code hec;
+        auto holders = root.list("sys/block/" + disk_of(l) + "/holders", hec, /*record_links=*/true);
+        if (!holders.empty())
+          c.evidence.push_back({"sys/block/" + disk_of(l) + "/holders", 0, fmt::format("{} held by {}", disk_of(l), fmt::join(holders, ", "))});
       }
+      const std::string shape = fmt::format("{}{}", part.empty() ? "" : part + " on ", fmt::join(chain, " -> "));
+      const judged_layers j = judge_block_layers(root, f, chain, leaves, !part.empty());
+      c.state = j.state;
+      c.summary = shape + ": " + j.summary;
+      for (const auto& e : j.evidence) c.evidence.push_back(e);
+      c.fix = j.fix;
     }
     out.checks.push_back(std::move(c));
   }
@@ -270,6 +430,7 @@ layer check_storage(system_root& root, facts& f, const std::string& path) {
     out.checks.push_back(std::move(c));
   }
 
+  std::optional<bool> md_props;  // the udev entry carries what mdadm's rule imports
   {
     check c{"storage.udev_entry", "udev entry for the device", status::unknown, impact::cufile, "", {}, ""};
     const std::string rel = "run/udev/data/b" + mnt->dev;
@@ -283,6 +444,7 @@ layer check_storage(system_root& root, facts& f, const std::string& path) {
         c.state = status::ok;
         c.summary = "udev entry b" + mnt->dev + " has ID_FS_USAGE";
         c.evidence.push_back({rel, line, lines[static_cast<std::size_t>(line - 1)]});
+        md_props = std::any_of(lines.begin(), lines.end(), [](const std::string& l) { return l.rfind("E:MD_LEVEL=", 0) == 0; });
       } else {
         c.state = status::fail;
         c.summary = "udev entry b" + mnt->dev + " lacks ID_FS_USAGE: cuFileHandleRegister fails with 5027";
@@ -306,6 +468,18 @@ layer check_storage(system_root& root, facts& f, const std::string& path) {
       c.state = status::fail;
       c.summary = "virtual file system (dev " + mnt->dev + "): cuFile cannot register its files";
     }
+    out.checks.push_back(std::move(c));
+  }
+  if (top.rfind("md", 0) == 0 && !f.route.p2pdma() && md_props) {
+    // cuFile learns an MD array's members from the properties mdadm's udev rule imports (MD_LEVEL, MD_DEVICES).
+    check c{"storage.md_udev_rule", "mdadm udev rule", *md_props ? status::ok : status::fail, impact::direct, "", {}, ""};
+    c.evidence.push_back({"run/udev/data/b" + mnt->dev, 0, *md_props ? "E:MD_LEVEL present" : "no E:MD_LEVEL"});
+    c.summary = *md_props ? "the udev entry of " + top + " carries the mdadm properties"
+                          : "the udev entry of " + top + " has no MD_LEVEL: the mdadm udev rule did not run, so cuFile "
+                            "cannot see the array's NVMe members";
+    if (!*md_props)
+      c.fix = "Add IMPORT{program}=\"/usr/sbin/mdadm --detail --export $devnode\" to the md rules "
+              "(63-md-raid-arrays.rules), then udevadm trigger.";
     out.checks.push_back(std::move(c));
   }
   // The I/O profile transfers on this device start from (live systems only: it lives in this user's cache).

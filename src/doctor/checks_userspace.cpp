@@ -7,6 +7,7 @@
 #include "common/json_text.hpp"
 
 #include "doctor/checks.hpp"
+#include "doctor/json_input.hpp"
 
 namespace gdskit::doctor {
 namespace {
@@ -68,7 +69,6 @@ std::vector<std::string> find_libcufile(system_root& root) {
 }  // namespace
 
 void read_cufile_config(system_root& root, facts& f, layer& userspace) {
-  check c{"userspace.cufile_json", "cufile.json", status::ok, impact::none, "", {}, ""};
   std::string rel = "etc/cufile.json";
   if (root.live()) {
     const char* env = std::getenv("CUFILE_ENV_PATH_JSON");
@@ -76,19 +76,36 @@ void read_cufile_config(system_root& root, facts& f, layer& userspace) {
   }
   auto r = root.read(rel);
   if (!r.ok()) {
+    check c{"userspace.cufile_json", "cufile.json", status::ok, impact::none, "", {}, ""};
     c.summary = "no " + ("/" + rel) + ": cuFile uses its built-in defaults (allow_compat_mode true)";
     c.evidence.push_back({rel, 0, r.reason()});
     userspace.checks.push_back(std::move(c));
     return;
   }
-  json j = json::parse(*r.text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  check c = judge_cufile_json(*r.text, rel, f);
+  if (root.live()) {
+    const char* force = std::getenv("CUFILE_FORCE_COMPAT_MODE");
+    if (force != nullptr && std::string(force) == "true") {
+      c.state = status::fail;
+      c.blocks = impact::direct;
+      c.summary += "; CUFILE_FORCE_COMPAT_MODE=true in the environment";
+      c.fix = "Unset CUFILE_FORCE_COMPAT_MODE.";
+    }
+  }
+  userspace.checks.push_back(std::move(c));
+}
+
+check judge_cufile_json(const std::string& text, const std::string& rel, facts& f) {
+  check c{"userspace.cufile_json", "cufile.json", status::ok, impact::none, "", {}, ""};
+  std::string why;
+  json j = parse_json_bounded(text, /*comments=*/true, why);
   if (j.is_discarded() || !j.is_object()) {
+    if (why.empty()) why = "not a JSON object";
     c.state = status::warn;
-    c.summary = "/" + rel + " is not valid JSON: cuFile may refuse to start or ignore it";
-    c.evidence.push_back({rel, 0, "parse error"});
+    c.summary = "/" + rel + " is not usable JSON (" + why + "): cuFile may refuse to start or ignore it";
+    c.evidence.push_back({rel, 0, why});
     c.fix = "Restore a valid cufile.json (the packaged copy is /usr/local/cuda/gds/cufile.json).";
-    userspace.checks.push_back(std::move(c));
-    return;
+    return c;
   }
   f.cufile_json_read = true;
   f.use_pci_p2pdma = get_bool(j, {"properties", "use_pci_p2pdma"});
@@ -96,14 +113,14 @@ void read_cufile_config(system_root& root, facts& f, layer& userspace) {
   std::vector<std::string> warns;
   auto allow = get_bool(j, {"properties", "allow_compat_mode"});
   notes.push_back(fmt::format("allow_compat_mode {}", allow.value_or(true)));
-  if (int l = line_of(*r.text, "allow_compat_mode")) c.evidence.push_back({rel, l, fmt::format("allow_compat_mode: {}", allow.value_or(true))});
+  if (int l = line_of(text, "allow_compat_mode")) c.evidence.push_back({rel, l, fmt::format("allow_compat_mode: {}", allow.value_or(true))});
   notes.push_back(fmt::format("use_pci_p2pdma {}", f.use_pci_p2pdma.value_or(false)));
-  if (int l = line_of(*r.text, "use_pci_p2pdma")) c.evidence.push_back({rel, l, fmt::format("use_pci_p2pdma: {}", f.use_pci_p2pdma.value_or(false))});
+  if (int l = line_of(text, "use_pci_p2pdma")) c.evidence.push_back({rel, l, fmt::format("use_pci_p2pdma: {}", f.use_pci_p2pdma.value_or(false))});
   if (get_bool(j, {"properties", "force_compat_mode"}).value_or(false)) {
     c.state = status::fail;
     c.blocks = impact::direct;
     warns.push_back("force_compat_mode is true: every IO goes through host memory");
-    c.evidence.push_back({rel, line_of(*r.text, "force_compat_mode"), "force_compat_mode: true"});
+    c.evidence.push_back({rel, line_of(text, "force_compat_mode"), "force_compat_mode: true"});
   }
   if (auto pinned = get_u64(j, {"properties", "max_device_pinned_mem_size_kb"})) {
     notes.push_back(fmt::format("max_device_pinned_mem_size_kb {}", *pinned));
@@ -119,20 +136,21 @@ void read_cufile_config(system_root& root, facts& f, layer& userspace) {
   if (get_bool(j, {"fs", "generic", "posix_unaligned_writes"}).value_or(false))
     warns.push_back("fs.generic.posix_unaligned_writes true: unaligned writes go through POSIX");
   if (const json* deny = at_path(j, {"denylist"}); deny != nullptr && deny->is_object()) {
+    // cuFile knows five deny lists; a document with thousands of keys is named, not searched line by line.
+    std::size_t shown = 0, more = 0;
     for (auto it = deny->begin(); it != deny->end(); ++it) {
-      if (it.value().is_array() && !it.value().empty()) {
-        warns.push_back(fmt::format("denylist.{} = {}", it.key(), json_text(it.value(), -1)));
-        c.evidence.push_back({rel, line_of(*r.text, it.key()), fmt::format("denylist.{}: {}", it.key(), json_text(it.value(), -1))});
+      if (it.value().is_array() && !it.value().empty() && ++shown > 8) {
+        ++more;
+      } else if (it.value().is_array() && !it.value().empty()) {
+        // A deny list is a few names; a hostile one is cut so the report stays readable.
+        std::string value = json_text(it.value(), -1);
+        if (value.size() > 200) value = value.substr(0, 200) + "...";
+        std::string key = it.key().size() > 64 ? it.key().substr(0, 64) + "..." : it.key();
+        warns.push_back(fmt::format("denylist.{} = {}", key, value));
+        c.evidence.push_back({rel, line_of(text, it.key()), fmt::format("denylist.{}: {}", key, value)});
       }
     }
-  }
-  if (root.live()) {
-    const char* force = std::getenv("CUFILE_FORCE_COMPAT_MODE");
-    if (force != nullptr && std::string(force) == "true") {
-      c.state = status::fail;
-      c.blocks = impact::direct;
-      warns.push_back("CUFILE_FORCE_COMPAT_MODE=true in the environment");
-    }
+    if (more > 0) warns.push_back(fmt::format("{} more non-empty deny lists", more));
   }
   if (!warns.empty() && c.state == status::ok) c.state = status::warn;
   c.summary = fmt::format("/{}: {}", rel, fmt::join(notes, ", "));
@@ -140,7 +158,7 @@ void read_cufile_config(system_root& root, facts& f, layer& userspace) {
   if (c.state != status::ok)
     c.fix = "Edit /" + rel + ": remove force_compat_mode, empty the deny lists unless intended, keep "
             "max_device_cache_size_kb/per_buffer_cache_size_kb >= io_batchsize.";
-  userspace.checks.push_back(std::move(c));
+  return c;
 }
 
 void check_userspace(system_root& root, facts& f, layer& out) {
@@ -221,6 +239,36 @@ void check_userspace(system_root& root, facts& f, layer& out) {
       }
       out.checks.push_back(std::move(c));
     }
+  }
+
+  if (f.route.nvfs()) {
+    // libcufile reaches nvidia-fs through /dev/nvidia-fs*; a container (or a host without udev) can have the
+    // module loaded and no device nodes.
+    check c{"userspace.nvfs_devices", "nvidia-fs device nodes", status::unknown, impact::direct, "", {}, ""};
+    auto r = root.command("dev-nvidia-fs");
+    if (!r.ok()) {
+      c.summary = "the /dev/nvidia-fs* nodes were not recorded";
+      c.fix = "List them (ls /dev/nvidia-fs*), or capture again with this gdskit doctor.";
+    } else {
+      std::size_t n = 0;
+      for (const auto& l : split_lines(*r.text))
+        if (trim(l).rfind("nvidia-fs", 0) == 0) ++n;
+      c.evidence.push_back({"commands/dev-nvidia-fs.txt", 0, fmt::format("{} node(s)", n)});
+      if (n > 0) {
+        c.state = status::ok;
+        c.summary = fmt::format("{} /dev/nvidia-fs* node(s)", n);
+      } else {
+        c.state = status::fail;
+        c.summary = "nvidia-fs is loaded but /dev/nvidia-fs* is missing here: libcufile cannot reach it and runs in "
+                    "compat mode (and its error path closes the process's fd 0)";
+        c.fix = root.exists(".dockerenv") || root.exists("run/.containerenv")
+                    ? "Start the container with the nodes: --device /dev/nvidia-fs0 ... --device /dev/nvidia-fs15 (all "
+                      "of them), or the NVIDIA container toolkit's GDS option."
+                    : "Recreate the nodes (reload nvidia-fs: modprobe -r nvidia-fs && modprobe nvidia-fs) and check that "
+                      "udev runs.";
+      }
+    }
+    out.checks.push_back(std::move(c));
   }
 
   {

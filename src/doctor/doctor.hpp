@@ -9,6 +9,7 @@
 #include "doctor/probe.hpp"
 #include "doctor/report.hpp"
 #include "doctor/system_root.hpp"
+#include "doctor/tar_reader.hpp"
 
 namespace gdskit::doctor {
 
@@ -25,8 +26,10 @@ std::string default_path(system_root& root);
 std::string probe_fix(const std::string& id, int code, const std::string& device);
 
 /// Human-readable report: the verdict line first, then each layer with its checks, evidence and fixes.
-/// `colour` adds ANSI colours (only for a terminal).
-std::string render_text(const report& r, bool colour);
+/// `colour` adds ANSI colours (only for a terminal). Without `all_layers`, a machine with no usable NVIDIA GPU
+/// (no driver loaded, or no GPU known to it) gets a few lines instead: that first, the GPU checks that failed
+/// with their evidence and fix, and how to see the other layers.
+std::string render_text(const report& r, bool colour, bool all_layers = true);
 
 /// The report as JSON with stable keys (schema "gdskit.doctor/1"), pretty-printed.
 std::string render_json(const report& r);
@@ -35,6 +38,10 @@ std::string render_json(const report& r);
 /// gzip-compressed tar at `out`. Uses /bin/tar on a staging folder; the archive is written through the syscall
 /// seam. Returns an error code on failure (ENOSPC on a full disk), and then no file is left at `out`.
 std::error_code write_capture(const system_root& root, const std::string& path, const std::filesystem::path& out);
+/// The same, with `why` saying what failed in one phrase for a message ("cannot create it: the folder /x does not
+/// exist", "No space left on device").
+std::error_code write_capture(const system_root& root, const std::string& path, const std::filesystem::path& out,
+                              std::string& why);
 
 /// A fresh folder only this process uses (mkdtemp under $TMPDIR), removed with its contents at destruction.
 class private_folder {
@@ -51,10 +58,12 @@ class private_folder {
   std::error_code error_;
 };
 
-/// Unpacks a capture archive (.tar.gz from write_capture) into `dest`, an empty private folder. Refuses
-/// (EINVAL, `why` says what) archives with links or special files, absolute names, "..", more than 100000
-/// members or more than 512 MiB unpacked.
+/// Unpacks a capture archive (.tar.gz from write_capture) into `dest`, an empty private folder: gzip
+/// decompresses it (reading the archive as its standard input) and the tar stream is checked header by header
+/// as it is written out (tar_reader). Refuses (EINVAL, `why` says what) archives with links or special files,
+/// absolute names, "..", more members or more bytes than `limits` (100000, 512 MiB); on any error `dest` is
+/// left empty.
 std::error_code extract_capture(const std::filesystem::path& archive, const std::filesystem::path& dest,
-                                std::string& why);
+                                std::string& why, const tar_limits& limits = {});
 
 }  // namespace gdskit::doctor

@@ -221,13 +221,13 @@ child_outcome spawn_probe_child(const fs::path& exe, const std::string& mode, co
                                 const std::vector<int>& queue_depths, const std::vector<std::string>& env,
                                 const fs::path& scratch_dir, int timeout_s) {
   child_outcome out;
-  std::vector<std::string> args{exe.string(), "doctor", "--probe-child", mode, "--probe-file", file.string(),
-                                "--probe-bytes", std::to_string(bytes)};
+  // "--option=value": a file name that starts with '-' stays a value.
+  std::vector<std::string> args{exe.string(),         "doctor", "--probe-child=" + mode, "--probe-file=" + file.string(),
+                                "--probe-bytes=" + std::to_string(bytes)};
   if (!queue_depths.empty()) {
     std::string q;
     for (int d : queue_depths) q += (q.empty() ? "" : ",") + std::to_string(d);
-    args.push_back("--probe-qd");
-    args.push_back(q);
+    args.push_back("--probe-qd=" + q);
   }
   // Environment: ours, with the given entries replacing same-named ones.
   std::vector<std::string> envs;

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_text.hpp"
+#include "doctor/json_input.hpp"
 #include "doctor/probe.hpp"
 #include "gdskit/buffer.hpp"
 #include "gdskit/error.hpp"
@@ -185,7 +186,9 @@ std::optional<child_report> parse_child_report(const std::string& text, std::str
   std::size_t end = text.find('\n', at);
   std::string body = text.substr(at + marker.size(), end == std::string::npos ? std::string::npos : end - at - marker.size());
   try {
-    json j = json::parse(body);
+    std::string bad;
+    json j = parse_json_bounded(body, /*comments=*/false, bad);
+    if (!bad.empty()) throw std::runtime_error(bad);
     if (!j.is_object()) throw std::runtime_error("not an object");
     child_report c;
     c.mode = j.value("mode", std::string());

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_text.hpp"
+#include "tools/shell_text.hpp"
 
 #include "doctor/doctor.hpp"
 
@@ -50,32 +51,72 @@ json counts_json(const std::optional<io_path_counts>& c) {
 
 }  // namespace
 
-std::string render_text(const report& r, bool colour) {
+namespace {
+
+// The failed checks that mean no NVIDIA GPU can be used at all (no driver, or none known to it).
+std::vector<const check*> no_gpu_checks(const report& r) {
+  std::vector<const check*> out;
+  if (r.probe && r.probe->ran) return out;
+  for (const auto& l : r.layers)
+    if (l.id == "gpu")
+      for (const auto& c : l.checks)
+        if ((c.id == "gpu.driver" || c.id == "gpu.devices") && c.state == status::fail) out.push_back(&c);
+  return out;
+}
+
+}  // namespace
+
+std::string render_text(const report& r, bool colour, bool all_layers) {
+  // Every string below can hold bytes of a captured file or a path: escaped, so a hostile root cannot send
+  // escape sequences or bell characters to the terminal (the only escapes written are our colours).
+  const auto& safe = printable;
   std::string out;
+  if (const auto missing = no_gpu_checks(r); !all_layers && !missing.empty()) {
+    const char* red = colour ? "\x1b[1;31m" : "";
+    const char* off = colour ? "\x1b[0m" : "";
+    out += fmt::format("{}No usable NVIDIA GPU here: GPUDirect Storage (and cuFile) cannot work.{}\n", red, off);
+    for (const check* c : missing) {
+      out += fmt::format("  {}: {}\n", safe(c->id), safe(c->summary));
+      if (!c->fix.empty()) out += fmt::format("    fix: {}\n", safe(c->fix));
+    }
+    std::size_t others = 0;
+    for (const auto& l : r.layers) others += l.id != "gpu";
+    out += "gdskit still reads and writes files here, through host memory.\n";
+    // What that I/O starts from on this device (live systems only).
+    for (const auto& l : r.layers)
+      for (const auto& c : l.checks)
+        if (c.id == "storage.profile") out += fmt::format("  {}: {}\n", safe(c.id), safe(c.summary));
+    out += fmt::format("root {}  path {}; `gdskit doctor --all` shows the {} other layers\n", safe(r.root), safe(r.path),
+                       others);
+    if (r.probe) out += fmt::format("live probe: not run ({})\n", safe(r.probe->skipped_reason));
+    return out;
+  }
   const char* bold = colour ? "\x1b[1m" : "";
   const char* reset = colour ? "\x1b[0m" : "";
   const char* vcol = !colour ? ""
                      : r.result.kind == verdict_kind::true_gds ? "\x1b[1;32m"
-                     : r.result.kind == verdict_kind::compat_only ? "\x1b[1;33m"
+                     : r.result.kind == verdict_kind::compat_only || r.result.kind == verdict_kind::not_proven
+                         ? "\x1b[1;33m"
                                                                    : "\x1b[1;31m";
-  out += fmt::format("{}{}{}\n", vcol, r.result.line, reset);
-  out += fmt::format("root {}  path {}\n", r.root, r.path);
+  out += fmt::format("{}{}{}\n", vcol, safe(r.result.line), reset);
+  out += fmt::format("root {}  path {}\n", safe(r.root), safe(r.path));
   if (!r.result.reasons.empty()) {
     out += "why not GDS:\n";
-    for (const auto& why : r.result.reasons) out += "  - " + why + "\n";
+    for (const auto& why : r.result.reasons) out += "  - " + safe(why) + "\n";
   }
   for (const auto& l : r.layers) {
-    out += fmt::format("\n{} {}{}{}\n", tag(l.state(), colour), bold, l.title, reset);
+    out += fmt::format("\n{} {}{}{}\n", tag(l.state(), colour), bold, safe(l.title), reset);
     for (const auto& c : l.checks) {
-      out += fmt::format("  {} {:<24} {}\n", tag(c.state, colour), c.id, c.summary);
+      out += fmt::format("  {} {:<24} {}\n", tag(c.state, colour), safe(c.id), safe(c.summary));
       for (const auto& e : c.evidence) {
-        if (e.line > 0) out += fmt::format("          evidence: {}:{}: {}\n", e.file, e.line, e.text);
-        else out += fmt::format("          evidence: {}: {}\n", e.file, e.text);
+        if (e.line > 0) out += fmt::format("          evidence: {}:{}: {}\n", safe(e.file), e.line, safe(e.text));
+        else out += fmt::format("          evidence: {}: {}\n", safe(e.file), safe(e.text));
       }
-      if (!c.fix.empty() && c.state != status::ok) out += fmt::format("          fix: {}\n", c.fix);
+      if (!c.fix.empty() && c.state != status::ok)
+        out += fmt::format("          {}: {}\n", c.state == status::unknown ? "to prove" : "fix", safe(c.fix));
     }
   }
-  if (r.probe && !r.probe->ran) out += fmt::format("\nlive probe: not run ({})\n", r.probe->skipped_reason);
+  if (r.probe && !r.probe->ran) out += fmt::format("\nlive probe: not run ({})\n", safe(r.probe->skipped_reason));
   return out;
 }
 

@@ -40,15 +40,18 @@ struct layer {
   status state() const;
 };
 
-enum class verdict_kind { true_gds, compat_only, unusable };
+/// true_gds: every requirement on the route is met. not_proven: nothing fails, but a requirement could not be
+/// read or the evidence contradicts itself (the report says what would prove it). compat_only: cuFile runs,
+/// through host memory. unusable: cuFile cannot run here.
+enum class verdict_kind { true_gds, not_proven, compat_only, unusable };
 std::string_view to_string(verdict_kind v) noexcept;
 
 struct verdict {
   verdict_kind kind = verdict_kind::unusable;
   /// One line: "true GDS (P2P DMA) works", "cuFile works only in compat mode: first failing layer kernel
-  /// (nvidia-fs not loaded)", ...
+  /// (nvidia-fs not loaded)", "GDS not proven: layer kernel (...); to prove it: ...", ...
   std::string line;
-  std::string first_failing_layer;  // empty for true GDS
+  std::string first_failing_layer;  // empty for true GDS; for not_proven, the first layer not proven
   /// The failed checks, bottom layer first, as "kernel.nvidia_fs: nvidia-fs not loaded".
   std::vector<std::string> reasons;
   /// true when a live probe confirmed the verdict; false when it rests on static checks only.

@@ -2,7 +2,10 @@
 
 #include "posix/bounded_read.hpp"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -46,10 +49,107 @@ fs::path system_root::abs(const std::string& rel) const {
 
 namespace {
 
+read_result from_bounded(bounded_text b) { return {std::move(b.text), b.error, b.capped, std::move(b.why)}; }
+
 read_result read_limited(const fs::path& p, std::size_t max_bytes, bool tail = false) {
-  auto b = read_bounded(p, max_bytes, tail);
-  return {std::move(b.text), b.error, b.capped, std::move(b.why)};
+  return from_bounded(read_bounded(p, max_bytes, tail));
 }
+
+// At most this many symbolic links are followed while one path is resolved (the kernel's own limit).
+constexpr int max_link_hops = 40;
+
+std::vector<std::string> path_parts(std::string_view p) {
+  std::vector<std::string> out;
+  std::size_t i = 0;
+  while (i < p.size()) {
+    auto j = p.find('/', i);
+    if (j == std::string_view::npos) j = p.size();
+    if (j > i && p.substr(i, j - i) != ".") out.emplace_back(p.substr(i, j - i));
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+posix::unique_fd open_in_root(const fs::path& root, const std::string& rel, int flags, std::error_code& ec,
+                              std::string& why) {
+  ec.clear();
+  why.clear();
+  std::vector<posix::unique_fd> dirs;  // dirs[0] is the root, dirs.back() the folder reached so far
+  dirs.emplace_back(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!dirs.back()) {
+    ec = std::error_code(errno, std::generic_category());
+    return {};
+  }
+  std::vector<std::string> todo = path_parts(rel);
+  std::reverse(todo.begin(), todo.end());  // a stack: the next component is at the back
+  int hops = 0;
+  auto refuse = [&](std::string text) {
+    ec = std::make_error_code(std::errc::permission_denied);
+    why = std::move(text);
+    return posix::unique_fd{};
+  };
+  if (todo.empty()) {
+    posix::unique_fd fd(::openat(dirs.back().get(), ".", flags | O_CLOEXEC));
+    if (!fd) ec = std::error_code(errno, std::generic_category());
+    return fd;
+  }
+  while (!todo.empty()) {
+    const std::string name = std::move(todo.back());
+    todo.pop_back();
+    if (name == "..") {
+      if (dirs.size() == 1) return refuse("a link in the root leads outside it");
+      dirs.pop_back();
+      continue;
+    }
+    posix::unique_fd node(::openat(dirs.back().get(), name.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+    if (!node) {
+      ec = std::error_code(errno, std::generic_category());
+      return {};
+    }
+    struct stat st {};
+    if (::fstat(node.get(), &st) != 0) {
+      ec = std::error_code(errno, std::generic_category());
+      return {};
+    }
+    if (S_ISLNK(st.st_mode)) {
+      if (++hops > max_link_hops) {
+        ec = std::make_error_code(std::errc::too_many_symbolic_link_levels);
+        return {};
+      }
+      std::string target(4096, '\0');
+      const ssize_t n = ::readlinkat(node.get(), "", target.data(), target.size());
+      if (n < 0 || static_cast<std::size_t>(n) >= target.size()) {
+        ec = n < 0 ? std::error_code(errno, std::generic_category()) : std::make_error_code(std::errc::filename_too_long);
+        return {};
+      }
+      target.resize(static_cast<std::size_t>(n));
+      // An absolute link names the machine that holds the capture, never the captured one.
+      if (target.empty() || target[0] == '/') return refuse("a link in the root leads outside it");
+      auto parts = path_parts(target);
+      for (auto it = parts.rbegin(); it != parts.rend(); ++it) todo.push_back(*it);
+      continue;
+    }
+    if (todo.empty()) {
+      // The last component, opened for real; O_NOFOLLOW: a link put there since the check is refused.
+      posix::unique_fd fd(::openat(dirs.back().get(), name.c_str(), flags | O_NOFOLLOW | O_CLOEXEC));
+      if (!fd) ec = std::error_code(errno, std::generic_category());
+      return fd;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+      ec = std::make_error_code(std::errc::not_a_directory);
+      return {};
+    }
+    dirs.push_back(std::move(node));
+  }
+  // The path ended in ".." or a link to a folder: open the folder reached.
+  posix::unique_fd fd(::openat(dirs.back().get(), ".", flags | O_CLOEXEC));
+  if (!fd) ec = std::error_code(errno, std::generic_category());
+  return fd;
+}
+
+namespace {
 
 // Runs a program with its stderr folded into stdout; error when it cannot start or exits non-zero.
 read_result run_program(const std::string& cmdline) {
@@ -69,6 +169,13 @@ read_result run_program(const std::string& cmdline) {
   return {std::move(out), {}};
 }
 
+// The first of `candidates` (absolute paths) that can be run; nullptr when none.
+const char* program_path(std::initializer_list<const char*> candidates) {
+  for (const char* p : candidates)
+    if (::access(p, X_OK) == 0) return p;
+  return nullptr;
+}
+
 bool program_exists(const char* name) {
   const char* path = std::getenv("PATH");
   std::stringstream ss(path != nullptr ? path : "/usr/bin:/bin:/usr/sbin:/sbin");
@@ -85,8 +192,21 @@ void system_root::note_capped(const std::string& rel) {
   if (std::find(capped_.begin(), capped_.end(), rel) == capped_.end()) capped_.push_back(rel);
 }
 
+posix::unique_fd system_root::open_file(const std::string& rel, read_result& failed) const {
+  std::error_code ec;
+  std::string why;
+  posix::unique_fd fd = open_in_root(root_, rel, O_RDONLY | O_NONBLOCK | O_NOCTTY, ec, why);
+  if (!fd) failed = {std::nullopt, ec, false, std::move(why)};
+  return fd;
+}
+
 read_result system_root::read(const std::string& rel, std::size_t max_bytes) {
-  auto r = read_limited(abs(rel), max_bytes);
+  read_result r;
+  if (live_) {
+    r = read_limited(abs(rel), max_bytes);
+  } else if (posix::unique_fd fd = open_file(rel, r)) {
+    r = from_bounded(read_bounded(std::move(fd), max_bytes));
+  }
   if (r.ok()) recorded_[rel] = *r.text;
   if (r.capped) note_capped(rel);
   return r;
@@ -94,7 +214,7 @@ read_result system_root::read(const std::string& rel, std::size_t max_bytes) {
 
 read_result system_root::grep(const std::string& rel, const std::vector<std::string>& needles) {
   std::string out;
-  auto b = scan_lines_bounded(abs(rel), max_scan_bytes, max_line_bytes, [&](std::string_view line) {
+  auto on_line = [&](std::string_view line) {
     for (const auto& n : needles) {
       if (line.find(n) != std::string_view::npos) {
         // Matching lines are few (symbols of a handful of modules); a file of nothing but matches is capped too.
@@ -105,21 +225,73 @@ read_result system_root::grep(const std::string& rel, const std::vector<std::str
         break;
       }
     }
-  });
+  };
+  bounded_text b;
+  if (live_) {
+    b = scan_lines_bounded(abs(rel), max_scan_bytes, max_line_bytes, on_line);
+  } else {
+    read_result failed;
+    posix::unique_fd fd = open_file(rel, failed);
+    if (!fd) return failed;
+    b = scan_lines_bounded(std::move(fd), max_scan_bytes, max_line_bytes, on_line);
+  }
   if (!b.ok()) return {std::nullopt, b.error, false, std::move(b.why)};
   if (b.capped) note_capped(rel);
   recorded_[rel] = out;
   return {std::move(out), {}, b.capped, {}};
 }
 
-std::vector<std::string> system_root::list(const std::string& rel, std::error_code& ec) {
+std::vector<std::string> system_root::list(const std::string& rel, std::error_code& ec, bool record_links) {
   std::vector<std::string> names;
   ec.clear();
+  // Folders of links (sysfs slaves and holders) are kept in a capture as one X.link file per entry.
+  constexpr std::size_t max_recorded_links = 4096;
+  std::size_t recorded_links = 0;
+  if (!live_) {
+    std::string why;
+    posix::unique_fd fd = open_in_root(root_, rel, O_RDONLY | O_DIRECTORY, ec, why);
+    if (!fd) return names;
+    DIR* d = ::fdopendir(fd.get());
+    if (d == nullptr) {
+      ec = std::error_code(errno, std::generic_category());
+      return names;
+    }
+    fd.release();  // closedir closes it
+    // A folder of a hostile root can hold millions of entries: the checks never need more than these.
+    constexpr std::size_t max_entries = 100000;
+    std::vector<std::string> links;
+    while (const dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n == "." || n == "..") continue;
+      if (names.size() >= max_entries) break;
+      // "X.link" stands for the link X of the captured machine.
+      if (n.size() > 5 && n.compare(n.size() - 5, 5, ".link") == 0) {
+        links.push_back(n);
+        n.resize(n.size() - 5);
+      }
+      names.push_back(std::move(n));
+    }
+    ::closedir(d);
+    if (record_links) {
+      for (const auto& l : links) {
+        if (++recorded_links > max_recorded_links) break;
+        (void)read(rel + "/" + l, 4096);
+      }
+    }
+    std::sort(names.begin(), names.end());
+    names.erase(std::unique(names.begin(), names.end()), names.end());
+    return names;
+  }
   fs::directory_iterator it(abs(rel), ec);
   if (ec) return names;
   for (; it != fs::directory_iterator(); it.increment(ec)) {
     if (ec) break;
     names.push_back(it->path().filename().string());
+    if (record_links && it->is_symlink() && ++recorded_links <= max_recorded_links) {
+      std::error_code lec;
+      const auto target = fs::read_symlink(it->path(), lec);
+      if (!lec) recorded_[rel + "/" + names.back() + ".link"] = target.string() + "\n";
+    }
   }
   std::sort(names.begin(), names.end());
   return names;
@@ -127,12 +299,17 @@ std::vector<std::string> system_root::list(const std::string& rel, std::error_co
 
 bool system_root::exists(const std::string& rel) const {
   std::error_code ec;
+  if (!live_) {
+    std::string why;
+    return static_cast<bool>(open_in_root(root_, rel, O_PATH, ec, why)) ||
+           static_cast<bool>(open_in_root(root_, rel + ".link", O_PATH, ec, why));
+  }
   return fs::exists(fs::symlink_status(abs(rel), ec));
 }
 
 read_result system_root::link_target(const std::string& rel) {
   if (!live_) {
-    auto r = read_limited(abs(rel + ".link"), 4096);
+    auto r = read(rel + ".link", 4096);
     if (r.ok()) {
       *r.text = trim(*r.text);
       recorded_[rel + ".link"] = *r.text + "\n";
@@ -148,7 +325,7 @@ read_result system_root::link_target(const std::string& rel) {
 
 read_result system_root::real_path(const std::string& rel) {
   if (!live_) {
-    auto r = read_limited(abs(rel + "/realpath.txt"), 4096);
+    auto r = read(rel + "/realpath.txt", 4096);
     if (r.ok()) {
       *r.text = trim(*r.text);
       recorded_[rel + "/realpath.txt"] = *r.text + "\n";
@@ -209,6 +386,29 @@ read_result system_root::live_command(const std::string& name) {
     std::string out;
     for (auto& n : names) out += n + "\n";
     return {std::move(out), {}};
+  }
+  if (name == "dev-nvidia-fs") {
+    auto names = list("dev", ec);
+    if (ec) return {std::nullopt, ec};
+    std::string out;
+    for (auto& n : names)
+      if (n.rfind("nvidia-fs", 0) == 0) out += n + "\n";
+    return {std::move(out), {}};
+  }
+  if (name == "modinfo-nvidia-fs" || name == "modinfo-nvidia") {
+    const char* prog = program_path({"/sbin/modinfo", "/usr/sbin/modinfo", "/usr/bin/modinfo"});
+    if (prog == nullptr) return {std::nullopt, std::make_error_code(std::errc::no_such_file_or_directory)};
+    return run_program(std::string(prog) + (name == "modinfo-nvidia" ? " nvidia" : " nvidia-fs"));
+  }
+  if (name == "dkms-status") {
+    const char* prog = program_path({"/usr/sbin/dkms", "/sbin/dkms", "/usr/bin/dkms"});
+    if (prog == nullptr) return {std::nullopt, std::make_error_code(std::errc::no_such_file_or_directory)};
+    return run_program(std::string(prog) + " status");
+  }
+  if (name == "mokutil-sb-state") {
+    const char* prog = program_path({"/usr/bin/mokutil", "/bin/mokutil", "/usr/sbin/mokutil"});
+    if (prog == nullptr) return {std::nullopt, std::make_error_code(std::errc::no_such_file_or_directory)};
+    return run_program(std::string(prog) + " --sb-state");
   }
   if (name == "ls-sys-bus-pci-devices") {
     auto names = list("sys/bus/pci/devices", ec);

@@ -10,6 +10,8 @@
 #include <system_error>
 #include <vector>
 
+#include "posix/syscalls.hpp"
+
 namespace gdskit::doctor {
 
 /// Text of one file or command output, or why it could not be read. Never throws.
@@ -50,9 +52,11 @@ class system_root {
   /// Reads a file and keeps only lines containing one of `needles`; only those lines are recorded
   /// (how /proc/kallsyms, many MiB, is read and captured). At most max_scan_bytes are scanned.
   read_result grep(const std::string& rel, const std::vector<std::string>& needles);
-  /// Entry names of a folder, sorted; error when absent or unreadable.
-  std::vector<std::string> list(const std::string& rel, std::error_code& ec);
-  /// Whether a path exists (recorded as a listing of its parent would be too much; not recorded).
+  /// Entry names of a folder, sorted; error when absent or unreadable. In a capture an entry "X.link" is the
+  /// link X of the captured machine and is listed as X. With `record_links`, every entry that is a link is
+  /// recorded as "<rel>/X.link" holding its target (how sysfs slaves and holders folders reach a capture).
+  std::vector<std::string> list(const std::string& rel, std::error_code& ec, bool record_links = false);
+  /// Whether a path (or, in a capture, the link X.link standing for it) exists; not recorded.
   bool exists(const std::string& rel) const;
   /// Target of a symlink (live: readlink; capture: the text of <rel>.link).
   read_result link_target(const std::string& rel);
@@ -78,6 +82,8 @@ class system_root {
 
  private:
   std::filesystem::path abs(const std::string& rel) const;
+  // A captured file opened inside the root (open_in_root); on failure sets `failed` and returns no fd.
+  posix::unique_fd open_file(const std::string& rel, read_result& failed) const;
   read_result live_command(const std::string& name);
 
   std::filesystem::path root_;
@@ -86,6 +92,13 @@ class system_root {
   std::vector<std::string> capped_;
   void note_capped(const std::string& rel);
 };
+
+/// Opens `rel` under the folder `root` as the captured machine would see it: every component is resolved
+/// inside `root` (".." stops at it), symbolic links are followed only while they stay inside (a relative target
+/// that climbs above `root`, or any absolute target, is refused with EACCES and `why` saying so), at most 40 of
+/// them. The last component is opened with `flags` | O_NOFOLLOW | O_CLOEXEC. Returns no fd with `ec` set on failure.
+posix::unique_fd open_in_root(const std::filesystem::path& root, const std::string& rel, int flags, std::error_code& ec,
+                              std::string& why);
 
 /// Splits text into lines (no trailing '\n'; a final line without newline is kept).
 std::vector<std::string> split_lines(const std::string& text);

@@ -79,12 +79,15 @@ verdict decide(const std::vector<layer>& layers, const std::optional<probe_resul
     v.kind = verdict_kind::compat_only;
     v.line = fmt::format("cuFile works only in compat mode: first failing layer {}", describe(direct_block));
   } else if (unknown_block) {
-    v.kind = verdict_kind::compat_only;
+    // Nothing fails, but a requirement is unread or contradicted: "GDS works" would be a guess.
+    v.kind = verdict_kind::not_proven;
     v.first_failing_layer = unknown_block.l->id;
-    v.reasons.push_back(fmt::format("{}: unknown: {}", unknown_block.c->id, unknown_block.c->summary));
-    v.line = fmt::format("cuFile works only in compat mode at best: true GDS not confirmed, layer {} could not be "
-                         "checked ({})",
-                         unknown_block.l->id, unknown_block.c->summary);
+    for (const auto& l : layers)
+      for (const auto& c : l.checks)
+        if (c.state == status::unknown && c.blocks != impact::none)
+          v.reasons.push_back(fmt::format("{}: not proven: {}", c.id, c.summary));
+    v.line = fmt::format("GDS not proven: layer {} ({})", unknown_block.l->id, unknown_block.c->summary);
+    if (!unknown_block.c->fix.empty()) v.line += "; to prove it: " + unknown_block.c->fix;
   } else {
     v.kind = verdict_kind::true_gds;
     v.line = "true GDS (P2P DMA) works (static checks; not proven by a live probe)";

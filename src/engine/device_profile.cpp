@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -12,10 +14,13 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <new>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/json_bounded.hpp"
 #include "common/json_text.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
@@ -153,10 +158,9 @@ std::filesystem::path profile_path(const std::filesystem::path& dir, const devic
 
 namespace {
 
-// The JSON object of a profile file made for `id` (tuned or learned: both carry "version" and "device"), or
-// nothing with `why` set. Never throws.
-std::optional<nlohmann::json> read_profile_file(const std::filesystem::path& file, const device_identity& id,
-                                                int version, std::string& why) {
+// The text of a profile file (tuned or learned), or nothing with `why` set ("" when there is no file). Never
+// throws. A profile sizes threads and pinned memory, so only a file this user controls counts.
+std::optional<std::string> read_profile_text(const std::filesystem::path& file, std::string& why) {
   struct stat st {};
   if (::lstat(file.c_str(), &st) != 0) {
     why = errno == ENOENT ? "" : fmt::format("unreadable: {}", std::strerror(errno));
@@ -187,6 +191,16 @@ std::optional<nlohmann::json> read_profile_file(const std::filesystem::path& fil
     why = "ignored: not a small regular file";
     return std::nullopt;
   }
+  // Checked on the open file, so a swap after the checks above cannot slip another user's file in.
+  if (fst.st_uid != ::geteuid()) {
+    why = fmt::format("ignored: owned by uid {}, not by this user (uid {})", fst.st_uid, ::geteuid());
+    return std::nullopt;
+  }
+  if ((fst.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    why = fmt::format("ignored: writable by {} (mode {:04o}; chmod go-w to use it)",
+                      (fst.st_mode & S_IWOTH) != 0 ? "others" : "its group", fst.st_mode & 07777);
+    return std::nullopt;
+  }
   std::string text(static_cast<std::size_t>(fst.st_size), '\0');
   const std::size_t got = posix::pread_full(fd.get(), text.data(), text.size(), 0, ec);
   if (ec) {
@@ -194,18 +208,33 @@ std::optional<nlohmann::json> read_profile_file(const std::filesystem::path& fil
     return std::nullopt;
   }
   text.resize(got);
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    why = "ignored: not valid JSON";
+  return text;
+}
+
+// The JSON object of a profile's text made for `id` (tuned or learned: both carry "version" and "device"), or
+// nothing with `why` set. Nesting is bounded while parsing, so nothing later walks a deep value. Never throws.
+std::optional<nlohmann::json> check_profile_text(std::string_view text, const device_identity& id, int version,
+                                                 std::string& why) {
+  std::string parse_why;
+  std::optional<nlohmann::json> j;
+  try {
+    j = parse_json_bounded<nlohmann::json>(text, k_profile_max_json_depth, parse_why);
+  } catch (const std::bad_alloc&) {
+    parse_why = "out of memory";
+  }
+  if (!j || !j->is_object()) {
+    // The parser's own message may quote bytes of the file; only the depth is worth naming.
+    const bool deep = parse_why.find("nested more than") != std::string::npos;
+    why = deep ? "ignored: JSON " + parse_why : "ignored: not valid JSON";
     return std::nullopt;
   }
-  auto v = j.find("version");
-  if (v == j.end() || !v->is_number_integer() || v->get<std::int64_t>() != version) {
+  auto v = j->find("version");
+  if (v == j->end() || !v->is_number_integer() || v->get<std::int64_t>() != version) {
     why = fmt::format("ignored: version is not {}", version);
     return std::nullopt;
   }
-  auto dev = j.find("device");
-  if (dev == j.end() || !dev->is_object() || !dev->contains("key") || !(*dev)["key"].is_string() ||
+  auto dev = j->find("device");
+  if (dev == j->end() || !dev->is_object() || !dev->contains("key") || !(*dev)["key"].is_string() ||
       (*dev)["key"].get<std::string>() != id.key) {
     why = "ignored: made for another device";
     return std::nullopt;
@@ -217,6 +246,20 @@ nlohmann::json device_json(const device_identity& id) { return {{"key", id.key},
 
 }  // namespace
 
+io_shape clamp_to_limits(io_shape shape, const adaptive_limits& limits, std::string& note) {
+  note.clear();
+  const io_shape in = shape;
+  shape.depth = std::clamp(shape.depth, limits.min_depth, std::max(limits.min_depth, limits.max_depth));
+  shape.request_bytes = std::clamp(shape.request_bytes, limits.min_request_bytes,
+                                   std::max(limits.min_request_bytes, limits.max_request_bytes));
+  if (shape.depth != in.depth) note = fmt::format("depth {} held to {}", in.depth, shape.depth);
+  if (shape.request_bytes != in.request_bytes) {
+    note += fmt::format("{}{} held to {}", note.empty() ? "" : ", ", format_size(in.request_bytes),
+                        format_size(shape.request_bytes));
+  }
+  return shape;
+}
+
 std::string utc_now_iso() {
   const std::time_t t = std::time(nullptr);
   std::tm tm {};
@@ -226,19 +269,45 @@ std::string utc_now_iso() {
   return buf;
 }
 
+namespace {
+
+// `parse` of the text of `file`; without a usable file, a Result whose reason is `absent` (there is no file) or
+// `kind` and why the file is not used.
+template <typename Result, typename Parse>
+Result load_text(const std::filesystem::path& file, std::string_view absent, std::string_view kind, Parse&& parse) {
+  std::string why;
+  if (const auto text = read_profile_text(file, why)) return parse(*text);
+  Result out;
+  out.reason = why.empty() ? std::string(absent) : fmt::format("{} {}", kind, why);
+  return out;
+}
+
+}  // namespace
+
 profile_result load_profile(const std::filesystem::path& file, const device_identity& id) {
+  return load_text<profile_result>(file, "no profile (run gdskit tune)", "profile",
+                                   [&](std::string_view text) { return parse_profile(text, id); });
+}
+
+profile_result parse_profile(std::string_view text, const device_identity& id) {
   profile_result out;
   std::string why;
-  const auto j = read_profile_file(file, id, device_profile::k_version, why);
+  const auto j = check_profile_text(text, id, device_profile::k_version, why);
   if (!j) {
-    out.reason = why.empty() ? "no profile (run gdskit tune)" : "profile " + why;
+    out.reason = "profile " + why;
     return out;
   }
   device_profile p;
   p.device = id;
   if (auto c = j->find("created"); c != j->end() && c->is_string()) p.created = c->get<std::string>().substr(0, 40);
-  why = read_shape(j->value("read", nlohmann::json()), "read", p.read, p.read_gib_per_s);
-  if (why.empty()) why = read_shape(j->value("write", nlohmann::json()), "write", p.write, p.write_gib_per_s);
+  // By reference: nothing of the file's value is copied or walked beyond what a shape needs.
+  static const nlohmann::json none;
+  auto member = [&](const char* key) -> const nlohmann::json& {
+    auto it = j->find(key);
+    return it == j->end() ? none : *it;
+  };
+  why = read_shape(member("read"), "read", p.read, p.read_gib_per_s);
+  if (why.empty()) why = read_shape(member("write"), "write", p.write, p.write_gib_per_s);
   if (!why.empty()) {
     out.reason = "profile ignored: " + why;
     return out;
@@ -296,11 +365,16 @@ std::string learned_key(io_dir dir, bool staged) {
 }
 
 learned_result load_learned(const std::filesystem::path& file, const device_identity& id) {
+  return load_text<learned_result>(file, "nothing learned yet", "learned profile",
+                                   [&](std::string_view text) { return parse_learned(text, id); });
+}
+
+learned_result parse_learned(std::string_view text, const device_identity& id) {
   learned_result out;
   std::string why;
-  const auto j = read_profile_file(file, id, learned_profile::k_version, why);
+  const auto j = check_profile_text(text, id, learned_profile::k_version, why);
   if (!j) {
-    out.reason = why.empty() ? "nothing learned yet" : "learned profile " + why;
+    out.reason = "learned profile " + why;
     return out;
   }
   auto shapes = j->find("shapes");

@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/adaptive.hpp"
@@ -45,6 +46,21 @@ struct device_profile {
 
 /// Profile files larger than this are not read.
 inline constexpr std::size_t k_profile_max_bytes = std::size_t{1} << 20;
+/// Profile files nested deeper than this are not read (the format needs 3: "shapes" -> key -> shape).
+inline constexpr std::size_t k_profile_max_json_depth = 8;
+
+// The bounds a shape read from a file (tuned or learned) is held to before it starts a transfer, by client
+// (docs/settings.md, "Device profiles"). Each lane of the staged path pins staging slots and takes a worker, so
+// its depth bounds pinned memory and threads; the host engine's depth is io_uring entries or worker threads.
+inline constexpr unsigned k_staged_max_depth = 16;
+inline constexpr unsigned k_host_max_depth = 64;
+/// The host engine's and the cuFile path's largest request (the staged path's is its slot size).
+inline constexpr std::size_t k_host_max_request_bytes = std::size_t{16} << 20;
+
+/// `shape` held to `limits` (those of the client it is to start): depth within min_depth..max_depth, request
+/// size within min_request_bytes..max_request_bytes. `note` says what was cut ("depth 1024 held to 16,
+/// 512.00 MiB held to 16.00 MiB"), or is empty when nothing was.
+io_shape clamp_to_limits(io_shape shape, const adaptive_limits& limits, std::string& note);
 
 /// $XDG_CACHE_HOME/gdskit, else $HOME/.cache/gdskit; empty when neither variable is usable.
 std::filesystem::path profile_dir();
@@ -57,8 +73,14 @@ struct profile_result {
   std::string reason;  ///< why not (empty when a profile was loaded)
 };
 
-/// Reads and checks `file` as the profile of `id`. Never throws.
+/// Reads and checks `file` as the profile of `id`: a regular file (not a link) of at most k_profile_max_bytes,
+/// owned by this process's user and not writable by group or others, whose text parse_profile() accepts.
+/// Never throws.
 profile_result load_profile(const std::filesystem::path& file, const device_identity& id);
+/// Checks the text of a profile file made for `id`: JSON nested at most k_profile_max_json_depth deep, this
+/// version and device identity, depths in 1..1024 and request sizes that are multiples of 4 KiB in
+/// 4 KiB..1 GiB (a client holds them to its own bounds when it starts: clamp_to_limits). Never throws.
+profile_result parse_profile(std::string_view text, const device_identity& id);
 
 /// JSON text of a profile.
 std::string profile_json(const device_profile& p);
@@ -99,8 +121,11 @@ struct learned_result {
 };
 
 std::filesystem::path learned_path(const std::filesystem::path& dir, const device_identity& id);
-/// Reads and checks `file` as the learned profile of `id`; entries under unknown keys are dropped. Never throws.
+/// Reads and checks `file` as the learned profile of `id` (the file checks of load_profile); entries under
+/// unknown keys are dropped. Never throws.
 learned_result load_learned(const std::filesystem::path& file, const device_identity& id);
+/// Checks the text of a learned profile made for `id`, as parse_profile() does. Never throws.
+learned_result parse_learned(std::string_view text, const device_identity& id);
 std::string learned_json(const learned_profile& p);
 /// Writes atomically into `dir` (created). Throws gdskit::error.
 std::filesystem::path save_learned(const std::filesystem::path& dir, const learned_profile& p);

@@ -35,8 +35,8 @@ setup make_setup(const settings& c, dev_t dev, io_dir dir, io_client client) {
   s.limits.depth_fixed = c.direct_depth_set;
   s.limits.request_fixed = request_set;
   // Pinned memory grows with lanes x slots x slot size: the staged path stays at 16 lanes at most and its slot size.
-  s.limits.max_depth = staged ? 16 : 64;
-  s.limits.max_request_bytes = staged ? c.staging_slot_bytes : 16 * kMiB;
+  s.limits.max_depth = staged ? k_staged_max_depth : k_host_max_depth;
+  s.limits.max_request_bytes = staged ? c.staging_slot_bytes : k_host_max_request_bytes;
   s.limits.min_request_bytes = std::min<std::size_t>(kMiB, s.limits.max_request_bytes);
   s.start = {k_start_shape.depth, std::min(k_start_shape.request_bytes, s.limits.max_request_bytes)};
   const profile_result& p = profile_for_device(dev);
@@ -53,6 +53,11 @@ setup make_setup(const settings& c, dev_t dev, io_dir dir, io_client client) {
   } else {
     s.source = p.reason;
   }
+  // A shape read from a file starts this client only within its bounds (a learned depth of 1024 would pin
+  // 1,024 lanes); the limits below are raised only for what a setting pins.
+  std::string cut;
+  s.start = clamp_to_limits(s.start, s.limits, cut);
+  if (!cut.empty()) s.source += fmt::format(", {}", cut);
   if (s.limits.depth_fixed) s.start.depth = s.fixed.depth;
   if (s.limits.request_fixed) s.start.request_bytes = request;
   // A learned shape is held only as it was learned: a pinned coordinate that moved it, or limits that cut it,

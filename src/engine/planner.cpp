@@ -216,3 +216,29 @@ path_decision decide(const system_facts& sys, const runtime_facts& rt, memory_ki
 }
 
 }  // namespace gdskit::engine
+
+namespace gdskit {
+
+std::string_view to_string(data_path p) noexcept {
+  switch (p) {
+    case data_path::gds: return "gds";
+    case data_path::staged: return "staged";
+    case data_path::compat: return "compat";
+    default: return "host";
+  }
+}
+
+std::string path_decision::summary() const {
+  std::string out(to_string(path));
+  if (!reasons.empty()) {
+    out += " (";
+    for (std::size_t i = 0; i < reasons.size(); ++i) {
+      if (i != 0) out += "; ";
+      out += reasons[i];
+    }
+    out += ")";
+  }
+  return out;
+}
+
+}  // namespace gdskit

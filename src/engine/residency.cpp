@@ -13,7 +13,7 @@ const std::size_t page_bytes = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE))
 
 }  // namespace
 
-double resident_fraction(const file_handle::impl& f, std::uint64_t offset, std::size_t nbytes) {
+double resident_fraction(const open_file& f, std::uint64_t offset, std::size_t nbytes) {
   if (nbytes == 0) return 1.0;
   if (f.mode == open_mode::write) return -1;  // PROT_READ needs read access
   const std::uint64_t end = offset + nbytes;
@@ -45,7 +45,7 @@ double resident_fraction(const file_handle::impl& f, std::uint64_t offset, std::
   return static_cast<double>(in) / static_cast<double>(vec.size());
 }
 
-double sampled_resident_fraction(const file_handle::impl& f, std::uint64_t offset, std::size_t nbytes) {
+double sampled_resident_fraction(const open_file& f, std::uint64_t offset, std::size_t nbytes) {
   constexpr std::size_t kWindows = 32;
   constexpr std::size_t kWindowBytes = 256 * 1024;
   if (nbytes <= kWindows * kWindowBytes * 2) return resident_fraction(f, offset, nbytes);
@@ -59,14 +59,14 @@ double sampled_resident_fraction(const file_handle::impl& f, std::uint64_t offse
   return sum / kWindows;
 }
 
-void release_residency_map(const file_handle::impl& f) noexcept {
+void release_residency_map(const open_file& f) noexcept {
   std::unique_lock lock(f.rmap.mutex);
   if (f.rmap.addr != nullptr) ::munmap(f.rmap.addr, f.rmap.nbytes);
   f.rmap.addr = nullptr;
   f.rmap.nbytes = 0;
 }
 
-bool prefer_page_cache(const file_handle::impl& f, std::uint64_t offset, std::size_t nbytes) {
+bool prefer_page_cache(const open_file& f, std::uint64_t offset, std::size_t nbytes) {
   if (!f.choice.direct) return true;
   if (f.config.direct == direct_mode::on || f.mode == open_mode::write) return false;
   return sampled_resident_fraction(f, offset, nbytes) >= 0.5;

@@ -2,11 +2,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <mutex>
 #include <new>
@@ -15,11 +14,12 @@
 #include <set>
 #include <string_view>
 #include <system_error>
-#include <thread>
 #include <unordered_map>
 
+#include "formats/safetensors_index.hpp"
 #include "formats/safetensors_open.hpp"
 #include "formats/sha256.hpp"
+#include "gdskit/batch.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
 #include "gdskit/safetensors.hpp"
@@ -33,11 +33,8 @@ constexpr std::size_t k_host_alignment = 4096;
 // gathered through the staging buffer, since many tiny requests cost more than the bytes skipped between them.
 constexpr std::uint64_t k_direct_segment_bytes = std::uint64_t{256} << 10;
 
-[[noreturn]] void invalid(const std::string& what) { 
+[[noreturn]] void invalid(const std::string& what) {
   throw error(errno_code(EINVAL), "safetensors load: " + what);
-}
-[[noreturn]] void bad_index(const std::filesystem::path& p, const std::string& what) {
-  throw error(errno_code(EBADMSG), "safetensors index", p.string(), -1, 0, what);
 }
 
 std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
@@ -68,35 +65,6 @@ bool matches(const std::string& entry, const std::string& name) {
 }
 
 bool ends_with(const std::string& s, std::string_view suffix) { return s.ends_with(suffix); }
-
-std::vector<shard> read_index(const std::filesystem::path& index) {
-  const std::string text = formats::read_small_file(index, max_header_bytes);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    bad_index(index, fmt::format("invalid JSON: {}", e.what()));
-  }
-  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
-    bad_index(index, "no \"weight_map\" object");
-  }
-  std::map<std::string, std::vector<std::string>> by_file;
-  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-    if (!it.value().is_string()) bad_index(index, fmt::format("weight_map entry \"{}\" is not a string", it.key()));
-    std::filesystem::path rel(it.value().get<std::string>());
-    if (rel.empty() || rel.is_absolute()) {
-      bad_index(index, fmt::format("weight_map entry \"{}\" names no relative file", it.key()));
-    }
-    for (const auto& part : rel) {
-      if (part == "..") bad_index(index, fmt::format("weight_map entry \"{}\" leaves the folder", it.key()));
-    }
-    by_file[rel.string()].push_back(it.key());
-  }
-  if (by_file.empty()) bad_index(index, "weight_map is empty");
-  std::vector<shard> out;
-  for (auto& [file, names] : by_file) out.push_back({index.parent_path() / file, std::move(names)});
-  return out;
-}
 
 // Where one selected tensor goes and which bytes of its file it needs.
 struct item {
@@ -202,13 +170,13 @@ std::string model::sha256_hex(const loaded_tensor& t) const {
 std::vector<shard> resolve_shards(const std::filesystem::path& path) {
   namespace fs = std::filesystem;
   // An index by name is read as one, even when it is not a file (EISDIR then, naming it).
-  if (ends_with(path.filename().string(), ".index.json")) return read_index(path);
+  if (ends_with(path.filename().string(), ".index.json")) return formats::read_index(path);
   std::error_code ec;
   const bool folder = fs::is_directory(path, ec);
   if (ec && ec != std::errc::no_such_file_or_directory) throw error(ec, "stat", path.string(), -1, 0);
   if (folder) {
     const fs::path preferred = path / "model.safetensors.index.json";
-    if (fs::exists(fs::symlink_status(preferred, ec))) return read_index(preferred);
+    if (fs::exists(fs::symlink_status(preferred, ec))) return formats::read_index(preferred);
     std::vector<fs::path> indexes, files;
     fs::directory_iterator it(path, ec), end;
     for (; !ec && it != end; it.increment(ec)) {
@@ -224,10 +192,11 @@ std::vector<shard> resolve_shards(const std::filesystem::path& path) {
       // Two indexes (say fp16 and fp32 variants) name different shards: loading every file would mix them.
       throw error(errno_code(EINVAL), "safetensors load", path.string(), -1, 0,
                   fmt::format("the folder has {} index files ({}, {}{}): name the one to load", indexes.size(),
-                              indexes[0].filename().string(), indexes[1].filename().string(),
+                              printable_name(indexes[0].filename().string()),
+                              printable_name(indexes[1].filename().string()),
                               indexes.size() > 2 ? ", ..." : ""));
     }
-    if (indexes.size() == 1) return read_index(indexes.front());
+    if (indexes.size() == 1) return formats::read_index(indexes.front());
     if (files.empty()) {
       throw error(errno_code(ENOENT), "safetensors load", path.string(), -1, 0,
                   "no *.safetensors or model.safetensors.index.json in this folder");
@@ -287,7 +256,9 @@ class selection {
   // Throws EINVAL for an `only` entry that matched no tensor of any shard.
   void check_every_entry_matched(const std::filesystem::path& path) const {
     for (std::size_t i = 0; i < only_.size(); ++i) {
-      if (!used_[i]) invalid(fmt::format("no tensor matches \"{}\" in {}", only_[i], path.string()));
+      if (!used_[i]) {
+        invalid(fmt::format("no tensor matches \"{}\" in {}", printable_name(only_[i]), printable_name(path.string())));
+      }
     }
   }
 
@@ -317,8 +288,18 @@ struct shard_load {
   buffer_view view;
 };
 
-// Contiguous items merge into runs; each run starts at an address congruent to its file offset modulo 4 KiB,
-// so the O_DIRECT engine can read the aligned middle straight into place. Strided slices follow the runs.
+// The alignment a piece of `nbytes` gets in the allocation: a power of two no larger than the piece (so the
+// padding never exceeds the bytes it places: a file cannot make the allocation grow beyond about three times the
+// bytes selected, however it scatters them), at least as large as any element in it (elements are powers of
+// two no larger than the piece), at most `cap`.
+std::uint64_t placement_alignment(std::uint64_t nbytes, std::uint64_t cap) {
+  return std::min<std::uint64_t>(cap, std::bit_floor(std::max<std::uint64_t>(nbytes, 1)));
+}
+
+// Contiguous items merge into runs; each run starts at an address congruent to its file offset modulo 4 KiB
+// (modulo the run's own size rounded down to a power of two for runs under 4 KiB, which O_DIRECT does not read
+// into place anyway), so the O_DIRECT engine can read the aligned middle straight into place and every element
+// is as aligned in memory as in the file. Strided slices follow the runs.
 void lay_out(shard_load& s, std::uint64_t coalesce_gap_bytes) {
   std::sort(s.items.begin(), s.items.end(), [](const item& a, const item& b) {
     return a.info->file_offset_bytes + a.plan.first_offset < b.info->file_offset_bytes + b.plan.first_offset;
@@ -341,14 +322,15 @@ void lay_out(shard_load& s, std::uint64_t coalesce_gap_bytes) {
   }
   std::uint64_t cursor = 0;
   for (auto& r : s.runs) {
-    r.alloc_offset = align_up(cursor, k_host_alignment) + r.file_begin % k_host_alignment;
+    const std::uint64_t a = placement_alignment(r.file_end - r.file_begin, k_host_alignment);
+    r.alloc_offset = align_up(cursor, a) + r.file_begin % a;
     for (auto* it : r.items) {
       it->alloc_offset = r.alloc_offset + (it->info->file_offset_bytes + it->plan.first_offset - r.file_begin);
     }
     cursor = r.alloc_offset + (r.file_end - r.file_begin);
   }
   for (auto* it : s.strided) {
-    it->alloc_offset = align_up(cursor, 256);
+    it->alloc_offset = align_up(cursor, placement_alignment(it->plan.nbytes(), 256));
     cursor = it->alloc_offset + it->plan.nbytes();
   }
   s.nbytes = std::max<std::uint64_t>(cursor, 1);
@@ -390,161 +372,112 @@ std::vector<segment> cut_segments(const shard_load& s, std::size_t seg_bytes, lo
   return segs;
 }
 
-// One pipeline of segments across every shard, at most `depth` reading at once. The loading thread queues each
-// shard's segments as soon as its header is parsed and its memory allocated and, while headers remain, has
-// threads of the pipeline's own read them as it goes on to the next header, so the queue does not drain at a
-// file boundary and header work overlaps reads. Once the last shard is queued the loading thread reads too
-// (a single file is read on it alone, as far as the depth allows). Segments are handed out in the order they
-// were queued; the first error (lowest segment) wins and stops the rest. Destruction drops what is queued and
-// waits for the reads in flight, so no read outlives the files or the memory, whatever ends the load. The
-// threads are not the shared pool's: readers wait for the loading thread, and pool workers parked that way
-// would be missing from the engine's own fan-out (or never start at all when load() runs on a pool worker).
-class segment_pipeline {
+// The shards' segments, read through the transfer core: each shard's segments are one batch, submitted as soon
+// as its header is parsed and its memory allocated, at most `depth` segments reading at once. The next shard's
+// batch goes out once the one before it has completed (so no more than `depth` segments ever read at once across
+// files), while this thread parses and allocates the shard after it: header work overlaps reads. The first
+// error (lowest segment) wins, and once a batch failed nothing more is read. Destruction cancels the batch in
+// flight and waits until it has let go of the files and the memory, whatever ends the load.
+class segment_batches {
  public:
-  explicit segment_pipeline(unsigned depth) : depth_(std::max(depth, 1u)) {}
-  ~segment_pipeline() { cancel(); }
-  segment_pipeline(const segment_pipeline&) = delete;
-  segment_pipeline& operator=(const segment_pipeline&) = delete;
+  explicit segment_batches(unsigned depth) : depth_(std::max(depth, 1u)) {}
+  ~segment_batches() { cancel(); }
+  segment_batches(const segment_batches&) = delete;
+  segment_batches& operator=(const segment_batches&) = delete;
 
-  // Queues the segments (dropped once a read failed or after cancel).
-  void push(const std::vector<segment>& segs) {
-    {
-      std::lock_guard lock(mutex_);
-      if (failed_ || stopped_) return;
-      for (const auto& sg : segs) queue_.push_back({sg, queued_++});
+  // Submits a shard's segments (after the batch before it has completed); dropped once a read failed. The last
+  // shard's single segment, with nothing else reading, is read on this thread (through the same core).
+  void push(std::vector<segment> segs, bool last) {
+    collect();
+    if (error_ || segs.empty()) return;
+    if (last && segs.size() == 1) {
+      if (!first_read_) first_read_ = steady_clock::now();
+      peak_ = std::max(peak_, 1u);
+      const segment& sg = segs.front();
+      try {
+        sg.file->read_exact(sg.dst, sg.nbytes, sg.file_offset);
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+      idle_since_ = steady_clock::now();
+      return;
     }
-    cv_.notify_all();
+    std::vector<io_range> ranges;
+    ranges.reserve(segs.size());
+    for (const auto& sg : segs) ranges.push_back({sg.file, sg.file_offset, sg.dst.sub(0, sg.nbytes)});
+    batch_options o;
+    o.queue_depth = depth_;
+    o.exact = true;
+    if (!first_read_) first_read_ = steady_clock::now();
+    submitted_ = steady_clock::now();
+    current_ = submit(io_direction::read, ranges, o);
+    segs_ = std::move(segs);
+    peak_ = std::max(peak_, static_cast<unsigned>(std::min<std::size_t>(depth_, segs_.size())));
   }
 
-  // Starts readers (up to the depth) for the queued segments, so that they read while this thread does other
-  // work.
-  void read_in_background() { start_threads(depth_, 0); }
+  // Whether a batch is reading.
+  bool busy() const { return current_.valid() && !current_.ready(); }
 
-  // Whether segments are queued or reading.
-  bool busy() const {
-    std::lock_guard lock(mutex_);
-    return busy_locked();
-  }
-
-  // Now while segments are queued or reading, else when the last one finished.
+  // Now while a batch reads, else when the last one completed.
   steady_clock::time_point idle_since() const {
-    std::lock_guard lock(mutex_);
-    return busy_locked() ? steady_clock::now() : idle_since_;
+    if (!current_.valid()) return idle_since_;
+    if (!current_.ready()) return steady_clock::now();
+    return completed_at(current_.get());
   }
 
-  // No more segments: reads on this thread too, with as many others as the depth and the queue call for,
-  // until every queued segment is read (or a failure stopped them); returns the first error, or null.
+  // Waits for the last batch; returns the first error, or null.
   std::exception_ptr finish() {
-    {
-      std::lock_guard lock(mutex_);
-      closed_ = true;
-    }
-    cv_.notify_all();
-    start_threads(depth_ - 1, 1);
-    work();
-    join();
+    collect();
     return error_;
   }
 
-  // Drops the queued segments and waits for those reading (an error elsewhere decides the load).
+  // Stops the batch in flight (its unread segments are cancelled) and waits until it has let go.
   void cancel() noexcept {
-    {
-      std::lock_guard lock(mutex_);
-      stopped_ = true;
-      queue_.clear();
-    }
-    cv_.notify_all();
-    join();
+    if (!current_.valid()) return;
+    current_.cancel();
+    current_.wait_released();
+    current_ = batch_future();
   }
 
-  // When the first segment started reading, if one did.
-  std::optional<steady_clock::time_point> first_read() const {
-    std::lock_guard lock(mutex_);
-    return first_read_;
-  }
-
-  unsigned peak_in_flight() const {
-    std::lock_guard lock(mutex_);
-    return peak_;
-  }
+  std::optional<steady_clock::time_point> first_read() const { return first_read_; }
+  unsigned peak_in_flight() const { return peak_; }
 
  private:
-  struct queued {
-    segment seg;
-    std::size_t index;  // order of queueing: decides which error wins
-  };
-
-  bool busy_locked() const { return in_flight_ > 0 || !queue_.empty(); }
-
-  void join() noexcept {
-    for (auto& t : threads_) t.join();
-    threads_.clear();
-  }
-
-  // Up to `most` threads, and no more than the queued segments beyond `others` other readers need. A thread
-  // that cannot start leaves its segments to the readers there are (the loading thread reads in finish()).
-  void start_threads(unsigned most, std::size_t others) {
-    std::size_t queued = 0;
-    {
-      std::lock_guard lock(mutex_);
-      queued = queue_.size();
-    }
-    const std::size_t want = std::min<std::size_t>(most, queued > others ? queued - others : 0);
-    try {
-      while (threads_.size() < want) threads_.emplace_back([this] { work(); });
-    } catch (const std::system_error&) {
-    }
-  }
-
-  void work() {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      cv_.wait(lock, [this] {
-        return stopped_ || failed_ || (closed_ && queue_.empty()) || (!queue_.empty() && in_flight_ < depth_);
-      });
-      if (stopped_ || failed_ || queue_.empty()) return;
-      const queued q = queue_.front();
-      queue_.pop_front();
-      peak_ = std::max(peak_, ++in_flight_);
-      if (!first_read_) first_read_ = steady_clock::now();
-      lock.unlock();
-      std::exception_ptr e;
+  // Waits for the batch in flight and keeps its first failure.
+  void collect() {
+    if (!current_.valid()) return;
+    const batch_result& r = current_.get();
+    current_.wait_released();
+    idle_since_ = completed_at(r);
+    for (std::size_t k = 0; k < r.ranges.size() && !error_; ++k) {
+      const range_result& x = r.ranges[k];
+      if (x.ok()) continue;
+      const segment& sg = segs_[k];
+      const std::string path = sg.file->path().string();
       try {
-        q.seg.file->read_exact(q.seg.dst, q.seg.nbytes, q.seg.file_offset);
-      } catch (...) {
-        e = std::current_exception();
-      }
-      lock.lock();
-      --in_flight_;
-      if (e) {
-        // Every lower segment was handed out before this one, so the lowest failure is among those that ran.
-        if (q.index < error_index_) {
-          error_ = e;
-          error_index_ = q.index;
+        if (x.error == errno_code(ENODATA)) {
+          throw short_read_error(path, static_cast<std::int64_t>(sg.file_offset), sg.nbytes, x.nbytes);
         }
-        failed_ = true;
-        queue_.clear();
+        throw error(x.error, "pread", path, static_cast<std::int64_t>(sg.file_offset), sg.nbytes);
+      } catch (...) {
+        error_ = std::current_exception();
       }
-      if (!busy_locked()) idle_since_ = steady_clock::now();
-      cv_.notify_all();  // a reading slot is free, or the reads are over
     }
+    current_ = batch_future();
+  }
+
+  steady_clock::time_point completed_at(const batch_result& r) const {
+    return submitted_ + std::chrono::duration_cast<steady_clock::duration>(std::chrono::duration<double>(r.seconds));
   }
 
   const unsigned depth_;
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<queued> queue_;
-  std::vector<std::thread> threads_;  // touched by the loading thread only
-  std::size_t queued_ = 0;            // segments queued so far (under the lock)
-  unsigned in_flight_ = 0;
-  unsigned peak_ = 0;
-  bool closed_ = false;
-  bool stopped_ = false;
-  bool failed_ = false;
-  std::exception_ptr error_;
-  std::size_t error_index_ = SIZE_MAX;
-  std::optional<steady_clock::time_point> first_read_;
+  batch_future current_;
+  std::vector<segment> segs_;
+  steady_clock::time_point submitted_{};
   steady_clock::time_point idle_since_{};
+  std::optional<steady_clock::time_point> first_read_;
+  std::exception_ptr error_;
+  unsigned peak_ = 0;
 };
 
 // A new allocation of the model of `nbytes` on options.device: the caller's (checked) or the loader's own.
@@ -568,6 +501,11 @@ buffer_view allocate(model::storage_impl& st, std::uint64_t nbytes, const load_o
 
 model load(const std::filesystem::path& path, const load_options& options) {
   const auto t_start = steady_clock::now();
+  // Before any file or allocation: a framework's allocate callback would fail with an error of its own.
+  if (std::string why; options.device >= 0 && !gpu_available(&why)) {
+    throw error(errno_code(ENODEV), "safetensors load", path.string(), -1, 0,
+                fmt::format("cuda:{}: no usable GPU: {}", options.device, why));
+  }
   const auto shards = resolve_shards(path);
   std::vector<shard_load> loads(shards.size());
   selection select(options.only);
@@ -580,7 +518,7 @@ model load(const std::filesystem::path& path, const load_options& options) {
       std::max<std::size_t>(options.pipeline_segment_bytes / k_host_alignment * k_host_alignment, k_host_alignment);
   // Declared after the files and the memory it reads into, so that on every way out it is destroyed first:
   // its reads drain before either goes.
-  segment_pipeline pipeline(options.pipeline_depth);
+  segment_batches pipeline(options.pipeline_depth);
   // Only this thread queues segments, so during a step of its own the reads can run dry but not resume: the
   // step overlapped them from its start until they ran dry.
   auto account = [&](steady_clock::time_point t0, bool busy, double& total) {
@@ -611,9 +549,7 @@ model load(const std::filesystem::path& path, const load_options& options) {
     try {
       s.view = allocate(*m.storage_, s.nbytes, options);
       if (m.storage_->allocations.size() == 1) stats.path = s.file.plan(s.view);
-      pipeline.push(cut_segments(s, seg_bytes, stats));
-      // Headers remain: the queued segments read while this thread parses them.
-      if (fi + 1 < shards.size()) pipeline.read_in_background();
+      pipeline.push(cut_segments(s, seg_bytes, stats), fi + 1 == shards.size());
     } catch (...) {
       alloc_error = std::current_exception();
       pipeline.cancel();
@@ -687,7 +623,7 @@ load_stats load_into(const std::filesystem::path& path, const std::map<std::stri
   std::vector<std::pair<const tensor_info*, slice_plan>> work;
   for (const auto& [name, dst] : destinations) {
     const auto* t = h.find(name);
-    if (t == nullptr) invalid(fmt::format("{} has no tensor \"{}\"", path.string(), printable_name(name)));
+    if (t == nullptr) invalid(fmt::format("{} has no tensor \"{}\"", printable_name(path.string()), printable_name(name)));
     auto plan = plan_slice(*t, options.slice);
     if (dst.nbytes < plan.nbytes()) {
       invalid(fmt::format("destination of \"{}\" holds {} bytes; the tensor needs {}", printable_name(name), dst.nbytes,

@@ -8,11 +8,14 @@
 #include <exception>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/json_bounded.hpp"
+#include "formats/safetensors_open.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
 #include "gdskit/safetensors.hpp"
@@ -115,13 +118,13 @@ void append_json_string(std::string& out, std::string_view s) {
 std::uint64_t expected_nbytes(const save_tensor& t) {
   std::uint64_t numel = 1;
   for (auto d : t.shape) {
-    if (d != 0 && numel > UINT64_MAX / d) invalid(fmt::format("tensor \"{}\": the shape overflows", t.name));
+    if (d != 0 && numel > UINT64_MAX / d) invalid(fmt::format("tensor \"{}\": the shape overflows", printable_name(t.name)));
     numel *= d;
   }
   const unsigned bits = bits_of(t.dtype);
-  if (numel > UINT64_MAX / bits) invalid(fmt::format("tensor \"{}\": the shape overflows", t.name));
+  if (numel > UINT64_MAX / bits) invalid(fmt::format("tensor \"{}\": the shape overflows", printable_name(t.name)));
   if (numel * bits % 8 != 0) {
-    invalid(fmt::format("tensor \"{}\": {} elements of {} are not a whole number of bytes", t.name, numel,
+    invalid(fmt::format("tensor \"{}\": {} elements of {} are not a whole number of bytes", printable_name(t.name), numel,
                         to_string(t.dtype)));
   }
   return numel * bits / 8;
@@ -144,7 +147,7 @@ void write_sourced(const file_handle& f, const std::vector<save_tensor>& tensors
       check_cancel(f, o);
       const buffer_view v = t.source(off);
       if (v.data == nullptr || v.nbytes == 0 || v.nbytes > t.data.nbytes - off) {
-        invalid(fmt::format("tensor \"{}\": its source returned {} bytes at offset {} of {}", t.name, v.nbytes, off,
+        invalid(fmt::format("tensor \"{}\": its source returned {} bytes at offset {} of {}", printable_name(t.name), v.nbytes, off,
                             t.data.nbytes));
       }
       f.write(v, v.nbytes, base + off);
@@ -227,46 +230,62 @@ pending_file open_pending(const std::filesystem::path& path, std::vector<save_te
 // checkpoints. So before the first rename, the shards of the existing index that are about to be replaced get a
 // second name (a hard link, "<file>.gdskit-old"), and the existing index is republished pointing at those names:
 // at every instant the index in the folder names a complete checkpoint, old or new. Returns the links, which
-// the caller removes once the new index is published.
+// the caller removes once the new index is published. The old index is text from outside: it is read as any
+// index is (a regular file, bounded size and nesting), and one that cannot be read so is removed rather than
+// left naming files that are about to change. A failure before the old index is republished removes the links
+// made so far (the old index still names the original files).
 std::vector<std::filesystem::path> protect_old_checkpoint(const std::filesystem::path& index,
                                                           const std::vector<std::filesystem::path>& targets) {
   std::vector<std::filesystem::path> links;
   std::error_code ec;
   if (!std::filesystem::is_regular_file(index, ec)) return links;
   const auto folder = index.parent_path();
-  nlohmann::ordered_json j;
+  std::optional<nlohmann::ordered_json> j;
   try {
-    std::ifstream in(index, std::ios::binary);
-    j = nlohmann::ordered_json::parse(in);
-  } catch (const nlohmann::json::exception&) {
-    j = nullptr;
+    std::string why;
+    j = parse_json_bounded<nlohmann::ordered_json>(formats::read_small_file(index, max_header_bytes),
+                                                   max_index_json_depth, why);
+  } catch (const error&) {
+    j.reset();  // vanished, replaced by something that is not a regular file, or too large
   }
-  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
-    // An index we cannot read: remove it rather than leave it naming files that are about to change.
+  if (!j || !j->is_object() || !j->contains("weight_map") || !(*j)["weight_map"].is_object()) {
     if (posix::sys().unlink(index.c_str()) != 0) throw error(errno_code(errno), "remove", index.string(), -1, 0);
     posix::sync_folder(folder);
     return links;
   }
+  struct undo_links {
+    std::vector<std::filesystem::path>& links;
+    bool armed = true;
+    ~undo_links() {
+      if (!armed) return;
+      for (const auto& l : links) posix::sys().unlink(l.c_str());
+    }
+  } undo{links};
+  const std::set<std::filesystem::path> replaced(targets.begin(), targets.end());
   std::map<std::string, std::string> renamed;
-  for (auto& [name, file] : j["weight_map"].items()) {
+  for (auto& [name, file] : (*j)["weight_map"].items()) {
     if (!file.is_string()) continue;
     const std::string f = file.get<std::string>();
     const auto p = folder / f;
-    if (std::find(targets.begin(), targets.end(), p) == targets.end() || !std::filesystem::exists(p, ec)) continue;
+    if (!replaced.contains(p) || !std::filesystem::exists(p, ec)) continue;
     auto it = renamed.find(f);
     if (it == renamed.end()) {
       const std::string alias = f + ".gdskit-old";
       const auto alias_path = folder / alias;
       posix::sys().unlink(alias_path.c_str());
       if (posix::sys().link(p.c_str(), alias_path.c_str()) != 0) {
-        throw error(errno_code(errno), "link", p.string(), -1, 0, fmt::format("to {}", alias_path.string()));
+        throw error(errno_code(errno), "link", p.string(), -1, 0, fmt::format("to {}", printable_name(alias_path.string())));
       }
       links.push_back(alias_path);
       it = renamed.emplace(f, alias).first;
     }
     file = it->second;
   }
-  if (!links.empty()) posix::atomic_write_file(index, j.dump(2) + "\n", 0644, true);
+  if (!links.empty()) {
+    posix::atomic_write_file(index, j->dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n",
+                             0644, true);
+  }
+  undo.armed = false;
   return links;
 }
 
@@ -286,20 +305,21 @@ save_layout plan_save(const std::vector<save_tensor>& tensors, const std::option
     if (t.name.empty()) invalid("a tensor has an empty name");
     if (t.name == "__metadata__") invalid("\"__metadata__\" is reserved and cannot name a tensor");
     if (!valid_utf8(t.name)) invalid("a tensor name is not valid UTF-8");
-    if (!names.insert(t.name).second) invalid(fmt::format("two tensors are called \"{}\"", t.name));
-    if (t.shape.size() > max_rank) invalid(fmt::format("tensor \"{}\" has more than {} dimensions", t.name, max_rank));
+    const std::string shown = printable_name(t.name);  // names may come from a file (gdskit load --save)
+    if (!names.insert(t.name).second) invalid(fmt::format("two tensors are called \"{}\"", shown));
+    if (t.shape.size() > max_rank) invalid(fmt::format("tensor \"{}\" has more than {} dimensions", shown, max_rank));
     const std::uint64_t want = expected_nbytes(t);
     if (t.data.nbytes != want) {
-      invalid(fmt::format("tensor \"{}\": {} {} of shape [{}] needs {} bytes, the buffer has {}", t.name, want,
+      invalid(fmt::format("tensor \"{}\": {} {} of shape [{}] needs {} bytes, the buffer has {}", shown, want,
                           to_string(t.dtype), fmt::join(t.shape, ", "), want, t.data.nbytes));
     }
-    if (want > 0 && t.data.data == nullptr && !t.source) invalid(fmt::format("tensor \"{}\" has no data pointer", t.name));
+    if (want > 0 && t.data.data == nullptr && !t.source) invalid(fmt::format("tensor \"{}\" has no data pointer", shown));
   }
   if (metadata) {
     std::set<std::string_view> keys;
     for (const auto& [k, v] : *metadata) {
       if (!valid_utf8(k) || !valid_utf8(v)) invalid("a metadata key or value is not valid UTF-8");
-      if (!keys.insert(k).second) invalid(fmt::format("metadata key \"{}\" given twice", k));
+      if (!keys.insert(k).second) invalid(fmt::format("metadata key \"{}\" given twice", printable_name(k)));
     }
   }
   l.order.resize(tensors.size());

@@ -1,4 +1,4 @@
-// The staged path's copier on a real GPU: pinned slots, one stream per lane, one event per slot.
+// The staged pipeline's copier on a real GPU: pinned slots, one stream per lane, one event per slot.
 #pragma once
 
 #include <memory>
@@ -6,7 +6,7 @@
 
 #include "gdskit/buffer.hpp"
 #include "gpu/cuda_raii.hpp"
-#include "gpu/staged.hpp"
+#include "engine/pipeline.hpp"
 #include "shim/cuda_driver.hpp"
 
 namespace gdskit::gpu {
@@ -28,7 +28,7 @@ struct staging_lane {
 /// A copier over `count` lanes of one shape. Lanes given ready-made are used as they are; the others are
 /// created by ready_lane, on the worker thread that is about to use them, so a transfer's lanes are pinned in
 /// parallel while its first lanes already move data, and lanes its depth never comes near are not pinned.
-class cuda_copier final : public copier {
+class cuda_copier final : public engine::copier {
  public:
   cuda_copier(int device, unsigned slots_per_lane, std::size_t slot_bytes, unsigned count,
               std::vector<std::unique_ptr<staging_lane>> ready);

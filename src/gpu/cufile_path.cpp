@@ -14,7 +14,7 @@
 #include "engine/thread_pool.hpp"
 #include "gdskit/error.hpp"
 #include "gpu/cuda_raii.hpp"
-#include "gpu/staged.hpp"
+#include "engine/pipeline.hpp"
 #include "shim/cufile.hpp"
 
 namespace gdskit::gpu {
@@ -30,7 +30,7 @@ constexpr int param_force_compat_mode = 2;
 // that open (cuFileSetParameterBool, or CUFILE_FORCE_COMPAT_MODE where the parameter API is missing); once
 // the driver is open in one mode, a transfer asking for the other is refused rather than run under a label
 // that is not true.
-void open_driver_for(const file_handle::impl& f, const cufile_api& api, bool compat) {
+void open_driver_for(const engine::open_file& f, const cufile_api& api, bool compat) {
   static std::mutex mutex;
   static std::optional<bool> opened_compat;
   std::lock_guard lock(mutex);
@@ -58,7 +58,7 @@ void open_driver_for(const file_handle::impl& f, const cufile_api& api, bool com
 }
 
 // cuFile handles are registered once per file_handle, on first use.
-CUfileHandle_t registered_handle(const file_handle::impl& f) {
+CUfileHandle_t registered_handle(const engine::open_file& f) {
   std::lock_guard lock(f.gpu.mutex);
   if (f.gpu.cufile_registered) return f.gpu.cufile.get();
   std::string reason;
@@ -78,7 +78,9 @@ CUfileHandle_t registered_handle(const file_handle::impl& f) {
 
 }  // namespace
 
-std::size_t cufile_transfer(const file_handle::impl& f, bool write, buffer_view buf, std::size_t nbytes,
+CUfileHandle_t cufile_handle_for(const engine::open_file& f) { return registered_handle(f); }
+
+std::size_t cufile_transfer(const engine::open_file& f, bool write, buffer_view buf, std::size_t nbytes,
                             std::uint64_t offset) {
   if (nbytes == 0) return 0;
   if (!write) {
@@ -86,7 +88,7 @@ std::size_t cufile_transfer(const file_handle::impl& f, bool write, buffer_view 
     if (offset >= size) return 0;
     nbytes = static_cast<std::size_t>(std::min<std::uint64_t>(nbytes, size - offset));
   }
-  CUfileHandle_t h = registered_handle(f);
+  CUfileHandle_t h = cufile_handle_for(f);
   const cufile_api& api = *cufile();
   const int device = buf.device < 0 ? 0 : buf.device;
   // Depth and request size from the device's scheduler, like the host engine (cuFile's DMA into device memory
@@ -97,7 +99,7 @@ std::size_t cufile_transfer(const file_handle::impl& f, bool write, buffer_view 
   sched.start(nbytes);
   const unsigned deepest = sched.probing() ? sched.max_shape().depth : sched.shape().depth;
   const auto workers = static_cast<unsigned>(
-      std::min<std::size_t>(deepest, piece_count(offset, nbytes, std::size_t{1} << 20)));
+      std::min<std::size_t>(deepest, engine::piece_count(offset, nbytes, std::size_t{1} << 20)));
   engine::piece_cursor cursor(offset, nbytes);
   const char* op = write ? "cuFileWrite" : "cuFileRead";
   std::atomic<bool> failed{false};

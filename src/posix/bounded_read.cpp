@@ -20,14 +20,8 @@ const char* kind_of(mode_t m) {
   return "special file";
 }
 
-// Opens without blocking and accepts only regular files; returns the fd (and its size) or sets `out`.
-posix::unique_fd open_regular(const std::filesystem::path& path, bounded_text& out, std::uint64_t& size) {
-  std::error_code ec;
-  posix::unique_fd fd(posix::open_retry(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0, ec));
-  if (!fd) {
-    out.error = ec;
-    return fd;
-  }
+// Accepts only regular files; returns the fd (and its size) or sets `out`.
+posix::unique_fd check_regular(posix::unique_fd fd, bounded_text& out, std::uint64_t& size) {
   struct stat st {};
   if (posix::sys().fstat(fd.get(), &st) != 0) {
     out.error = std::error_code(errno, std::generic_category());
@@ -46,15 +40,34 @@ posix::unique_fd open_regular(const std::filesystem::path& path, bounded_text& o
   return fd;
 }
 
+// Opens without blocking, then as check_regular.
+posix::unique_fd open_regular(const std::filesystem::path& path, bounded_text& out, std::uint64_t& size) {
+  std::error_code ec;
+  posix::unique_fd fd(posix::open_retry(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0, ec));
+  if (!fd) {
+    out.error = ec;
+    return fd;
+  }
+  return check_regular(std::move(fd), out, size);
+}
+
 }  // namespace
 
 std::string bounded_text::reason() const { return why.empty() ? error.message() : why; }
 
 bounded_text read_bounded(const std::filesystem::path& path, std::size_t max_bytes, bool tail) noexcept {
   bounded_text out;
+  std::uint64_t size = 0;
+  posix::unique_fd fd = open_regular(path, out, size);
+  if (!fd) return out;
+  return read_bounded(std::move(fd), max_bytes, tail);
+}
+
+bounded_text read_bounded(posix::unique_fd opened, std::size_t max_bytes, bool tail) noexcept {
+  bounded_text out;
   try {
     std::uint64_t size = 0;
-    posix::unique_fd fd = open_regular(path, out, size);
+    posix::unique_fd fd = check_regular(std::move(opened), out, size);
     if (!fd) return out;
     std::uint64_t offset = 0;
     if (tail && size > max_bytes) {
@@ -92,6 +105,15 @@ bounded_text scan_lines_bounded(const std::filesystem::path& path, std::size_t m
   bounded_text out;
   std::uint64_t size = 0;
   posix::unique_fd fd = open_regular(path, out, size);
+  if (!fd) return out;
+  return scan_lines_bounded(std::move(fd), max_total_bytes, max_line_bytes, on_line);
+}
+
+bounded_text scan_lines_bounded(posix::unique_fd opened, std::size_t max_total_bytes, std::size_t max_line_bytes,
+                                const std::function<void(std::string_view)>& on_line) {
+  bounded_text out;
+  std::uint64_t size = 0;
+  posix::unique_fd fd = check_regular(std::move(opened), out, size);
   if (!fd) return out;
   std::string line;
   bool cutting = false;  // the current line passed max_line_bytes: skip to its end

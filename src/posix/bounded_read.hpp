@@ -10,6 +10,8 @@
 #include <string_view>
 #include <system_error>
 
+#include "posix/syscalls.hpp"
+
 namespace gdskit {
 
 /// Text read from a file, or why not. Never thrown; callers decide what an absent file means.
@@ -28,6 +30,9 @@ struct bounded_text {
 /// files, so live system roots read normally. `tail` reads the last `max_bytes` instead of the first.
 /// All I/O goes through the syscall seam. Never throws.
 bounded_text read_bounded(const std::filesystem::path& path, std::size_t max_bytes, bool tail = false) noexcept;
+/// The same for a descriptor the caller opened (O_NONBLOCK; how a file is found safely under a root is the
+/// caller's business): checked to be a regular file, then read as above. Takes ownership of `fd`.
+bounded_text read_bounded(posix::unique_fd fd, std::size_t max_bytes, bool tail = false) noexcept;
 
 /// Calls `on_line` for each line of `path` (without the '\n'), reading at most `max_total_bytes`; lines
 /// longer than `max_line_bytes` are passed cut to that length. Same open rules as read_bounded. On success
@@ -35,5 +40,8 @@ bounded_text read_bounded(const std::filesystem::path& path, std::size_t max_byt
 /// (exceptions from `on_line` propagate).
 bounded_text scan_lines_bounded(const std::filesystem::path& path, std::size_t max_total_bytes,
                                 std::size_t max_line_bytes, const std::function<void(std::string_view)>& on_line);
+/// The same for a descriptor the caller opened. Takes ownership of `fd`.
+bounded_text scan_lines_bounded(posix::unique_fd fd, std::size_t max_total_bytes, std::size_t max_line_bytes,
+                                const std::function<void(std::string_view)>& on_line);
 
 }  // namespace gdskit

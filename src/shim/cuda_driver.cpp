@@ -73,6 +73,13 @@ loaded load() {
     out.reason = fmt::format("libcuda.so.1 lacks {} (driver too old or a stub library)", missing);
     return out;
   }
+  // Newer entry points, used where present. cuMemcpyBatchAsync_v2 is CUDA 13's signature (12.8's unsuffixed
+  // one takes a failure index too, so it is never bound under this type).
+  std::string optional_missing;
+  bind(lib, a.cuMemcpyBatchAsync, {"cuMemcpyBatchAsync_v2"}, optional_missing);
+  bind(lib, a.cuLaunchHostFunc, {"cuLaunchHostFunc"}, optional_missing);
+  bind(lib, a.cuStreamWaitValue32, {"cuStreamWaitValue32_v2"}, optional_missing);
+  bind(lib, a.cuMemHostGetDevicePointer, {"cuMemHostGetDevicePointer_v2"}, optional_missing);
   CUresult r = a.cuInit(0);
   if (r != CUDA_SUCCESS) {
     const char* name = nullptr;

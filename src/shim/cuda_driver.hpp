@@ -41,6 +41,23 @@ inline constexpr int CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33;
 inline constexpr int CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID = 34;
 inline constexpr int CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID = 50;
 
+// Batched copies (cuMemcpyBatchAsync_v2, CUDA 13's signature).
+struct CUmemLocation {
+  int type;  // CUmemLocationType; 0 (invalid) = no hint
+  int id;
+};
+struct CUmemcpyAttributes {
+  int srcAccessOrder;  // CUmemcpySrcAccessOrder
+  CUmemLocation srcLocHint;
+  CUmemLocation dstLocHint;
+  unsigned flags;
+};
+inline constexpr int CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1;
+using CUhostFn = void (*)(void* user_data);
+// cuStreamWaitValue32 flags.
+inline constexpr unsigned CU_STREAM_WAIT_VALUE_GEQ = 0x0;
+inline constexpr unsigned CU_MEMHOSTALLOC_DEVICEMAP = 0x02;
+
 /// Function table of libcuda.so.1. Every pointer is non-null once load() succeeded, except those marked
 /// optional.
 struct cuda_api {
@@ -81,6 +98,12 @@ struct cuda_api {
   CUresult (*cuDeviceGetPCIBusId)(char*, int, CUdevice);
   CUresult (*cuCtxPushCurrent)(CUcontext);
   CUresult (*cuCtxPopCurrent)(CUcontext*);
+  // Optional: nullptr when the driver lacks them (detected by dlsym, never by version).
+  CUresult (*cuMemcpyBatchAsync)(CUdeviceptr* dsts, CUdeviceptr* srcs, std::size_t* sizes, std::size_t count,
+                                 CUmemcpyAttributes* attrs, std::size_t* attr_idxs, std::size_t num_attrs, CUstream);
+  CUresult (*cuLaunchHostFunc)(CUstream, CUhostFn, void*);
+  CUresult (*cuStreamWaitValue32)(CUstream, CUdeviceptr, unsigned value, unsigned flags);
+  CUresult (*cuMemHostGetDevicePointer)(CUdeviceptr*, void*, unsigned);
 };
 
 /// The loaded driver API, or nullptr with `reason` set ("libcuda.so.1 not found: ...", "cuInit: ...").

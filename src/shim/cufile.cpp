@@ -32,21 +32,8 @@ void find(void* lib, F& slot, std::initializer_list<const char*> names) {
   slot = nullptr;
 }
 
-loaded load() {
-  loaded out;
-  // libcufile loads libcuda itself; we make sure the driver is usable first so the reason is the driver's.
-  std::string why;
-  if (cuda(&why) == nullptr) {
-    out.reason = "no usable CUDA driver: " + why;
-    return out;
-  }
-  void* lib = ::dlopen("libcufile.so.0", RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) {
-    const char* e = ::dlerror();
-    out.reason = fmt::format("libcufile.so.0 not found: {}", e != nullptr ? e : "dlopen failed");
-    return out;
-  }
-  cufile_api& a = out.api;
+// Every entry point we know, by dlsym; false when a core one is missing.
+bool bind_all(void* lib, cufile_api& a, std::string* reason) {
   find(lib, a.cuFileDriverOpen, {"cuFileDriverOpen"});
   find(lib, a.cuFileDriverClose, {"cuFileDriverClose_v2", "cuFileDriverClose"});
   find(lib, a.cuFileDriverGetProperties, {"cuFileDriverGetProperties"});
@@ -65,9 +52,33 @@ loaded load() {
   find(lib, a.cuFileGetStatsL3, {"cuFileGetStatsL3"});
   if (!a.cuFileDriverOpen || !a.cuFileDriverClose || !a.cuFileDriverGetProperties || !a.cuFileHandleRegister ||
       !a.cuFileHandleDeregister || !a.cuFileBufRegister || !a.cuFileBufDeregister || !a.cuFileRead || !a.cuFileWrite) {
-    out.reason = "libcufile.so.0 lacks a core symbol (cuFileDriverOpen..cuFileWrite)";
+    if (reason != nullptr) *reason = "the library lacks a core cuFile symbol (cuFileDriverOpen..cuFileWrite)";
+    return false;
+  }
+  find(lib, a.cuFileBatchIOSetUp, {"cuFileBatchIOSetUp"});
+  find(lib, a.cuFileBatchIOSubmit, {"cuFileBatchIOSubmit"});
+  find(lib, a.cuFileBatchIOGetStatus, {"cuFileBatchIOGetStatus"});
+  find(lib, a.cuFileBatchIOCancel, {"cuFileBatchIOCancel"});
+  find(lib, a.cuFileBatchIODestroy, {"cuFileBatchIODestroy"});
+  return true;
+}
+
+loaded load() {
+  loaded out;
+  // libcufile loads libcuda itself; we make sure the driver is usable first so the reason is the driver's.
+  std::string why;
+  if (cuda(&why) == nullptr) {
+    out.reason = "no usable CUDA driver: " + why;
     return out;
   }
+  void* lib = ::dlopen("libcufile.so.0", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    const char* e = ::dlerror();
+    out.reason = fmt::format("libcufile.so.0 not found: {}", e != nullptr ? e : "dlopen failed");
+    return out;
+  }
+  if (!bind_all(lib, out.api, &out.reason)) return out;
+  cufile_api& a = out.api;
   if (a.cuFileGetVersion != nullptr) {
     int v = 0;
     if (a.cuFileGetVersion(&v).err == CU_FILE_SUCCESS) out.version = v;
@@ -99,6 +110,17 @@ const cufile_api* cufile(std::string* reason) {
 }
 
 int cufile_version() { return state().version; }
+
+bool load_cufile_at(const char* path, cufile_api& api, std::string* reason) {
+  void* lib = ::dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    const char* e = ::dlerror();
+    if (reason != nullptr) *reason = fmt::format("{} not loaded: {}", path, e != nullptr ? e : "dlopen failed");
+    return false;
+  }
+  api = cufile_api{};
+  return bind_all(lib, api, reason);
+}
 
 namespace {
 std::atomic<bool> driver_opened{false};

@@ -4,6 +4,8 @@
 
 #include <sys/types.h>
 
+#include <ctime>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -79,6 +81,43 @@ inline constexpr std::size_t kPerGpuNP2pWrites = 160;
 inline constexpr std::size_t kPerGpuNNvfsWrites = 168;
 inline constexpr std::size_t kPerGpuNPosixWrites = 176;
 
+// The batch API (cuFile 1.2+; layouts of cufile.h 1.9-1.15, checked by tests/gpu/abi_check.cpp).
+using CUfileBatchHandle_t = void*;
+inline constexpr int CUFILE_READ = 0;
+inline constexpr int CUFILE_WRITE = 1;
+inline constexpr int CUFILE_BATCH = 1;
+// CUfileStatus_t
+inline constexpr int CUFILE_WAITING = 0x01;
+inline constexpr int CUFILE_PENDING = 0x02;
+inline constexpr int CUFILE_INVALID = 0x04;
+inline constexpr int CUFILE_CANCELED = 0x08;
+inline constexpr int CUFILE_COMPLETE = 0x10;
+inline constexpr int CUFILE_TIMEOUT = 0x20;
+inline constexpr int CUFILE_FAILED = 0x40;
+/// Entries in one cuFile batch: the library's default io_batchsize, and the most gdskit ever asks for.
+inline constexpr unsigned k_cufile_batch_max = 128;
+
+struct CUfileIOParams_t {
+  int mode;  // CUfileBatchMode_t: CUFILE_BATCH
+  union {
+    struct {
+      void* devPtr_base;
+      off_t file_offset;
+      off_t devPtr_offset;
+      std::size_t size;
+    } batch;
+  } u;
+  CUfileHandle_t fh;
+  int opcode;  // CUfileOpcode_t
+  void* cookie;
+};
+
+struct CUfileIOEvents_t {
+  void* cookie;
+  int status;        // CUfileStatus_t
+  std::size_t ret;   // bytes, or a negative error stored in a size_t
+};
+
 struct cufile_api {
   CUfileError_t (*cuFileDriverOpen)();
   CUfileError_t (*cuFileDriverClose)();  // cuFileDriverClose_v2 where exported
@@ -97,11 +136,26 @@ struct cufile_api {
   CUfileError_t (*cuFileStatsStart)();
   CUfileError_t (*cuFileStatsReset)();
   CUfileError_t (*cuFileGetStatsL3)(void*);
+  CUfileError_t (*cuFileBatchIOSetUp)(CUfileBatchHandle_t*, unsigned nr);
+  CUfileError_t (*cuFileBatchIOSubmit)(CUfileBatchHandle_t, unsigned nr, CUfileIOParams_t*, unsigned flags);
+  CUfileError_t (*cuFileBatchIOGetStatus)(CUfileBatchHandle_t, unsigned min_nr, unsigned* nr, CUfileIOEvents_t*,
+                                          struct timespec* timeout);
+  CUfileError_t (*cuFileBatchIOCancel)(CUfileBatchHandle_t);
+  void (*cuFileBatchIODestroy)(CUfileBatchHandle_t);
+  /// Whether the library has the batch API (every batch entry point was found).
+  bool has_batch() const noexcept {
+    return cuFileBatchIOSetUp && cuFileBatchIOSubmit && cuFileBatchIOGetStatus && cuFileBatchIOCancel &&
+           cuFileBatchIODestroy;
+  }
 };
 
 /// The loaded cuFile API, or nullptr with `reason` ("libcufile.so.0 not found", ...). Loading does not
 /// open the driver.
 const cufile_api* cufile(std::string* reason = nullptr);
+
+/// The cuFile API of the library at `path`, without checking for a CUDA driver first: tests load a stand-in
+/// library this way. False with `reason` when it cannot be loaded or lacks a core symbol.
+bool load_cufile_at(const char* path, cufile_api& api, std::string* reason = nullptr);
 
 /// cuFile's version (1000*major + 10*minor), 0 when unknown.
 int cufile_version();

@@ -46,6 +46,24 @@ static_assert(offsetof(CUfilePerGpuStats_t, n_p2p_writes) == s::kPerGpuNP2pWrite
 static_assert(offsetof(CUfilePerGpuStats_t, n_nvfs_writes) == s::kPerGpuNNvfsWrites);
 static_assert(offsetof(CUfilePerGpuStats_t, n_posix_writes) == s::kPerGpuNPosixWrites);
 static_assert(sizeof(CUfileStatsLevel3_t) <= s::kStatsL3BufferBytes);
+// Batch API.
+static_assert(sizeof(s::CUfileIOParams_t) == sizeof(CUfileIOParams_t));
+static_assert(offsetof(s::CUfileIOParams_t, u) == offsetof(CUfileIOParams_t, u));
+static_assert(offsetof(s::CUfileIOParams_t, fh) == offsetof(CUfileIOParams_t, fh));
+static_assert(offsetof(s::CUfileIOParams_t, opcode) == offsetof(CUfileIOParams_t, opcode));
+static_assert(offsetof(s::CUfileIOParams_t, cookie) == offsetof(CUfileIOParams_t, cookie));
+static_assert(offsetof(s::CUfileIOParams_t, u.batch.devPtr_base) == offsetof(CUfileIOParams_t, u.batch.devPtr_base));
+static_assert(offsetof(s::CUfileIOParams_t, u.batch.file_offset) == offsetof(CUfileIOParams_t, u.batch.file_offset));
+static_assert(offsetof(s::CUfileIOParams_t, u.batch.devPtr_offset) == offsetof(CUfileIOParams_t, u.batch.devPtr_offset));
+static_assert(offsetof(s::CUfileIOParams_t, u.batch.size) == offsetof(CUfileIOParams_t, u.batch.size));
+static_assert(sizeof(s::CUfileIOEvents_t) == sizeof(CUfileIOEvents_t));
+static_assert(offsetof(s::CUfileIOEvents_t, status) == offsetof(CUfileIOEvents_t, status));
+static_assert(offsetof(s::CUfileIOEvents_t, ret) == offsetof(CUfileIOEvents_t, ret));
+static_assert(s::CUFILE_READ == CUFILE_READ && s::CUFILE_WRITE == CUFILE_WRITE && s::CUFILE_BATCH == CUFILE_BATCH);
+static_assert(s::CUFILE_WAITING == CUFILE_WAITING && s::CUFILE_PENDING == CUFILE_PENDING);
+static_assert(s::CUFILE_INVALID == CUFILE_INVALID && s::CUFILE_CANCELED == CUFILE_CANCELED);
+static_assert(s::CUFILE_COMPLETE == CUFILE_COMPLETE && s::CUFILE_TIMEOUT == CUFILE_TIMEOUT);
+static_assert(s::CUFILE_FAILED == CUFILE_FAILED);
 // Driver API.
 static_assert(sizeof(s::CUdeviceptr) == sizeof(CUdeviceptr));
 static_assert(s::CUDA_ERROR_NOT_READY == CUDA_ERROR_NOT_READY);
@@ -65,6 +83,13 @@ static_assert(s::CU_MEMORYTYPE_UNIFIED == CU_MEMORYTYPE_UNIFIED);
 static_assert(s::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID);
 static_assert(s::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID == CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID);
 static_assert(s::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID == CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID);
+static_assert(sizeof(s::CUmemcpyAttributes) == sizeof(CUmemcpyAttributes));
+static_assert(offsetof(s::CUmemcpyAttributes, srcLocHint) == offsetof(CUmemcpyAttributes, srcLocHint));
+static_assert(offsetof(s::CUmemcpyAttributes, dstLocHint) == offsetof(CUmemcpyAttributes, dstLocHint));
+static_assert(offsetof(s::CUmemcpyAttributes, flags) == offsetof(CUmemcpyAttributes, flags));
+static_assert(s::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM == CU_MEMCPY_SRC_ACCESS_ORDER_STREAM);
+static_assert(s::CU_STREAM_WAIT_VALUE_GEQ == CU_STREAM_WAIT_VALUE_GEQ);
+static_assert(s::CU_MEMHOSTALLOC_DEVICEMAP == CU_MEMHOSTALLOC_DEVICEMAP);
 
 int main() {
   std::puts("abi_check: gdskit's cuFile and driver declarations match cuda.h and cufile.h");

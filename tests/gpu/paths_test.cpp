@@ -271,7 +271,7 @@ TEST(gpu_paths, buffer_view_async_forms_with_device_memory) {
   auto data = random_bytes((3u << 20) + 17, 51);
   test::write_file(dir / "as", data);
   device_buffer d(data.size() + 4096);
-  std::future<std::size_t> r;
+  io_future r;
   {
     file_handle f(dir / "as", open_mode::read_write, {}, with_mode(path_mode::staged));
     r = f.read_async(d.view(), d.size(), 0);

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "gdskit/batch.hpp"
+#include "gdskit/checksum.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
 #include "posix/syscalls.hpp"
@@ -137,6 +138,91 @@ TEST_P(batch_variants, writes_read_back_equal) {
   EXPECT_EQ(test::read_file(*dir_ / "w"), expect);
 }
 
+TEST_P(batch_variants, checksummed_reads_deliver_only_matching_bytes) {
+  const auto d = random_bytes(3 << 20, 41);
+  test::write_file(*dir_ / "c", d);
+  file_handle f(*dir_ / "c", open_mode::read, {}, config_);
+  std::mt19937_64 rng(2);
+  constexpr std::size_t n = 300;
+  std::vector<std::vector<std::uint8_t>> out(n);
+  std::vector<io_range> ranges;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t len = i % 60 == 0 ? 5'000'000 / 4 + rng() % 1000 : 1 + rng() % 20'000;
+    const std::uint64_t off = i % 61 == 0 ? d.size() - len / 2 : rng() % (d.size() - len);  // some run past the end
+    out[i].assign(len, 0xEE);
+    std::uint32_t expect = crc32c(d.data() + std::min<std::uint64_t>(off, d.size()),
+                                  static_cast<std::size_t>(std::min<std::uint64_t>(len, d.size() - std::min<std::uint64_t>(off, d.size()))));
+    if (i % 7 == 3) expect ^= 1;  // a corrupt block
+    ranges.push_back({&f, off, buffer_view::host(out[i].data(), len), expect});
+  }
+  batch_options o;
+  o.checksum = batch_checksum::crc32c;
+  const batch_result r = read_batch(ranges, o);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t off = ranges[i].offset_bytes;
+    const std::size_t len = out[i].size();
+    if (off + len > d.size()) {
+      EXPECT_EQ(r.ranges[i].error, errno_code(ENODATA)) << i;
+    } else if (i % 7 == 3) {
+      EXPECT_EQ(r.ranges[i].error, errno_code(EBADMSG)) << i;
+      ++bad;
+    } else {
+      ASSERT_TRUE(r.ranges[i].ok()) << i << ": " << r.ranges[i].error.message();
+      EXPECT_EQ(r.ranges[i].crc32c, ranges[i].crc32c);
+      ASSERT_EQ(0, std::memcmp(out[i].data(), d.data() + off, len)) << i;
+      continue;
+    }
+    EXPECT_EQ(out[i], std::vector<std::uint8_t>(len, 0xEE)) << "item " << i << " failed but its memory was written";
+  }
+  EXPECT_EQ(r.checksum_mismatches, bad);
+}
+
+TEST_P(batch_variants, checksummed_writes_report_the_checksum_of_what_they_wrote) {
+  file_handle f(*dir_ / "cw", open_mode::read_write, {.create = true}, config_);
+  std::vector<std::vector<std::uint8_t>> src;
+  std::vector<io_range> ranges;
+  std::uint64_t pos = 0;
+  for (int i = 0; i < 50; ++i) {
+    const std::size_t len = i % 10 == 0 ? (std::size_t{5} << 20) + 4096 * (i % 3) : 4096 * (1 + i % 5) + (i % 2) * 17;
+    src.push_back(random_bytes(len, 500 + i));
+    ranges.push_back({&f, pos, buffer_view::host(src.back().data(), len)});
+    pos += len + (i % 3) * 4096;
+  }
+  batch_options o;
+  o.checksum = batch_checksum::crc32c;
+  const batch_result r = write_batch(ranges, o);
+  ASSERT_TRUE(r.ok());
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    EXPECT_EQ(r.ranges[i].crc32c, crc32c(src[i].data(), src[i].size())) << i;
+    std::vector<std::uint8_t> back(src[i].size());
+    ASSERT_EQ(f.pread(back.data(), back.size(), ranges[i].offset_bytes), back.size());
+    ASSERT_EQ(back, src[i]) << i;
+  }
+}
+
+// A read longer than one request that runs past the end of the file: split into requests, it moved only the
+// bytes the file has (and, exact, fails with ENODATA), whatever the engine.
+TEST_P(batch_variants, a_split_read_past_the_end_counts_only_the_bytes_that_exist) {
+  const auto d = random_bytes((5 << 20) + 123, 16);
+  test::write_file(*dir_ / "f", d);
+  file_handle f(*dir_ / "f", open_mode::read, {}, config_);
+  std::vector<std::uint8_t> mem((6 << 20) + 1, 0xEE);
+  const io_range one{&f, 1000, buffer_view::host(mem.data() + 1, 6 << 20)};  // unaligned: through staging
+  const std::size_t exist = d.size() - 1000;
+  const batch_result r = read_batch(std::span(&one, 1));
+  ASSERT_TRUE(r.ranges[0].ok()) << r.ranges[0].error.message();
+  EXPECT_EQ(r.ranges[0].nbytes, exist);
+  EXPECT_EQ(r.nbytes, exist);
+  EXPECT_EQ(0, std::memcmp(mem.data() + 1, d.data() + 1000, exist));
+  EXPECT_EQ(mem[1 + exist], 0xEE);
+  batch_options o;
+  o.exact = true;
+  const batch_result e = read_batch(std::span(&one, 1), o);
+  EXPECT_EQ(e.ranges[0].error, errno_code(ENODATA));
+  EXPECT_EQ(e.ranges[0].nbytes, exist);
+}
+
 INSTANTIATE_TEST_SUITE_P(engines, batch_variants,
                          ::testing::Values(variant{engine_kind::io_uring, direct_mode::automatic},
                                            variant{engine_kind::io_uring, direct_mode::on},
@@ -148,6 +234,32 @@ class batch_test : public ::testing::Test {
  protected:
   temp_dir dir_;
 };
+
+TEST(crc32c, known_values_and_continuation) {
+  const char* digits = "123456789";
+  EXPECT_EQ(crc32c(digits, 9), 0xE3069283u);
+  EXPECT_EQ(crc32c(digits, 0), 0u);
+  const std::vector<std::uint8_t> zeros(32, 0);
+  EXPECT_EQ(crc32c(zeros.data(), zeros.size()), 0x8A9136AAu);  // RFC 3720 B.4: 32 bytes of zeros
+  const auto d = random_bytes(100'003, 9);
+  for (std::size_t cut : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4096}, std::size_t{99'999}}) {
+    EXPECT_EQ(crc32c(d.data() + cut, d.size() - cut, crc32c(d.data(), cut)), crc32c(d.data(), d.size())) << cut;
+  }
+}
+
+TEST_F(batch_test, checksummed_ranges_are_at_most_16_mib) {
+  file_handle f(dir_ / "big", open_mode::read_write, {.create = true});
+  std::vector<std::uint8_t> mem(17 << 20);
+  const io_range one{&f, 0, buffer_view::host(mem.data(), mem.size())};
+  batch_options o;
+  o.checksum = batch_checksum::crc32c;
+  try {
+    (void)read_batch(std::span(&one, 1), o);
+    ADD_FAILURE() << "accepted";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errno_code(EINVAL));
+  }
+}
 
 TEST_F(batch_test, bad_input_is_refused_before_any_io) {
   const auto d = random_bytes(100'000, 5);
@@ -258,6 +370,25 @@ TEST_F(batch_test, deadline_completes_a_hung_batch_and_release_waits_for_the_ker
   let_go = true;
   fut.wait_released();
   EXPECT_TRUE(fut.released());
+}
+
+TEST_F(batch_test, wait_for_the_longest_timeout_waits_until_ready) {
+  test::write_file(dir_ / "f", random_bytes(100'000, 17));
+  settings s;
+  s.engine = engine_kind::threads;
+  file_handle f(dir_ / "f", open_mode::read, {}, s);
+  posix::syscall_table t = posix::real_syscalls();
+  const auto real_pread = t.pread;
+  t.pread = [real_pread](int fd, void* b, std::size_t n, off_t off) -> ssize_t {
+    std::this_thread::sleep_for(50ms);
+    return real_pread(fd, b, n, off);
+  };
+  posix::scoped_syscalls guard(t);
+  std::vector<std::uint8_t> mem(1000);
+  const io_range one{&f, 7, buffer_view::host(mem.data(), mem.size())};
+  batch_future fut = submit_reads(std::span(&one, 1));
+  EXPECT_TRUE(fut.wait_for(std::chrono::nanoseconds::max())) << "returned before the batch was ready";
+  EXPECT_TRUE(fut.ready());
 }
 
 TEST_F(batch_test, event_fd_becomes_readable_and_cancel_after_completion_changes_nothing) {

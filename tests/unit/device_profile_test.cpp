@@ -4,6 +4,7 @@
 
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <unistd.h>
 
 
 #include <nlohmann/json.hpp>
@@ -129,6 +130,7 @@ TEST(device_profile, bad_or_stale_files_are_ignored_with_a_reason) {
   }
   // The good text in a regular file loads: the cases above fail for their edit alone.
   test::write_text(t.path() / "good.json", good.dump());
+  fs::permissions(t.path() / "good.json", fs::perms(0644));  // whatever the umask: only the owner writes it
   EXPECT_TRUE(load_profile(t.path() / "good.json", id).profile);
 
   // A symbolic link to a good profile, a FIFO (which must not block the reader), a folder, nothing at all.
@@ -141,6 +143,70 @@ TEST(device_profile, bad_or_stale_files_are_ignored_with_a_reason) {
     EXPECT_FALSE(r.profile);
     EXPECT_FALSE(r.reason.empty());
   }
+}
+
+// A profile sizes threads and pinned memory, so only one the user controls counts: a file another user owns,
+// or one that the group or others may write, is ignored with the reason.
+TEST(device_profile, files_others_could_write_are_ignored_with_the_reason) {
+  temp_dir t;
+  const device_identity id{"nvme0n1", "wwid=eui.1234"};
+  const fs::path f = save_profile(t.path(), sample(id));
+  ASSERT_TRUE(load_profile(f, id).profile) << load_profile(f, id).reason;
+  for (auto mode : {0664, 0646, 0666}) {
+    SCOPED_TRACE(mode);
+    fs::permissions(f, fs::perms(mode));
+    const auto r = load_profile(f, id);
+    EXPECT_FALSE(r.profile);
+    EXPECT_NE(r.reason.find("writable by"), std::string::npos) << r.reason;
+  }
+  fs::permissions(f, fs::perms(0644));
+  if (::geteuid() != 0) GTEST_SKIP() << "a file of another owner needs root to make (chown)";
+  ASSERT_EQ(::chown(f.c_str(), 65534, 65534), 0);
+  const auto r = load_profile(f, id);
+  EXPECT_FALSE(r.profile);
+  EXPECT_NE(r.reason.find("owned by uid 65534"), std::string::npos) << r.reason;
+  // The learned profile is held to the same rule.
+  learned_profile lp;
+  lp.device = id;
+  lp.shapes["host-read"] = {{4, 4 * kMiB}, 2.0, ""};
+  const fs::path lf = save_learned(t.path(), lp);
+  ASSERT_TRUE(load_learned(lf, id).learned);
+  ASSERT_EQ(::chown(lf.c_str(), 65534, 65534), 0);
+  EXPECT_NE(load_learned(lf, id).reason.find("owned by uid 65534"), std::string::npos);
+}
+
+// However a profile is nested, reading it walks no deeper than its format needs: deep nesting is refused while
+// parsing (a recursive copy of a 500,000-level "read" value would exhaust the stack).
+TEST(device_profile, deeply_nested_files_are_ignored_without_walking_them) {
+  temp_dir t;
+  const device_identity id{"nvme0n1", "wwid=eui.1234"};
+  const std::size_t depth = k_profile_max_bytes / 2 - 1024;
+  nlohmann::json good = nlohmann::json::parse(profile_json(sample(id)));
+  std::string text = good.dump();
+  const std::string deep = std::string(depth, '[') + std::string(depth, ']');
+  for (const std::string key : {"read", "write", "sweep"}) {
+    SCOPED_TRACE(key);
+    // The key's value replaced by the deep one.
+    std::string bad = text;
+    const auto at = bad.find("\"" + key + "\":");
+    ASSERT_NE(at, std::string::npos);
+    const auto begin = at + key.size() + 3;
+    const auto end = bad.find(key == "sweep" ? "]" : "}", begin);
+    bad.replace(begin, end + 1 - begin, deep);
+    test::write_text(t.path() / "p.json", bad);
+    fs::permissions(t.path() / "p.json", fs::perms(0644));
+    const auto r = load_profile(t.path() / "p.json", id);
+    EXPECT_FALSE(r.profile);
+    EXPECT_NE(r.reason.find("nested more than"), std::string::npos) << r.reason;
+  }
+  learned_profile lp;
+  lp.device = id;
+  lp.shapes["staged-read"] = {{4, 4 * kMiB}, 2.0, ""};
+  std::string l = learned_json(lp);
+  l.insert(l.find("\"shapes\""), "\"x\":" + deep + ",");
+  test::write_text(t.path() / "l.json", l);
+  fs::permissions(t.path() / "l.json", fs::perms(0644));
+  EXPECT_NE(load_learned(t.path() / "l.json", id).reason.find("nested more than"), std::string::npos);
 }
 
 }  // namespace

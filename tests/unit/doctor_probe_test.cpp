@@ -170,7 +170,7 @@ TEST(doctor_probe, environment_is_passed_and_entries_can_be_removed) {
   ::setenv("GDSKIT_PROBE_TEST_VAR", "inherited", 1);
   auto exe = script(dir, "child",
                     "printf 'GDSKIT-PROBE-CHILD {\"mode\":\"%s\",\"file_device\":\"%s\",\"notes\":[\"%s\"]}\\n' "
-                    "\"$CUFILE_ALLOW_COMPAT_MODE\" \"${GDSKIT_PROBE_TEST_VAR:-unset}\" \"$2 $3 $4 $5\"");
+                    "\"$CUFILE_ALLOW_COMPAT_MODE\" \"${GDSKIT_PROBE_TEST_VAR:-unset}\" \"$2 $3\"");
   auto o = gd::spawn_probe_child(exe, "strict", dir / "f", 4096, {}, {"CUFILE_ALLOW_COMPAT_MODE=false", "GDSKIT_PROBE_TEST_VAR="},
                                  dir.path(), 30);
   ::unsetenv("GDSKIT_PROBE_TEST_VAR");
@@ -178,7 +178,8 @@ TEST(doctor_probe, environment_is_passed_and_entries_can_be_removed) {
   EXPECT_EQ(o.report->mode, "false");
   EXPECT_EQ(o.report->file_device, "unset");
   ASSERT_EQ(o.report->notes.size(), 1u);
-  EXPECT_EQ(o.report->notes[0], "--probe-child strict --probe-file " + (dir / "f").string());
+  // One argument per option ("--probe-file=FILE"): a file name that starts with '-' cannot become an option.
+  EXPECT_EQ(o.report->notes[0], "--probe-child=strict --probe-file=" + (dir / "f").string());
 }
 
 TEST(doctor_probe, a_crashing_or_hanging_probe_process_is_evidence_not_a_crash) {

@@ -79,7 +79,8 @@ TEST(doctor, generic_kernel_without_hook_is_compat) {
   EXPECT_EQ(r.result.kind, gd::verdict_kind::compat_only) << r.result.line;
   EXPECT_EQ(r.result.first_failing_layer, "kernel");
   EXPECT_EQ(state_of(r, "kernel.nvme_hook"), gd::status::fail);
-  EXPECT_EQ(state_of(r, "kernel.nvfs_modules"), gd::status::warn);
+  // nvidia-fs does not list nvme: registration is not proven (it is judged from nvidia-fs's own list).
+  EXPECT_EQ(state_of(r, "kernel.nvfs_modules"), gd::status::unknown);
   EXPECT_EQ(r.result.line.rfind("cuFile works only in compat mode", 0), 0u);
   EXPECT_EQ(r.result.exit_code(), 1);
 }
@@ -317,4 +318,20 @@ TEST(doctor, capture_archive_unpacks_and_hostile_archives_are_refused) {
     EXPECT_FALSE(why.empty()) << name;
     EXPECT_TRUE(fs::is_empty(out.path())) << name;
   }
+}
+
+TEST(doctor, without_a_gpu_the_report_says_so_first_in_a_few_lines) {
+  gdskit::test::temp_dir dir;
+  auto r = diagnose(dir.path());
+  const std::string short_text = gd::render_text(r, false, /*all_layers=*/false);
+  EXPECT_EQ(short_text.rfind("No usable NVIDIA GPU here", 0), 0u) << short_text;
+  EXPECT_LE(std::count(short_text.begin(), short_text.end(), '\n'), 8) << short_text;
+  EXPECT_NE(short_text.find("gpu.driver"), std::string::npos);
+  EXPECT_NE(short_text.find("--all"), std::string::npos);
+  const std::string full = gd::render_text(r, false, /*all_layers=*/true);
+  EXPECT_NE(full.find("storage"), std::string::npos);
+  EXPECT_GT(std::count(full.begin(), full.end(), '\n'), 15);
+  // With a GPU the short form never applies.
+  auto ok = diagnose(fixture("gds-ok-nvme-ext4"));
+  EXPECT_EQ(gd::render_text(ok, false, false), gd::render_text(ok, false, true));
 }

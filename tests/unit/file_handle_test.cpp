@@ -158,12 +158,17 @@ TEST_P(engine_variants, buffer_view_async_forms_match_blocking) {
   test::write_file(path, data);
   std::vector<std::uint8_t> a(data.size() + 100, 0), b(5000, 0);
   auto patch = random_bytes(300001, 16);
-  std::future<std::size_t> fa, fb, fw, fshort;
+  io_future fa, fb, fw;
   {
     file_handle f(path, open_mode::read_write, {}, small_chunks(GetParam()));
     fa = f.read_async(buffer_view::host(a.data(), a.size()), a.size(), 0);
     fb = f.read_async(buffer_view::host(b.data(), b.size()), b.size(), 4093);
-    fshort = f.read_async(buffer_view::host(b.data(), 10), 20, 0);  // view smaller than the request
+    try {
+      (void)f.read_async(buffer_view::host(b.data(), 10), 20, 0);  // view smaller than the request
+      FAIL() << "a view smaller than the request must be refused";
+    } catch (const error& e) {
+      EXPECT_EQ(e.code(), std::errc::invalid_argument);
+    }
   }
   EXPECT_EQ(fa.get(), data.size()) << "a read returns fewer bytes only at end of file";
   EXPECT_EQ(0, std::memcmp(a.data(), data.data(), data.size()));
@@ -174,12 +179,6 @@ TEST_P(engine_variants, buffer_view_async_forms_match_blocking) {
     fw = f.write_async(buffer_view::host(patch.data(), patch.size()), patch.size(), data.size() + 7);
   }
   EXPECT_EQ(fw.get(), patch.size());
-  try {
-    fshort.get();
-    FAIL() << "a view smaller than the request must be refused";
-  } catch (const error& e) {
-    EXPECT_EQ(e.code(), std::errc::invalid_argument);
-  }
   auto disk = test::read_file(path);
   ASSERT_EQ(disk.size(), data.size() + 7 + patch.size());
   EXPECT_EQ(0, std::memcmp(disk.data() + data.size() + 7, patch.data(), patch.size()));
@@ -594,8 +593,8 @@ TEST(file_handle, futures_keep_the_file_open) {
   settings s;
   s.direct = direct_mode::off;
   std::vector<std::uint8_t> back(data.size());
-  std::future<std::size_t> fut;
-  std::future<std::size_t> wfut;
+  io_future fut;
+  io_future wfut;
   auto patch = random_bytes(5000, 22);
   {
     file_handle f(dir / "a", open_mode::read_write, {}, s);

@@ -328,6 +328,11 @@ TEST(file_faults, close_waits_for_asynchronous_operations) {
     released.wait();
     return real_syscalls().pread(fd, b, n, o);
   };
+  // The same hold on io_uring, where the asynchronous forms run by default.
+  t.uring_result = [released](bool, int, std::uint64_t, std::size_t, int result) {
+    released.wait();
+    return result;
+  };
   scoped_syscalls guard(t);
   settings s;
   s.direct = direct_mode::off;

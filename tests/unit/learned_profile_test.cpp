@@ -210,6 +210,52 @@ TEST(learned_profile, shapes_found_with_a_pinned_coordinate_are_not_remembered) 
   EXPECT_FALSE(fs::exists(env.learned_file())) << "a pinned search was remembered as the device's shape";
 }
 
+// A learned or tuned shape sizes lanes (pinned memory and threads) and queue depth: it starts a transfer only
+// within the bounds of the client it is for, whatever the file says. A learned depth of 1024 had given the
+// staged path 1,024 lanes; a tuned depth of 32 is held to the staged path's 16 and kept by the host engine.
+TEST(learned_profile, shapes_from_files_are_held_to_the_clients_bounds) {
+  cache_env env;
+  env.learn("staged-read", {{1024, 1024 * kMiB}, 3.0, ""});
+  settings cfg;
+  scheduled_transfer s(cfg, env.dev, io_dir::read, io_client::staged, std::size_t{1} << 30);
+  EXPECT_EQ(s.max_shape().depth, k_staged_max_depth);
+  EXPECT_LE(s.max_shape().request_bytes, cfg.staging_slot_bytes);
+  EXPECT_LE(s.shape().depth, k_staged_max_depth);
+  const std::string why = schedule_reason(cfg, env.dev, io_dir::read, io_client::staged);
+  EXPECT_NE(why.find("depth 1024 held to 16"), std::string::npos) << why;
+  // Cut, it is a starting point, not a shape to hold.
+  EXPECT_EQ(why.find("holding the learned shape"), std::string::npos) << why;
+}
+
+TEST(learned_profile, host_shapes_from_files_are_held_to_the_host_bounds) {
+  cache_env env;
+  env.learn("host-write", {{1024, 512 * kMiB}, 3.0, ""});
+  settings cfg;
+  scheduled_transfer s(cfg, env.dev, io_dir::write, io_client::host, std::size_t{1} << 30);
+  EXPECT_EQ(s.max_shape().depth, k_host_max_depth);
+  EXPECT_EQ(s.max_shape().request_bytes, k_host_max_request_bytes);
+  const std::string why = schedule_reason(cfg, env.dev, io_dir::write, io_client::host);
+  EXPECT_NE(why.find("depth 1024 held to 64"), std::string::npos) << why;
+  EXPECT_NE(why.find("512.00 MiB held to 16.00 MiB"), std::string::npos) << why;
+}
+
+TEST(learned_profile, a_tuned_depth_of_32_is_held_to_16_lanes_by_the_staged_path_only) {
+  cache_env env;
+  device_profile p;
+  p.device = identify_device("/", env.dev);
+  p.read = {32, 8 * kMiB};
+  p.write = {32, 8 * kMiB};
+  p.read_gib_per_s = p.write_gib_per_s = 2;
+  save_profile(env.t.path() / "cache/gdskit", p);
+  settings cfg;
+  scheduled_transfer staged(cfg, env.dev, io_dir::read, io_client::staged, std::size_t{1} << 30);
+  EXPECT_EQ(staged.max_shape().depth, k_staged_max_depth);
+  EXPECT_LE(staged.shape().depth, k_staged_max_depth);
+  scheduled_transfer host(cfg, env.dev, io_dir::read, io_client::host, std::size_t{1} << 30);
+  EXPECT_EQ(host.shape().depth, 32u);
+  EXPECT_EQ(host.max_shape().depth, k_host_max_depth);
+}
+
 // doctor names the learned shapes of the device it checks; what it prints from the file is only what passed
 // the checks.
 TEST(learned_profile, doctor_lists_the_learned_shapes) {

@@ -293,6 +293,18 @@ TEST(SafetensorsHeader, MessagesEscapeNamesFromTheFile) {
     EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("x\\x1b[31m\\n"), std::string::npos) << e.what();
   }
+  // A syntax error quotes the text it read last: a C1 CSI (valid UTF-8) or a right-to-left override in it is
+  // escaped too.
+  for (const char* text : {"{\"a\":\"\xc2\x9b" "31m", "{\"a\": x\xe2\x80\xae" "}"}) {
+    try {
+      parse(make_file(text, 0));
+      ADD_FAILURE() << "parsed";
+    } catch (const gdskit::error& e) {
+      EXPECT_EQ(e.code().value(), EBADMSG);
+      EXPECT_EQ(std::string(e.what()).find("\xc2\x9b"), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find("\xe2\x80\xae"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

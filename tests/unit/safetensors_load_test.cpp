@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -28,6 +29,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/json_bounded.hpp"
 #include "engine/thread_pool.hpp"
 #include "formats/sha256.hpp"
 #include "gdskit/error.hpp"
@@ -622,18 +624,32 @@ TEST(SafetensorsLoad, FirstShardReadsBeforeLaterHeadersAreParsed) {
 }
 
 // The stats of a streamed load: the first read comes after the first header; the second shard's header work
-// is counted as overlapped with reads. The seam holds that header back until shard 1's data reads run, then
-// for 5 ms a read; shard 1's 25 segments of 2 ms each keep the two readers busy for longer than that.
+// is counted as overlapped with reads. The seam holds each of that header's two reads back until a data read of
+// shard 1 has begun, then for 5 ms; shard 1's data reads wait until both header reads have been let go, so the
+// reads stay busy through those 10 ms however the core groups or spreads them.
 TEST(SafetensorsLoad, StreamingStatsCountHeaderWorkOverlappedWithReads) {
   temp_dir dir;
   const auto c = write_checkpoint(dir, 3, 4, 100001);
   shard_reads reads(c);
+  std::atomic<bool> data_begun{false};
+  std::atomic<int> headers_let_go{0};
+  const auto spin_until = [](const auto& done) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!done() && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  };
   reads.before = [&](const shard_read& r) {
     if (r.header && r.shard == 1) {
-      reads.wait_for_data(0, std::chrono::seconds(5));
+      spin_until([&] { return data_begun.load(); });
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      headers_let_go.fetch_add(1);
     }
-    if (!r.header && r.shard == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (!r.header && r.shard == 0) {
+      data_begun = true;
+      spin_until([&] { return headers_let_go.load() >= 2; });
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
     return 0;
   };
   st::load_options o;
@@ -940,6 +956,140 @@ TEST(SafetensorsLoad, FolderWithTwoIndexesIsRefused) {
   }
   // Each index alone loads its own shard.
   EXPECT_EQ(st::load(dir / "m.fp32.safetensors.index.json").tensors().at(0).file.filename(), "fp32-1.safetensors");
+}
+
+// Text from an index or a folder listing reaches messages escaped: a name or file name holding ESC, BEL, a C1
+// control or a newline cannot drive the terminal that shows the error. The error's path() keeps the raw bytes
+// (programs open it); only the message is escaped.
+TEST(SafetensorsLoad, IndexTextInMessagesIsEscaped) {
+  temp_dir dir;
+  write_st(dir / "a.safetensors", {k_model[0]}, 1);
+  const std::string key = "evil\x1b[2J\x07\n\xc2\x9bname";
+  const auto idx = dir / "m.safetensors.index.json";
+  struct hostile {
+    std::string what;
+    std::string text;
+    int code;
+  };
+  const std::vector<hostile> cases = {
+      {"value not a string", nlohmann::json{{"weight_map", {{key, 5}}}}.dump(), EBADMSG},
+      {"leaves the folder", nlohmann::json{{"weight_map", {{key, "../a.safetensors"}}}}.dump(), EBADMSG},
+      {"absolute", nlohmann::json{{"weight_map", {{key, "/a.safetensors"}}}}.dump(), EBADMSG},
+      {"not in the header", nlohmann::json{{"weight_map", {{key, "a.safetensors"}}}}.dump(), EBADMSG},
+      {"missing shard", nlohmann::json{{"weight_map", {{"w", "\x1b[31mgone\x07.safetensors"}}}}.dump(), ENOENT},
+      {"syntax error", "{\"weight_map\": x\x1b\xc2\x9b[2J}", EBADMSG},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    gdskit::test::write_text(idx, c.text);
+    try {
+      st::load(idx);
+      ADD_FAILURE() << "loaded";
+    } catch (const gdskit::error& e) {
+      EXPECT_EQ(e.code().value(), c.code) << e.what();
+      const std::string what = e.what();
+      for (char raw : {'\x1b', '\x07', '\n'}) EXPECT_EQ(what.find(raw), std::string::npos) << what;
+      EXPECT_EQ(what.find("\xc2\x9b"), std::string::npos) << what;
+      if (c.code == ENOENT) {
+        EXPECT_NE(what.find("\\x1b[31mgone\\a.safetensors"), std::string::npos) << what;
+        EXPECT_EQ(e.path(), (dir / "\x1b[31mgone\x07.safetensors").string());
+      } else if (c.what != "syntax error") {
+        EXPECT_NE(what.find("evil\\x1b[2J\\a\\n\\u009bname"), std::string::npos) << what;
+      }
+    }
+  }
+  // Index files found in a folder are named escaped too.
+  std::filesystem::remove(idx);
+  std::ofstream(dir / "a\x1b]0;x\x07.safetensors.index.json") << R"({"weight_map":{"embed.weight":"a.safetensors"}})";
+  std::ofstream(dir / "b.safetensors.index.json") << R"({"weight_map":{"embed.weight":"a.safetensors"}})";
+  try {
+    st::load(dir.path());
+    ADD_FAILURE() << "a folder with two indexes loaded";
+  } catch (const gdskit::error& e) {
+    EXPECT_EQ(std::string(e.what()).find('\x1b'), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("a\\x1b]0;x\\a.safetensors.index.json"), std::string::npos) << e.what();
+  }
+}
+
+// The allocation is sized by the bytes selected, not by how a file scatters them: runs are placed congruent to
+// their file offset modulo a power of two no larger than themselves (4 KiB for runs that O_DIRECT can read into
+// place), so a file of many one-byte tensors with gaps between them (read one by one when nothing is
+// coalesced, as the distributed load asks) cannot make a 4 KiB allocation per byte.
+TEST(SafetensorsLoad, AllocationIsBoundedByTheBytesSelected) {
+  temp_dir dir;
+  std::vector<spec> specs;
+  const std::size_t n = 20000;
+  for (std::size_t i = 0; i < n; ++i) {
+    specs.push_back({fmt::format("t{:05d}", i), i % 3 == 0 ? "F16" : "U8", {1}, i % 3 == 0 ? 2u : 1u, 1});
+  }
+  auto w = write_st(dir / "scattered.safetensors", specs, 7);
+  st::load_options o;
+  o.coalesce_gap_bytes = 0;
+  auto m = st::load(dir / "scattered.safetensors", o);
+  ASSERT_EQ(m.tensors().size(), n);
+  std::map<std::string, std::uint64_t> file_offset;
+  for (const auto& t : st::read_header(dir / "scattered.safetensors").tensors) file_offset[t.name] = t.file_offset_bytes;
+  std::uint64_t selected = 0, allocated = 0;
+  for (const auto& t : m.tensors()) {
+    selected += t.data.nbytes;
+    EXPECT_EQ(view_bytes(t), w.bytes.at(t.name)) << t.name;
+    // Elements stay as aligned in memory as they are in the file (the allocation is 4 KiB aligned).
+    const auto address = reinterpret_cast<std::uintptr_t>(t.data.data);
+    if (t.dtype == st::dtype::F16) EXPECT_EQ(address % 2, file_offset.at(t.name) % 2) << t.name;
+  }
+  for (const auto& a : m.allocations()) allocated += a.nbytes;
+  EXPECT_LE(allocated, 3 * selected + 4096) << "selected " << selected;
+}
+
+// An index nested deeper than the documented bound is refused as malformed, however deep: nothing walks it.
+TEST(SafetensorsLoad, IndexNestedBeyondTheBoundIsRefused) {
+  temp_dir dir;
+  write_st(dir / "a.safetensors", {k_model[0]}, 1);
+  const auto idx = dir / "m.safetensors.index.json";
+  auto nested = [](std::size_t depth) {
+    return "{\"metadata\": {\"extra\": " + std::string(depth, '[') + std::string(depth, ']') +
+           "}, \"weight_map\": {\"embed.weight\": \"a.safetensors\"}}";
+  };
+  // Within the bound (the object, "metadata", and 62 arrays): loads.
+  gdskit::test::write_text(idx, nested(gdskit::max_index_json_depth - 2));
+  EXPECT_EQ(st::load(idx).tensors().size(), 1u);
+  for (std::size_t depth : {gdskit::max_index_json_depth - 1, std::size_t{1000000}}) {
+    SCOPED_TRACE(depth);
+    gdskit::test::write_text(idx, nested(depth));
+    try {
+      st::load(idx);
+      ADD_FAILURE() << "loaded";
+    } catch (const gdskit::error& e) {
+      EXPECT_EQ(e.code().value(), EBADMSG);
+      EXPECT_NE(std::string(e.what()).find("nested more than 64 levels"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A CUDA destination without a usable GPU is ENODEV with the reason, before the caller's allocate callback runs
+// (a framework would raise its own error there) and before any file is opened.
+TEST(SafetensorsLoad, DeviceWithoutAGpuIsEnodevBeforeAllocating) {
+  std::string why;
+  if (gdskit::gpu_available(&why)) GTEST_SKIP() << "a GPU is usable here";
+  temp_dir dir;
+  write_st(dir / "a.safetensors", {k_model[0]}, 1);
+  st::load_options o;
+  o.device = 0;
+  bool called = false;
+  o.allocate = [&](std::uint64_t) -> gdskit::buffer_view {
+    called = true;
+    throw std::runtime_error("the allocate callback ran");
+  };
+  for (const auto& p : {dir / "a.safetensors", dir / "missing.safetensors"}) {
+    try {
+      st::load(p, o);
+      ADD_FAILURE() << "loaded";
+    } catch (const gdskit::error& e) {
+      EXPECT_EQ(e.code().value(), ENODEV) << e.what();
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_FALSE(called);
 }
 
 }  // namespace

@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <map>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -459,6 +461,105 @@ TEST(safetensors_save_shards, one_shard_over_a_sharded_checkpoint_removes_the_st
   EXPECT_FALSE(fs::exists(dir / "model.safetensors.index.json"));
   EXPECT_EQ(st::load(dir / "model.safetensors").tensors().size(), 3u);
   EXPECT_TRUE(fs::exists(dir / "model-00001-of-00002.safetensors"));  // old shards are left alone
+}
+
+// Names reach save errors escaped: a save of what `gdskit load` read passes the file's names through.
+TEST(safetensors_save_layout, names_in_messages_are_escaped) {
+  std::vector<std::uint8_t> b(16);
+  auto v = gdskit::buffer_view::host(b.data(), b.size());
+  const std::string evil = "x\x1b]0;owned\x07\n\xc2\x9b";
+  const std::vector<std::pair<std::vector<st::save_tensor>, std::optional<st::metadata_entries>>> cases = {
+      {{{evil, st::dtype::F32, {3}, v}}, std::nullopt},
+      {{{evil, st::dtype::U8, {16}, v}, {evil, st::dtype::U8, {16}, v}}, std::nullopt},
+      {{{evil, st::dtype::U8, {16}, {nullptr, 16}}}, std::nullopt},
+      {{{evil, st::dtype::U8, {std::uint64_t{1} << 62, 1 << 8}, v}}, std::nullopt},
+      {{{evil, st::dtype::F4, {3}, gdskit::buffer_view::host(b.data(), 1)}}, std::nullopt},
+      {{{evil, st::dtype::U8, std::vector<std::uint64_t>(st::max_rank + 1, 1), v}}, std::nullopt},
+      {{{"a", st::dtype::U8, {16}, v}}, st::metadata_entries{{evil, "1"}, {evil, "2"}}},
+  };
+  for (const auto& [t, m] : cases) {
+    try {
+      st::plan_save(t, m);
+      ADD_FAILURE() << "planned";
+    } catch (const gdskit::error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.code(), std::errc::invalid_argument);
+      for (char raw : {'\x1b', '\x07', '\n'}) EXPECT_EQ(what.find(raw), std::string::npos) << what;
+      EXPECT_EQ(what.find("\xc2\x9b"), std::string::npos) << what;
+      EXPECT_NE(what.find("x\\x1b]0;owned\\a\\n\\u009b"), std::string::npos) << what;
+    }
+  }
+}
+
+// The shards of a sharded checkpoint and an index that names them, nested `depth` levels deep in its metadata.
+void deep_index(const fs::path& dir, std::size_t depth) {
+  std::string text = "{\"metadata\": {\"total_size\": 200, \"x\": " + std::string(depth, '[') +
+                     std::string(depth, ']') + "}, \"weight_map\": {\"layer_1\": \"model-00001-of-00002.safetensors\"," +
+                     " \"layer_2\": \"model-00002-of-00002.safetensors\"}}";
+  gdskit::test::write_text(dir / "model.safetensors.index.json", text);
+}
+
+std::vector<std::string> names_in(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Replacing a checkpoint reads the old index to keep it readable during the renames. However deeply an index in
+// the folder is nested, the save neither crashes nor leaves temporary files or second names behind: an index
+// nested beyond the bound is one it cannot read, and is replaced like an unparsable one.
+TEST(safetensors_save_shards, a_deeply_nested_existing_index_is_replaced_cleanly) {
+  for (std::size_t depth : {std::size_t{8}, std::size_t{1000000}}) {
+    SCOPED_TRACE(depth);
+    temp_dir dir;
+    std::vector<std::uint8_t> b;
+    auto o = quiet(true);
+    o.max_shard_bytes = 150;
+    st::save_sharded(dir.path(), sized({100, 100}, b), std::nullopt, o);
+    deep_index(dir.path(), depth);
+    auto t = sized({100, 100}, b);
+    const auto s = st::save_sharded(dir.path(), t, std::nullopt, o);
+    EXPECT_EQ(s.written.size(), 3u);
+    EXPECT_EQ(names_in(dir.path()), (std::vector<std::string>{"model-00001-of-00002.safetensors",
+                                                              "model-00002-of-00002.safetensors",
+                                                              "model.safetensors.index.json"}));
+    auto j = nlohmann::json::parse(read_text(dir / "model.safetensors.index.json"));
+    EXPECT_EQ(j["metadata"], (nlohmann::json{{"total_size", 200}}));
+    EXPECT_EQ(st::load(dir.path()).tensors().size(), 2u);
+  }
+}
+
+// A failure while the old checkpoint's shards get their second names (the second link fails) removes the names
+// made so far and leaves the old checkpoint and its index as they were.
+TEST(safetensors_save_faults, a_failed_second_name_leaves_no_links_behind) {
+  temp_dir dir;
+  std::vector<std::uint8_t> b_old, b_new;
+  auto o = quiet(true);
+  o.max_shard_bytes = 150;
+  st::save_sharded(dir.path(), sized({100, 100, 100}, b_old), std::nullopt, o);
+  std::map<std::string, std::vector<std::uint8_t>> before;
+  for (const auto& e : fs::directory_iterator(dir.path())) before[e.path().filename()] = gdskit::test::read_file(e.path());
+  auto t = sized({100, 100, 100}, b_new);
+  auto links = std::make_shared<std::atomic<int>>(0);
+  syscall_table table = real_syscalls();
+  table.link = [links](const char* a, const char* c) {
+    if (++*links == 2) {
+      errno = EIO;
+      return -1;
+    }
+    return real_syscalls().link(a, c);
+  };
+  std::error_code ec;
+  {
+    scoped_syscalls guard(table);
+    ec = code_of([&] { st::save_sharded(dir.path(), t, std::nullopt, o); });
+  }
+  EXPECT_EQ(ec, std::errc::io_error);
+  EXPECT_EQ(links->load(), 2);
+  std::map<std::string, std::vector<std::uint8_t>> after;
+  for (const auto& e : fs::directory_iterator(dir.path())) after[e.path().filename()] = gdskit::test::read_file(e.path());
+  EXPECT_EQ(after, before);
 }
 
 // ---- faults at every stage -----------------------------------------------------------------------------

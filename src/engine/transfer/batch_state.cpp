@@ -14,6 +14,10 @@
 
 namespace gdskit::detail {
 
+namespace {
+void disarm_deadline(const batch_state* s, batch_state::clock::time_point when);
+}  // namespace
+
 batch_state::batch_state(io_direction d, const batch_options& o, std::size_t nranges)
     : dir(d), options(o), decided_(new std::atomic<std::uint8_t>[nranges]()), undecided_(nranges) {
   ranges.reserve(nranges);
@@ -21,21 +25,58 @@ batch_state::batch_state(io_direction d, const batch_options& o, std::size_t nra
   // Level-triggered readiness for event loops: once written, the counter stays non-zero (nobody reads it).
   event_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!event_fd_) throw error(errno_code(errno), "eventfd", "", -1, 0, "for a batch's completion descriptor");
+  stop_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!stop_fd_) throw error(errno_code(errno), "eventfd", "", -1, 0, "for a batch's stop descriptor");
   if (nranges == 0) became_ready();
 }
 
 batch_state::~batch_state() = default;
 
-bool batch_state::complete(std::size_t i, std::size_t nbytes, std::error_code ec) {
-  std::uint8_t expected = 0;
-  if (!decided_[i].compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) return false;
-  result_.ranges[i] = {nbytes, ec};
+void batch_state::record(std::size_t i, std::size_t nbytes, std::error_code ec, double latency_s, std::uint32_t crc) {
+  result_.ranges[i] = {nbytes, ec, latency_s, crc};
+  decided_[i].store(k_done, std::memory_order_release);
   if (undecided_.fetch_sub(1, std::memory_order_acq_rel) == 1) became_ready();
+}
+
+bool batch_state::complete(std::size_t i, std::size_t nbytes, std::error_code ec, double latency_s, std::uint32_t crc) {
+  std::uint8_t expected = k_open;
+  if (!decided_[i].compare_exchange_strong(expected, k_claimed, std::memory_order_acq_rel)) return false;
+  record(i, nbytes, ec, latency_s, crc);
   return true;
 }
 
+bool batch_state::claim(std::size_t i) noexcept {
+  std::uint8_t expected = k_open;
+  return decided_[i].compare_exchange_strong(expected, k_claimed, std::memory_order_acq_rel);
+}
+
+void batch_state::unclaim(std::size_t i) noexcept {
+  decided_[i].store(k_open, std::memory_order_release);
+  // A deadline or cancel that passed over the range while it was claimed: it completes it now (one of the
+  // two gets it: complete_rest sets the stop flag before it walks the ranges). Store then load here, store then
+  // load there: only full fences on both sides keep each from missing the other's store.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (stopping()) {
+    std::error_code ec;
+    {
+      std::lock_guard lock(mutex_);
+      ec = stop_ec_;
+    }
+    if (ec) complete(i, 0, ec);
+  }
+}
+
+void batch_state::finish(std::size_t i, std::size_t nbytes, std::error_code ec, double latency_s, std::uint32_t crc) {
+  record(i, nbytes, ec, latency_s, crc);
+}
+
 std::size_t batch_state::complete_rest(std::error_code ec) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!stop_ec_) stop_ec_ = ec;
+  }
   request_stop();
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with unclaim()'s
   std::size_t n = 0;
   for (std::size_t i = 0; i < result_.ranges.size() && !ready(); ++i) {
     if (!decided(i) && complete(i, 0, ec)) ++n;
@@ -54,7 +95,11 @@ void batch_state::attach_files() {
   hold();
 }
 
-void batch_state::request_stop() noexcept { stop_.store(true, std::memory_order_release); }
+void batch_state::request_stop() noexcept {
+  if (stop_.exchange(true, std::memory_order_acq_rel)) return;
+  const std::uint64_t one = 1;
+  (void)!::write(stop_fd_.get(), &one, sizeof one);
+}
 
 void batch_state::release_hold(std::size_t n) {
   if (holds_.fetch_sub(n, std::memory_order_acq_rel) == n) maybe_released();
@@ -67,7 +112,9 @@ void batch_state::became_ready() {
     if (r.error) ++result_.failed;
   }
   result_.routes = {routed_host.load(), routed_staged.load(), routed_gds.load(), requests.load()};
+  result_.checksum_mismatches = checksum_mismatches.load();
   result_.seconds = std::chrono::duration<double>(clock::now() - started).count();
+  if (options.deadline) disarm_deadline(this, *options.deadline);
   if (on_ready) {
     try {
       on_ready();
@@ -118,12 +165,17 @@ void batch_state::wait_released() const {
 namespace {
 
 // One thread for every deadline of the process, started on first use. It sleeps until the earliest deadline
-// or a new earlier one; batches that completed in time are only weak references it drops.
+// or a new earlier one. It holds batches by weak reference, and a batch that becomes ready drops its entry.
 class deadline_timer {
  public:
   static deadline_timer& instance() {
     static deadline_timer* t = new deadline_timer();  // never destroyed: batches may outlive static destructors
     return *t;
+  }
+
+  std::size_t armed() {
+    std::lock_guard lock(mutex_);
+    return pending_.size();
   }
 
   void arm(const std::shared_ptr<batch_state>& s, batch_state::clock::time_point when) {
@@ -133,9 +185,22 @@ class deadline_timer {
         std::thread([this] { run(); }).detach();
         started_ = true;
       }
-      pending_.emplace(when, s);
+      pending_.emplace(when, entry{s.get(), s});
     }
     cv_.notify_one();
+  }
+
+  // Drops the batch's entry: a batch that completed in time is let go now, not at its deadline (the weak
+  // reference alone would keep its memory until then).
+  void disarm(const batch_state* s, batch_state::clock::time_point when) {
+    std::lock_guard lock(mutex_);
+    const auto [first, last] = pending_.equal_range(when);
+    for (auto it = first; it != last; ++it) {
+      if (it->second.raw == s) {
+        pending_.erase(it);
+        return;
+      }
+    }
   }
 
  private:
@@ -152,7 +217,7 @@ class deadline_timer {
         cv_.wait_until(lock, first->first);
         continue;
       }
-      std::weak_ptr<batch_state> w = first->second;
+      std::weak_ptr<batch_state> w = first->second.batch;
       pending_.erase(first);
       lock.unlock();
       if (auto s = w.lock(); s && !s->ready()) s->complete_rest(errno_code(ETIMEDOUT));
@@ -162,14 +227,24 @@ class deadline_timer {
 
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::multimap<batch_state::clock::time_point, std::weak_ptr<batch_state>> pending_;
+  struct entry {
+    const batch_state* raw;  // to find the entry (the weak reference may have expired)
+    std::weak_ptr<batch_state> batch;
+  };
+  std::multimap<batch_state::clock::time_point, entry> pending_;
   bool started_ = false;
 };
+
+void disarm_deadline(const batch_state* s, batch_state::clock::time_point when) {
+  deadline_timer::instance().disarm(s, when);
+}
 
 }  // namespace
 
 void arm_deadline(const std::shared_ptr<batch_state>& state, batch_state::clock::time_point when) {
   deadline_timer::instance().arm(state, when);
 }
+
+std::size_t armed_deadlines() { return deadline_timer::instance().armed(); }
 
 }  // namespace gdskit::detail

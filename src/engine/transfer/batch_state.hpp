@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/file_impl.hpp"
+#include "engine/open_file.hpp"
 #include "gdskit/batch.hpp"
 #include "posix/syscalls.hpp"
 
@@ -22,9 +22,10 @@ namespace gdskit::detail {
 
 /// A range as the batch keeps it: the file held open, its memory, and where it lies in the file.
 struct batch_range {
-  std::shared_ptr<file_handle::impl> file;
+  std::shared_ptr<engine::open_file> file;
   std::uint64_t offset = 0;
   buffer_view memory;
+  std::uint32_t crc32c = 0;  // the expected checksum of a checksummed read
 };
 
 struct batch_state {
@@ -40,12 +41,18 @@ struct batch_state {
   std::vector<batch_range> ranges;
   clock::time_point started = clock::now();
 
-  /// Records the outcome of range `i` unless it already has one (a deadline or cancel got there first);
-  /// returns whether this call decided it. The batch becomes ready with its last range.
-  bool complete(std::size_t i, std::size_t nbytes, std::error_code ec);
-  /// Whether range `i` already has its outcome (work on it can stop).
+  /// Records the outcome of range `i` unless it already has one or is claimed (a deadline or cancel got there
+  /// first); returns whether this call decided it. The batch becomes ready with its last range.
+  bool complete(std::size_t i, std::size_t nbytes, std::error_code ec, double latency_s = 0, std::uint32_t crc = 0);
+  /// Claims open range `i` before bytes are copied into (or out of) its memory, so that a deadline or cancel
+  /// cannot report it while they move: false when it already has its outcome. A claimed range is then either
+  /// given its outcome (finish) or opened again (unclaim) for its next part.
+  bool claim(std::size_t i) noexcept;
+  void unclaim(std::size_t i) noexcept;
+  void finish(std::size_t i, std::size_t nbytes, std::error_code ec, double latency_s = 0, std::uint32_t crc = 0);
+  /// Whether range `i` has its outcome or is being delivered (work on it can stop).
   bool decided(std::size_t i) const noexcept {
-    return decided_[i].load(std::memory_order_acquire) != 0;
+    return decided_[i].load(std::memory_order_acquire) != k_open;
   }
   /// Completes every undecided range with `ec` (ETIMEDOUT at the deadline, ECANCELED on cancel). Returns how
   /// many it completed.
@@ -64,6 +71,10 @@ struct batch_state {
   /// further request for the batch, so the batch cannot be released between a check and a request's start.
   void attach_files();
 
+  /// An eventfd that becomes readable (for good) once the batch stops: ready, past its deadline or cancelled.
+  /// The drivers wait on it beside their own completions.
+  int stop_fd() const noexcept { return stop_fd_.get(); }
+
   /// Called once the last range is decided, under no lock, before waiters wake (the routes' own cleanup).
   std::function<void()> on_ready;
 
@@ -77,8 +88,12 @@ struct batch_state {
 
   /// Counts what the routes did (for batch_result::routes).
   std::atomic<std::size_t> routed_host{0}, routed_staged{0}, routed_gds{0}, requests{0};
+  /// Checksummed reads whose bytes did not match (for batch_result::checksum_mismatches).
+  std::atomic<std::size_t> checksum_mismatches{0};
 
  private:
+  static constexpr std::uint8_t k_open = 0, k_claimed = 1, k_done = 2;
+  void record(std::size_t i, std::size_t nbytes, std::error_code ec, double latency_s, std::uint32_t crc);
   void became_ready();
   void maybe_released();
 
@@ -91,12 +106,17 @@ struct batch_state {
   mutable std::mutex mutex_;
   mutable std::condition_variable cv_;
   posix::unique_fd event_fd_;
+  posix::unique_fd stop_fd_;
+  std::error_code stop_ec_;  // what complete_rest gave the open ranges (guarded by mutex_)
   batch_result result_;
-  std::vector<std::shared_ptr<file_handle::impl>> files_;
+  std::vector<std::shared_ptr<engine::open_file>> files_;
 };
 
 /// Fires batches' deadlines from one process-wide thread that sleeps until the earliest one (no polling).
-/// The timer holds a weak reference: a batch that completes before its deadline costs nothing more.
+/// The timer holds a weak reference, dropped when the batch becomes ready: a batch that completes before its
+/// deadline costs nothing more.
 void arm_deadline(const std::shared_ptr<batch_state>& state, batch_state::clock::time_point when);
+/// How many batches the deadline timer still holds (tests: a batch is let go once it is ready).
+std::size_t armed_deadlines();
 
 }  // namespace gdskit::detail

@@ -2,76 +2,63 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 
 #include "engine/thread_pool.hpp"
+#include "engine/transfer/driver.hpp"
+#include "engine/transfer/stream_route.hpp"
 #include "gdskit/error.hpp"
 
 namespace gdskit::engine {
 
 transfer_core& transfer_core::instance() {
-  static transfer_core core;
-  return core;
+  static transfer_core* core = new transfer_core();  // never destroyed: batches may outlive static destructors
+  return *core;
 }
 
-namespace {
+void transfer_core::install(std::unique_ptr<gpu_backend> gpu) {
+  std::call_once(installed_, [&] { gpu_ = std::move(gpu); });
+}
 
-bool host_memory(const buffer_view& b) { return b.kind == memory_kind::host || b.kind == memory_kind::pinned; }
+gpu_backend& transfer_core::gpu() const {
+  if (!gpu_) throw error(errno_code(ENODEV), "transfer: this build has no GPU routes installed");
+  return *gpu_;
+}
 
-// One range through the file's single-range path.
-void run_range(detail::batch_state& b, std::size_t i) {
-  const detail::batch_range& r = b.ranges[i];
-  const std::size_t n = r.memory.nbytes;
-  if (n == 0) {
-    b.complete(i, 0, {});
-    return;
+std::size_t transfer_core::move(const open_file& f, bool write, const buffer_view& mem, std::size_t nbytes,
+                                std::uint64_t offset) const {
+  if (host_memory(mem)) return write ? f.write(mem.data, nbytes, offset) : f.read(mem.data, nbytes, offset);
+  return device_transfer(gpu(), f, f.decide_path(mem).path, write, mem, nbytes, offset);
+}
+
+std::size_t transfer_core::gather(const open_file& f, std::span<const write_extent> sorted,
+                                  const gather_options& options) const {
+  if (sorted.empty()) return 0;
+  if (!host_memory(sorted.front().src)) {
+    return device_write_gather(gpu(), f, f.decide_path(sorted.front().src).path, sorted, options);
   }
-  std::size_t got = 0;
-  std::error_code ec;
-  try {
-    const file_handle h = file_access::wrap(r.file);
-    if (b.dir == io_direction::read) {
-      got = h.read(r.memory, n, r.offset);
-      if (got < n && b.options.exact) ec = errno_code(ENODATA);
-    } else {
-      got = h.write(r.memory, n, r.offset);
+  // Host memory, several extents, O_DIRECT: one pipeline through aligned slots, so that the joins between
+  // extents fall inside aligned requests (a buffered write of a partial block waits on ext4 for every O_DIRECT
+  // write in flight) and the device stays at its depth across small extents. A gather no larger than an inline
+  // request is not worth the slots' memory.
+  std::size_t total = 0;
+  for (const auto& e : sorted) total += e.src.nbytes;
+  if (sorted.size() > 1 && f.choice.direct && total > f.config.inline_bytes) {
+    return host_write_gather(f, sorted, options);
+  }
+  // Otherwise extent after extent, each through the engine at full depth.
+  std::size_t done = 0;
+  for (const auto& e : sorted) {
+    if (options.cancelled && options.cancelled()) {
+      throw error(errno_code(ECANCELED), "pwrite", f.path.string(), static_cast<std::int64_t>(e.offset_bytes),
+                  e.src.nbytes, "cancelled");
     }
-  } catch (const std::system_error& e) {
-    ec = e.code();
-  } catch (const std::bad_alloc&) {
-    ec = errno_code(ENOMEM);
+    done += f.write(e.src.data, e.src.nbytes, e.offset_bytes);
+    if (options.progress) options.progress(e.src.nbytes);
   }
-  (host_memory(r.memory) ? b.routed_host : b.routed_staged).fetch_add(1, std::memory_order_relaxed);
-  b.requests.fetch_add(1, std::memory_order_relaxed);
-  b.complete(i, got, ec);
+  return done;
 }
 
-}  // namespace
-
-void transfer_core::run(const std::shared_ptr<detail::batch_state>& batch) {
-  struct cursor {
-    std::atomic<std::size_t> next{0};
-    std::atomic<unsigned> workers{0};
-  };
-  auto c = std::make_shared<cursor>();
-  const std::size_t n = batch->ranges.size();
-  const unsigned depth = batch->options.queue_depth != 0 ? batch->options.queue_depth : 16u;
-  const unsigned workers = static_cast<unsigned>(std::min<std::size_t>(n, depth));
-  c->workers = workers;
-  auto& pool = shared_pool(workers);
-  for (unsigned w = 0; w < workers; ++w) {
-    pool.submit([batch, c] {
-      for (;;) {
-        const std::size_t i = c->next.fetch_add(1);
-        if (i >= batch->ranges.size() || batch->stopping()) break;
-        if (batch->decided(i)) continue;
-        batch->hold();
-        run_range(*batch, i);
-        batch->release_hold();
-      }
-      // The last worker out gives back the submission hold: no request of the batch starts after this.
-      if (c->workers.fetch_sub(1) == 1) batch->release_hold();
-    });
-  }
-}
+void transfer_core::run(const std::shared_ptr<detail::batch_state>& batch) { run_batch(*this, batch); }
 
 }  // namespace gdskit::engine

@@ -1,0 +1,288 @@
+// Random reads of many small ranges, three ways in one run, cold (O_DIRECT; the file dropped from the page cache
+// before each run):
+//   ring     the ceiling: one thread keeping DEPTH O_DIRECT reads in flight on a raw io_uring ring
+//   batch    gdskit: one calling thread submitting batches of many ranges at queue depth DEPTH, into host memory
+//            and (where a GPU is usable) into GPU memory
+//   workers  gdskit bench's way before batches: DEPTH threads, each reading one range at a time
+// Each prints GiB/s, IOPS, per-range p50/p99/p99.9 latency and CPU-s per GiB, and the batch's ratios against the
+// ring (rate, p99.9) and against the workers (CPU).
+//
+//   batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT] [--ring-only]   CASES default "4K:64,64K:64,2M:16"
+#include <fcntl.h>
+#include <liburing.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ceilings.hpp"
+#include "gdskit/batch.hpp"
+#include "gdskit/buffer.hpp"
+#include "gdskit/file.hpp"
+#include "gdskit/settings.hpp"
+
+using namespace gdskit;
+using namespace gdskit::bench_support;
+
+namespace {
+
+struct result {
+  std::string what;
+  double gib_s = 0, iops = 0, p50_us = 0, p99_us = 0, p999_us = 0, cpu_s_per_gib = 0;
+  bool ok = true;
+};
+
+double pct(std::vector<double>& v, double q) {
+  if (v.empty()) return 0;
+  const std::size_t k = std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k] * 1e6;
+}
+
+result summarize(std::string what, std::size_t bytes, std::size_t ops, double seconds, double cpu, std::vector<double>& lat) {
+  result r;
+  r.what = std::move(what);
+  const double gib = static_cast<double>(bytes) / (1u << 30);
+  r.gib_s = gib / seconds;
+  r.iops = static_cast<double>(ops) / seconds;
+  r.p50_us = pct(lat, 0.5);
+  r.p99_us = pct(lat, 0.99);
+  r.p999_us = pct(lat, 0.999);
+  r.cpu_s_per_gib = gib > 0 ? cpu / gib : 0;
+  return r;
+}
+
+std::vector<std::uint64_t> offsets_for(std::uint64_t file_size, std::size_t io, std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const std::uint64_t slots = file_size / io;
+  std::vector<std::uint64_t> out(n);
+  for (auto& o : out) o = (rng() % slots) * io;
+  return out;
+}
+
+result raw_ring(const std::filesystem::path& path, std::uint64_t size, std::size_t io, unsigned depth, double seconds) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
+  if (fd < 0) {
+    std::perror("open O_DIRECT");
+    std::exit(2);
+  }
+  io_uring ring{};
+  if (io_uring_queue_init(depth, &ring, 0) != 0) {
+    std::fprintf(stderr, "io_uring_queue_init failed\n");
+    std::exit(2);
+  }
+  std::byte* mem = static_cast<std::byte*>(std::aligned_alloc(4096, io * depth));
+  const auto offs = offsets_for(size, io, 1 << 22, 11);
+  std::vector<double> start(depth), lat;
+  lat.reserve(1 << 20);
+  std::size_t next = 0, bytes = 0, ops = 0;
+  auto submit = [&](unsigned slot) {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+    io_uring_prep_read(sqe, fd, mem + slot * io, static_cast<unsigned>(io), offs[next++ % offs.size()]);
+    io_uring_sqe_set_data64(sqe, slot);
+    start[slot] = now_s();
+  };
+  const double c0 = cpu_s(), t0 = now_s();
+  for (unsigned s = 0; s < depth; ++s) submit(s);
+  unsigned inflight = depth;
+  bool stopping = false;
+  while (inflight > 0) {
+    io_uring_submit_and_wait(&ring, 1);
+    io_uring_cqe* cqe = nullptr;
+    while (io_uring_peek_cqe(&ring, &cqe) == 0) {
+      const unsigned slot = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
+      if (cqe->res != static_cast<int>(io)) {
+        std::fprintf(stderr, "raw read: %d\n", cqe->res);
+        std::exit(2);
+      }
+      io_uring_cqe_seen(&ring, cqe);
+      const double t = now_s();
+      lat.push_back(t - start[slot]);
+      bytes += io;
+      ++ops;
+      --inflight;
+      if (!stopping && t - t0 >= seconds) stopping = true;
+      if (!stopping) {
+        submit(slot);
+        ++inflight;
+      }
+    }
+  }
+  const double dt = now_s() - t0, cpu = cpu_s() - c0;
+  io_uring_queue_exit(&ring);
+  std::free(mem);
+  ::close(fd);
+  return summarize("ring", bytes, ops, dt, cpu, lat);
+}
+
+// Batches of `per_batch` ranges, one after another, at queue depth `depth`, into distinct slices of `dst`.
+result batches(const std::filesystem::path& path, std::uint64_t size, std::size_t io, unsigned depth, double seconds,
+               buffer_view dst, const char* what) {
+  gdskit::file_handle f(path, open_mode::read);
+  const std::size_t per_batch = dst.nbytes / io;
+  const auto offs = offsets_for(size, io, 1 << 22, 12);
+  std::vector<io_range> ranges(per_batch);
+  batch_options o;
+  o.queue_depth = depth;
+  o.exact = true;
+  std::vector<double> lat;
+  std::size_t bytes = 0, ops = 0, next = 0;
+  bool ok = true;
+  const double c0 = cpu_s(), t0 = now_s();
+  while (now_s() - t0 < seconds) {
+    for (std::size_t k = 0; k < per_batch; ++k) ranges[k] = {&f, offs[next++ % offs.size()], dst.sub(k * io, io)};
+    const batch_result r = read_batch(ranges, o);
+    ok = ok && r.ok();
+    bytes += r.nbytes;
+    ops += r.ranges.size();
+    for (const auto& x : r.ranges) lat.push_back(x.latency_s);
+  }
+  const double dt = now_s() - t0, cpu = cpu_s() - c0;
+  result out = summarize(what, bytes, ops, dt, cpu, lat);
+  out.ok = ok;
+  return out;
+}
+
+// `depth` threads, each reading one range at a time with file_handle::read into its own slice of `dst`.
+result workers(const std::filesystem::path& path, std::uint64_t size, std::size_t io, unsigned depth, double seconds,
+               buffer_view dst, const char* what) {
+  gdskit::file_handle f(path, open_mode::read);
+  std::atomic<std::size_t> bytes{0}, ops{0};
+  std::vector<std::vector<double>> lats(depth);
+  std::atomic<bool> failed{false};
+  const double c0 = cpu_s(), t0 = now_s();
+  std::vector<std::thread> ts;
+  for (unsigned w = 0; w < depth; ++w) {
+    ts.emplace_back([&, w] {
+      const auto offs = offsets_for(size, io, 1 << 16, 100 + w);
+      std::size_t k = 0;
+      const buffer_view mine = dst.sub(w * io, io);
+      while (now_s() - t0 < seconds) {
+        const double s = now_s();
+        try {
+          if (f.read(mine, io, offs[k++ % offs.size()]) != io) failed = true;
+        } catch (const std::exception&) {
+          failed = true;
+        }
+        lats[w].push_back(now_s() - s);
+        bytes += io;
+        ++ops;
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  const double dt = now_s() - t0, cpu = cpu_s() - c0;
+  std::vector<double> lat;
+  for (auto& l : lats) lat.insert(lat.end(), l.begin(), l.end());
+  result out = summarize(what, bytes, ops, dt, cpu, lat);
+  out.ok = !failed;
+  return out;
+}
+
+void print(const result& r) {
+  std::printf("  %-16s %8.3f GiB/s %10.0f IOPS  p50 %8.1f us  p99 %8.1f us  p99.9 %8.1f us  %.3f CPU-s/GiB%s\n",
+              r.what.c_str(), r.gib_s, r.iops, r.p50_us, r.p99_us, r.p999_us, r.cpu_s_per_gib, r.ok ? "" : "  ERRORS");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT]\n");
+    return 2;
+  }
+  const std::filesystem::path path = argv[1];
+  const std::uint64_t size = parse_size(argv[2]).value_or(0);
+  const double seconds = argc > 3 ? std::atof(argv[3]) : 6.0;
+  const std::string cases = argc > 4 && argv[4][0] != '-' ? argv[4] : "4K:64,64K:64,2M:16";
+  std::string json_path;
+  bool ring_only = false;
+  for (int i = 3; i < argc; ++i) {
+    if (std::string(argv[i]) == "--json" && i + 1 < argc) json_path = argv[i + 1];
+    if (std::string(argv[i]) == "--ring-only") ring_only = true;
+  }
+  if (size == 0 || seconds <= 0) {
+    std::fprintf(stderr, "batch_bench: bad SIZE or SECONDS\n");
+    return 2;
+  }
+  ensure_file(path, size);
+  std::string reason;
+  const bool gpu = gpu_available(&reason);
+  std::printf("batch_bench %s (%s), %.0f s per run, cold; GPU: %s\n", path.c_str(), format_size(size).c_str(), seconds,
+              gpu ? "yes" : reason.c_str());
+  std::FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
+  if (json != nullptr) std::fprintf(json, "[\n");
+  bool first_json = true;
+  std::size_t pos = 0;
+  while (pos < cases.size()) {
+    const std::size_t comma = cases.find(',', pos);
+    const std::string c = cases.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    pos = comma == std::string::npos ? cases.size() : comma + 1;
+    const std::size_t colon = c.find(':');
+    const std::size_t io = static_cast<std::size_t>(parse_size(c.substr(0, colon)).value_or(0));
+    const unsigned depth = colon == std::string::npos ? 64 : static_cast<unsigned>(std::atoi(c.c_str() + colon + 1));
+    if (io == 0 || io % 4096 != 0 || depth == 0) {
+      std::fprintf(stderr, "batch_bench: bad case '%s' (SIZE:DEPTH, SIZE a multiple of 4K)\n", c.c_str());
+      return 2;
+    }
+    // Destinations: enough ranges per batch that the queue stays full for nearly all of each batch.
+    const std::size_t per_batch = std::max<std::size_t>(depth * 64, std::min<std::size_t>(65536, (std::size_t{256} << 20) / io));
+    std::printf("%s random reads, depth %u (%zu ranges per batch):\n", format_size(io).c_str(), depth, per_batch);
+    std::vector<result> rs;
+    drop_cache(path);
+    rs.push_back(raw_ring(path, size, io, depth, seconds));
+    if (ring_only) {
+      print(rs[0]);
+      if (json != nullptr) {
+        std::fprintf(json, "%s  {\"io\": %zu, \"depth\": %u, \"what\": \"ring\", \"gib_s\": %.4f, \"p999_us\": %.1f}",
+                     first_json ? "" : ",\n", io, depth, rs[0].gib_s, rs[0].p999_us);
+        first_json = false;
+      }
+      continue;
+    }
+    std::vector<std::byte> host(per_batch * io + 4096);
+    auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(host.data()) + 4095) / 4096 * 4096);
+    drop_cache(path);
+    rs.push_back(batches(path, size, io, depth, seconds, buffer_view::host(aligned, per_batch * io), "batch host"));
+    drop_cache(path);
+    rs.push_back(workers(path, size, io, depth, seconds, buffer_view::host(aligned, depth * io), "workers host"));
+    if (gpu) {
+      device_buffer d(per_batch * io);
+      drop_cache(path);
+      rs.push_back(batches(path, size, io, depth, seconds, d.view(), "batch gpu"));
+      drop_cache(path);
+      rs.push_back(workers(path, size, io, depth, seconds, d.view(), "workers gpu"));
+    }
+    for (const auto& r : rs) print(r);
+    const result& ring = rs[0];
+    for (std::size_t k = 1; k < rs.size(); k += 2) {
+      const result& b = rs[k];
+      const result& w = rs[k + 1];
+      std::printf("  %s: %.3f of the ring's rate, p99.9 %.2fx the ring's, %.3f of the workers' CPU per GiB\n",
+                  b.what.c_str(), b.gib_s / ring.gib_s, b.p999_us / ring.p999_us, b.cpu_s_per_gib / w.cpu_s_per_gib);
+    }
+    if (json != nullptr) {
+      for (const auto& r : rs) {
+        std::fprintf(json,
+                     "%s  {\"io\": %zu, \"depth\": %u, \"what\": \"%s\", \"gib_s\": %.4f, \"iops\": %.0f, \"p50_us\": %.1f, "
+                     "\"p99_us\": %.1f, \"p999_us\": %.1f, \"cpu_s_per_gib\": %.4f, \"ok\": %s}",
+                     first_json ? "" : ",\n", io, depth, r.what.c_str(), r.gib_s, r.iops, r.p50_us, r.p99_us, r.p999_us,
+                     r.cpu_s_per_gib, r.ok ? "true" : "false");
+        first_json = false;
+      }
+    }
+  }
+  if (json != nullptr) {
+    std::fprintf(json, "\n]\n");
+    std::fclose(json);
+  }
+  return 0;
+}

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Row gathers, cold, in one run: gdskit.gather_rows of random rows of a .npy file into GPU memory against what
+users do today (numpy.load(mmap_mode="r")[idx], then torch.from_numpy(...).to(device)) and against the raw
+io_uring ring's rate at the same request size and depth (batch_bench's ring, run by this script when given).
+
+    scripts/gather-bench.py --file /mnt/fast/emb.npy --size-gib 8 --row-bytes 4096 --rows 100000 \\
+        [--device cuda:0] [--rounds 3] [--ring build/release/bench/batch_bench] [--json out.json]
+
+The file is created once (np.lib.format.open_memmap, random bytes) and dropped from the page cache before every
+run (posix_fadvise DONTNEED after fdatasync; the resident fraction is printed). Each method runs --rounds times,
+alternating; medians are compared.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import gdskit
+
+
+def drop(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def make(path, size_gib, row_bytes):
+    rows = int(size_gib * (1 << 30)) // row_bytes
+    if os.path.exists(path):
+        a = np.load(path, mmap_mode="r")
+        if a.shape == (rows, row_bytes // 4) and a.dtype == np.float32:
+            return rows
+    a = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, row_bytes // 4))
+    rng = np.random.default_rng(0)
+    chunk = max(1, (256 << 20) // row_bytes)
+    for start in range(0, rows, chunk):
+        n = min(chunk, rows - start)
+        a[start:start + n] = np.frombuffer(rng.bytes(n * row_bytes), dtype=np.float32).reshape(n, row_bytes // 4)
+    a.flush()
+    del a
+    return rows
+
+
+def cpu():
+    t = os.times()
+    return t.user + t.system
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--file", required=True)
+    p.add_argument("--size-gib", type=float, default=8)
+    p.add_argument("--row-bytes", type=int, default=4096)
+    p.add_argument("--rows", type=int, default=100_000)
+    p.add_argument("--device", default="cuda:0")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--depth", type=int, default=64)
+    p.add_argument("--ring", help="batch_bench binary: measure the raw ring at the row size and depth")
+    p.add_argument("--json")
+    a = p.parse_args()
+    import torch
+
+    nrows = make(a.file, a.size_gib, a.row_bytes)
+    dev = torch.device(a.device)
+    gib = a.rows * a.row_bytes / (1 << 30)
+    results = {"gdskit": [], "numpy_mmap_then_to": []}
+    cpus = {"gdskit": [], "numpy_mmap_then_to": []}
+    rng = np.random.default_rng(1)
+    for rnd in range(a.rounds):
+        idx = rng.integers(0, nrows, a.rows)
+        for method in results:
+            drop(a.file)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            c0, t0 = cpu(), time.perf_counter()
+            if method == "gdskit":
+                out = gdskit.gather_rows(a.file, idx, device=a.device, queue_depth=a.depth)
+            else:
+                host = np.load(a.file, mmap_mode="r")[idx]
+                out = torch.from_numpy(host).to(dev)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            results[method].append(gib / dt)
+            cpus[method].append((cpu() - c0) / gib)
+            if rnd == 0 and method == "gdskit":
+                check = np.load(a.file, mmap_mode="r")[idx[:2000]]
+                assert out[:2000].cpu().numpy().tobytes() == check.tobytes(), "gather_rows returned wrong bytes"
+            del out
+    ring = None
+    if a.ring:
+        # A file of its own next to the .npy (the bench creates it with the size asked for), removed afterwards.
+        ring_file = a.file + ".ring.dat"
+        r = subprocess.run([a.ring, ring_file, f"{int(a.size_gib * 1024)}M", "4", f"{a.row_bytes}:{a.depth}", "--json",
+                            "/tmp/gather-ring.json", "--ring-only"], capture_output=True, text=True)
+        os.unlink(ring_file)
+        print(r.stdout.strip())
+        with open("/tmp/gather-ring.json") as f:
+            for row in json.load(f):
+                if row["what"] == "ring":
+                    ring = row["gib_s"]
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print(f"gather_rows: {a.rows} random rows of {a.row_bytes} B from {a.size_gib:g} GiB .npy into {a.device}, cold, "
+          f"{a.rounds} rounds (medians):")
+    for k in results:
+        print(f"  {k:22s} {med[k]:7.3f} GiB/s  ({', '.join(f'{x:.3f}' for x in results[k])})  "
+              f"{statistics.median(cpus[k]):.3f} CPU-s/GiB")
+    print(f"  gdskit / numpy mmap + to(): {med['gdskit'] / med['numpy_mmap_then_to']:.2f}x")
+    if ring:
+        print(f"  raw io_uring ring at {a.row_bytes} B, depth {a.depth}: {ring:.3f} GiB/s; gdskit / ring: "
+              f"{med['gdskit'] / ring:.3f}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"medians": med, "runs": results, "cpu": cpus, "ring_gib_s": ring}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

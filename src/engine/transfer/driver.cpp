@@ -1,0 +1,1342 @@
+#include "engine/transfer/driver.hpp"
+
+#include <poll.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/log.hpp"
+#include "engine/io_engine.hpp"
+#include "engine/residency.hpp"
+#include "engine/thread_pool.hpp"
+#include "engine/transfer/core.hpp"
+#include "engine/transfer/stream_route.hpp"
+#include "gdskit/checksum.hpp"
+#include "gdskit/error.hpp"
+#include "posix/anon_memory.hpp"
+#include "posix/syscalls.hpp"
+
+#ifdef GDSKIT_HAVE_URING
+#include <liburing.h>
+#endif
+
+namespace gdskit::engine {
+namespace {
+
+using batch_ptr = std::shared_ptr<detail::batch_state>;
+
+constexpr std::size_t k_block = 4096;
+std::uint64_t align_down(std::uint64_t v, std::size_t a) { return v / a * a; }
+std::uint64_t align_up(std::uint64_t v, std::size_t a) { return (v + a - 1) / a * a; }
+
+// ---- staging memory ----------------------------------------------------------------------------------------
+
+// Slots of 4 KiB << k carved from chunks of 16 MiB, kept per size on free lists. Chunks come from the group
+// copier (pinned, for GPU memory) or anonymous memory (host bounces), and go back when the driver ends.
+class staging {
+ public:
+  static constexpr std::size_t k_chunk = std::size_t{16} << 20;
+  static constexpr unsigned k_classes = 13;  // 4 KiB .. 16 MiB
+
+  explicit staging(group_copier* device) : device_(device) {}
+  ~staging() {
+    for (auto& c : chunks_) {
+      if (device_ != nullptr) device_->give_chunk(c.first, k_chunk);
+    }
+  }
+  staging(const staging&) = delete;
+  staging& operator=(const staging&) = delete;
+
+  static unsigned class_of(std::size_t nbytes) {
+    unsigned k = 0;
+    while ((k_block << k) < nbytes) ++k;
+    return k;
+  }
+  // A slot of at least `nbytes` (<= 16 MiB), 4 KiB aligned; nullptr when no chunk can be had.
+  std::byte* take(std::size_t nbytes) {
+    const unsigned k = class_of(nbytes);
+    auto& list = free_[k];
+    if (list.empty() && !carve(k)) return nullptr;
+    std::byte* p = list.back();
+    list.pop_back();
+    return p;
+  }
+  void give(std::byte* p, std::size_t nbytes) { free_[class_of(nbytes)].push_back(p); }
+
+ private:
+  bool carve(unsigned k) {
+    std::byte* c = nullptr;
+    if (device_ != nullptr) {
+      c = device_->take_chunk(k_chunk);
+      if (c == nullptr) return false;
+      chunks_.emplace_back(c, posix::anon_memory());
+    } else {
+      try {
+        posix::anon_memory m(k_chunk);
+        c = static_cast<std::byte*>(m.data());
+        chunks_.emplace_back(c, std::move(m));
+      } catch (const std::exception&) {
+        return false;
+      }
+    }
+    const std::size_t slot = k_block << k;
+    for (std::size_t off = 0; off + slot <= k_chunk; off += slot) free_[k].push_back(c + off);
+    return true;
+  }
+
+  group_copier* device_;
+  std::vector<std::pair<std::byte*, posix::anon_memory>> chunks_;
+  std::vector<std::byte*> free_[k_classes];
+};
+
+// ---- requests ------------------------------------------------------------------------------------------------
+
+// Where part of a request's bytes belong: `nbytes` at `req_off` of the request's logical range, for range
+// `range` at `range_off` of it.
+struct delivery {
+  std::size_t range = 0;
+  std::size_t range_off = 0;
+  std::size_t req_off = 0;
+  std::size_t nbytes = 0;
+};
+
+struct request {
+  const open_file* file = nullptr;
+  bool write = false;
+  // The logical range: the bytes the ranges want.
+  std::uint64_t offset = 0;
+  std::size_t nbytes = 0;
+  // What the kernel is asked: `io_nbytes` at `io_offset` on `fd`, into or from `buf`.
+  int fd = -1;
+  bool direct = false;
+  std::uint64_t io_offset = 0;
+  std::size_t io_nbytes = 0;
+  std::byte* buf = nullptr;
+  bool staged = false;       // buf is a staging slot (not the caller's memory)
+  std::size_t done = 0;      // bytes the kernel has moved so far
+  bool split = false;        // one of several requests of a range
+  bool to_device = false;    // the ranges' memory is GPU memory (copies through the group copier)
+  std::vector<delivery> parts;
+  std::vector<std::uint8_t> claimed;  // reads to GPU memory: the parts whose copies were queued under a claim
+  std::vector<std::uint32_t> crcs;     // checksummed reads: each part's CRC32C
+  std::uint32_t crc = 0;               // checksummed writes (one range): the CRC32C of the bytes written
+  std::error_code ec;
+  bool eof = false;
+  std::chrono::steady_clock::time_point issued{};  // first submission to the kernel
+};
+
+// Bytes of the logical range present after the kernel moved `done` bytes of the request (reads).
+std::size_t logical_got(const request& r) {
+  const std::size_t head = static_cast<std::size_t>(r.offset - r.io_offset);
+  return r.done > head ? std::min(r.done - head, r.nbytes) : 0;
+}
+
+// ---- executors -------------------------------------------------------------------------------------------------
+
+// Runs kernel requests and reports them finished; wait() also returns when the driver's wake descriptor or the
+// batch's stop descriptor becomes readable.
+class executor {
+ public:
+  virtual ~executor() = default;
+  virtual void submit(request* r) = 0;
+  /// Withdraws requests not yet started; asks the kernel to end those it holds.
+  virtual void cancel_all() = 0;
+  virtual std::size_t inflight() const = 0;
+  /// Blocks until at least one request finished or a descriptor woke it; appends finished requests to `out`.
+  virtual void wait(std::vector<request*>& out) = 0;
+};
+
+// Issues the remainder of a request again after a short transfer, or ends it: true when it is finished.
+bool account(request& r, int res) {
+  if (res < 0) {
+    r.ec = std::error_code(-res, std::generic_category());
+    return true;
+  }
+  if (res == 0) {
+    if (r.write) {
+      r.ec = std::error_code(ENOSPC, std::generic_category());
+    } else {
+      r.eof = true;
+    }
+    return true;
+  }
+  r.done += static_cast<std::size_t>(res);
+  if (r.done >= r.io_nbytes) return true;
+  // A short O_DIRECT read that stops off a block boundary has reached the end of the file.
+  if (!r.write && r.direct && (r.io_offset + r.done) % k_block != 0) {
+    r.eof = true;
+    return true;
+  }
+  return false;
+}
+
+class thread_executor final : public executor {
+ public:
+  thread_executor(unsigned workers, int wake_fd, int stop_fd) : wake_fd_(wake_fd), stop_fd_(stop_fd) {
+    st_ = std::make_shared<shared>();
+    st_->wake_fd = wake_fd;
+    auto& pool = shared_pool(workers);
+    st_->workers = workers;
+    for (unsigned w = 0; w < workers; ++w) pool.submit([st = st_] { work(*st); });
+  }
+  ~thread_executor() override {
+    {
+      std::lock_guard lock(st_->mutex);
+      st_->closing = true;
+    }
+    st_->cv.notify_all();
+    // Workers hold the shared state; none touches a request once it is handed back, and every request was
+    // waited for before the driver ends.
+  }
+
+  void submit(request* r) override {
+    {
+      std::lock_guard lock(st_->mutex);
+      st_->queue.push_back(r);
+      ++inflight_;
+    }
+    st_->cv.notify_one();
+  }
+  void cancel_all() override {
+    std::lock_guard lock(st_->mutex);
+    for (request* r : st_->queue) {
+      r->ec = errno_code(ECANCELED);
+      st_->finished.push_back(r);
+    }
+    st_->queue.clear();
+  }
+  std::size_t inflight() const override { return inflight_; }
+  void wait(std::vector<request*>& out) override {
+    for (;;) {
+      {
+        std::unique_lock lock(st_->mutex);
+        if (!st_->finished.empty()) {
+          inflight_ -= st_->finished.size();
+          out.insert(out.end(), st_->finished.begin(), st_->finished.end());
+          st_->finished.clear();
+          return;
+        }
+        if (st_->started == 0 && !st_->queue.empty()) {
+          // The workers are jobs of the shared pool, and no thread of it has taken one yet: the drivers of other
+          // batches may hold every thread, each waiting like this one. The driver runs a request itself, so that
+          // every batch moves however busy the pool is.
+          request* r = st_->queue.front();
+          st_->queue.pop_front();
+          lock.unlock();
+          run_one(*r);
+          --inflight_;
+          out.push_back(r);
+          return;
+        }
+      }
+      // The stop descriptor stays readable once the batch stops: it wakes this wait once, then only the
+      // driver's own descriptor does (requests still running, copies still landing).
+      pollfd p[2] = {{wake_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+      const int n = ::poll(p, stop_seen_ ? 1 : 2, -1);
+      if (n < 0 && errno != EINTR) throw error(errno_code(errno), "poll", "", -1, 0, "batch driver");
+      drain_eventfd(wake_fd_);
+      if (!stop_seen_ && n > 0 && (p[1].revents & POLLIN) != 0) {
+        stop_seen_ = true;
+        return;  // the batch stops: the driver decides what to withdraw
+      }
+      if (n > 0 && (p[0].revents & POLLIN) != 0) {
+        std::lock_guard lock(st_->mutex);
+        if (st_->finished.empty()) return;  // woken for something else (copies)
+      }
+    }
+  }
+
+  static void drain_eventfd(int fd) {
+    std::uint64_t v;
+    while (::read(fd, &v, sizeof v) > 0) {
+    }
+  }
+
+ private:
+  struct shared {
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::deque<request*> queue;
+    std::vector<request*> finished;
+    bool closing = false;
+    unsigned workers = 0;
+    unsigned started = 0;  // workers that got a thread of the pool
+    int wake_fd = -1;
+  };
+  // Moves a request's bytes until it is finished (short transfers continued, EINTR retried).
+  static void run_one(request& r) {
+    for (;;) {
+      const std::size_t left = r.io_nbytes - r.done;
+      const auto at = static_cast<off_t>(r.io_offset + r.done);
+      const ssize_t n = r.write ? posix::sys().pwrite(r.fd, r.buf + r.done, left, at)
+                                : posix::sys().pread(r.fd, r.buf + r.done, left, at);
+      if (n < 0 && errno == EINTR) continue;
+      if (account(r, n < 0 ? -errno : static_cast<int>(n))) return;
+    }
+  }
+  static void work(shared& s) {
+    {
+      std::lock_guard lock(s.mutex);
+      ++s.started;
+    }
+    for (;;) {
+      request* r = nullptr;
+      {
+        std::unique_lock lock(s.mutex);
+        s.cv.wait(lock, [&] { return s.closing || !s.queue.empty(); });
+        if (s.queue.empty()) return;
+        r = s.queue.front();
+        s.queue.pop_front();
+      }
+      run_one(*r);
+      std::lock_guard lock(s.mutex);
+      s.finished.push_back(r);
+      // Still under the lock: once the driver has taken the request it may end and close the descriptor (whose
+      // number may then be another file's).
+      const std::uint64_t one = 1;
+      (void)!::write(s.wake_fd, &one, sizeof one);
+    }
+  }
+
+  std::shared_ptr<shared> st_;
+  int wake_fd_, stop_fd_;
+  bool stop_seen_ = false;
+  std::size_t inflight_ = 0;
+};
+
+#ifdef GDSKIT_HAVE_URING
+
+// One ring per driver thread, reused across batches: its size is fixed, the driver's depth is capped to it.
+constexpr unsigned k_ring_entries = 256;
+constexpr std::uint64_t k_tag_wake = 1, k_tag_stop = 2, k_tag_cancel = 3;  // request pointers are never this small
+
+struct ring_holder {
+  io_uring ring{};
+  bool ok = false;
+  ring_holder() { ok = io_uring_queue_init(k_ring_entries + 8, &ring, 0) == 0; }
+  ~ring_holder() {
+    if (ok) io_uring_queue_exit(&ring);
+  }
+};
+thread_local std::unique_ptr<ring_holder> tls_driver_ring;
+
+io_uring* driver_ring() {
+  if (!tls_driver_ring || !tls_driver_ring->ok) tls_driver_ring = std::make_unique<ring_holder>();
+  return tls_driver_ring->ok ? &tls_driver_ring->ring : nullptr;
+}
+
+class uring_executor final : public executor {
+ public:
+  uring_executor(io_uring* r, int wake_fd, int stop_fd) : r_(r), wake_fd_(wake_fd), stop_fd_(stop_fd) {
+    arm(wake_fd_, k_tag_wake);
+    arm(stop_fd_, k_tag_stop);
+  }
+  ~uring_executor() override {
+    if (broken_) {
+      // Entries the kernel refused are still queued in the ring: it must never submit them. The thread's
+      // next batch gets a fresh ring (the driver waited for every request the kernel took).
+      tls_driver_ring.reset();
+      return;
+    }
+    // Leave the ring as found: withdraw the two polls and reap everything.
+    for (std::uint64_t tag : {k_tag_wake, k_tag_stop}) {
+      if (!(tag == k_tag_wake ? wake_armed_ : stop_armed_)) continue;
+      io_uring_sqe* sqe = get_sqe();
+      io_uring_prep_cancel64(sqe, tag, 0);
+      io_uring_sqe_set_data64(sqe, k_tag_cancel);
+      ++pending_control_;
+    }
+    while (pending_control_ > 0 || wake_armed_ || stop_armed_) {
+      if (posix::sys().uring_submit_and_wait(r_, 1) < 0) {
+        tls_driver_ring.reset();
+        return;
+      }
+      reap(nullptr);
+    }
+  }
+
+  void submit(request* r) override {
+    ++inflight_;
+    if (broken_) {
+      r->ec = submit_error_;
+      refused_.push_back(r);
+      return;
+    }
+    active_.push_back(r);
+    prep(r);
+  }
+  void cancel_all() override {
+    if (broken_) return;
+    for (request* r : active_) {
+      io_uring_sqe* sqe = get_sqe();
+      io_uring_prep_cancel64(sqe, reinterpret_cast<std::uint64_t>(r), 0);
+      io_uring_sqe_set_data64(sqe, k_tag_cancel);
+      ++pending_control_;
+    }
+  }
+  std::size_t inflight() const override { return inflight_; }
+
+  void wait(std::vector<request*>& out) override {
+    if (!refused_.empty()) {
+      inflight_ -= refused_.size();
+      out.insert(out.end(), refused_.begin(), refused_.end());
+      refused_.clear();
+      return;
+    }
+    if (!broken_) {
+      const unsigned queued = io_uring_sq_ready(r_);
+      const int w = posix::sys().uring_submit_and_wait(r_, 1);
+      if (w >= 0) {
+        transient_ = 0;
+        unsubmitted_.clear();
+      } else if (w == -EAGAIN || w == -EBUSY) {
+        // No memory for requests right now, or completions to reap first: reaped below, tried again.
+        if (++transient_ > 1000) fail_queued(out, std::error_code(-w, std::generic_category()), queued);
+      } else if (w != -EINTR) {
+        fail_queued(out, std::error_code(-w, std::generic_category()), queued);
+      }
+    } else if (inflight_ > 0) {
+      // Only what the kernel took before the refusal is left: wait for it without submitting.
+      if (posix::sys().uring_wait(r_) < 0) {
+        for (request* r : active_) {
+          r->ec = submit_error_;
+          out.push_back(r);
+        }
+        inflight_ -= active_.size();
+        active_.clear();
+        return;
+      }
+    }
+    reap(&out);
+  }
+
+ private:
+  void reap(std::vector<request*>* out) {
+    io_uring_cqe* cqe = nullptr;
+    while (io_uring_peek_cqe(r_, &cqe) == 0) {
+      const std::uint64_t tag = io_uring_cqe_get_data64(cqe);
+      const int res = cqe->res;
+      io_uring_cqe_seen(r_, cqe);
+      if (tag == k_tag_wake) {
+        wake_armed_ = false;
+        thread_executor::drain_eventfd(wake_fd_);
+        if (out != nullptr && !broken_) arm(wake_fd_, k_tag_wake);
+        continue;
+      }
+      if (tag == k_tag_stop) {
+        stop_armed_ = false;  // stays readable from now on: not armed again
+        continue;
+      }
+      if (tag == k_tag_cancel) {
+        --pending_control_;
+        continue;
+      }
+      auto* r = reinterpret_cast<request*>(tag);
+      const int seen = posix::sys().uring_result(r->write, r->fd, r->io_offset + r->done, r->io_nbytes - r->done, res);
+      bool finished = true;
+      if (seen == -EINTR || seen == -EAGAIN) {
+        finished = false;  // transient: the same remainder again
+      } else {
+        finished = account(*r, seen);
+      }
+      if (!finished && !broken_) {
+        prep(r);
+        continue;
+      }
+      if (!finished) r->ec = submit_error_;
+      active_.erase(std::find(active_.begin(), active_.end(), r));
+      --inflight_;
+      if (out != nullptr) out->push_back(r);
+    }
+  }
+
+  // The ring refused requests for good: those queued since the last submission never reached the kernel and
+  // fail now; the others are waited for; nothing is submitted on this ring again.
+  void fail_queued(std::vector<request*>& out, std::error_code ec, unsigned) {
+    broken_ = true;
+    submit_error_ = ec;
+    for (request* r : unsubmitted_) {
+      auto it = std::find(active_.begin(), active_.end(), r);
+      if (it == active_.end()) continue;
+      active_.erase(it);
+      r->ec = ec;
+      --inflight_;
+      out.push_back(r);
+    }
+    unsubmitted_.clear();
+  }
+
+  io_uring_sqe* get_sqe() {
+    io_uring_sqe* sqe = io_uring_get_sqe(r_);
+    if (sqe == nullptr) {
+      // The submission queue is full (the ring has room for the driver's depth and its polls, so this is rare):
+      // hand the queued entries to the kernel now.
+      if (posix::sys().uring_submit_and_wait(r_, 0) >= 0) unsubmitted_.clear();
+      sqe = io_uring_get_sqe(r_);
+    }
+    return sqe;
+  }
+  void arm(int fd, std::uint64_t tag) {
+    io_uring_sqe* sqe = get_sqe();
+    io_uring_prep_poll_add(sqe, fd, POLLIN);
+    io_uring_sqe_set_data64(sqe, tag);
+    (tag == k_tag_wake ? wake_armed_ : stop_armed_) = true;
+  }
+  void prep(request* r) {
+    io_uring_sqe* sqe = get_sqe();
+    const std::size_t left = r->io_nbytes - r->done;
+    if (r->write) {
+      io_uring_prep_write(sqe, r->fd, r->buf + r->done, static_cast<unsigned>(left), r->io_offset + r->done);
+    } else {
+      io_uring_prep_read(sqe, r->fd, r->buf + r->done, static_cast<unsigned>(left), r->io_offset + r->done);
+    }
+    // Buffered I/O would run inline in the submitting thread; the kernel's workers copy in parallel instead.
+    if (!r->direct) sqe->flags |= IOSQE_ASYNC;
+    io_uring_sqe_set_data64(sqe, reinterpret_cast<std::uint64_t>(r));
+    unsubmitted_.push_back(r);
+  }
+
+  io_uring* r_;
+  int wake_fd_, stop_fd_;
+  std::vector<request*> active_;       // handed to the ring, not yet finished
+  std::vector<request*> unsubmitted_;  // prepared since the last successful submission
+  std::vector<request*> refused_;      // submitted after the ring broke: fail at the next wait
+  std::size_t inflight_ = 0;
+  unsigned pending_control_ = 0;
+  unsigned transient_ = 0;
+  bool wake_armed_ = false, stop_armed_ = false;
+  bool broken_ = false;
+  std::error_code submit_error_;
+};
+
+#endif
+
+// ---- the plan: ranges to requests, on demand -------------------------------------------------------------------
+
+struct split_state {
+  std::size_t parts_left = 0;
+  // First byte of the range past end of file: where the size at the start of the batch clipped it, lowered by
+  // a part that came back short.
+  std::size_t eof_at = SIZE_MAX;
+  std::size_t moved = 0;
+  // Parts whose bytes are being delivered into the range (copies to GPU memory under way): its one claim is held
+  // while any is, and given back (or the range finished) with the last of them.
+  unsigned claims = 0;
+  std::error_code ec;  // the first part that failed: the range fails once no copy of it is under way
+};
+
+class planner_cursor {
+ public:
+  planner_cursor(detail::batch_state& b, std::vector<std::size_t> order, std::size_t max_request,
+                 const std::unordered_map<const open_file*, std::uint64_t>& sizes)
+      : b_(b), order_(std::move(order)), max_request_(max_request), sizes_(sizes) {}
+
+  bool exhausted() const { return next_ >= order_.size() && pending_.empty(); }
+
+  // A request that joined several ranges failed: each range is read again on its own, so that only a range
+  // whose own bytes fail gets the error.
+  void retry_separately(const request& failed) {
+    for (auto it = failed.parts.rbegin(); it != failed.parts.rend(); ++it) {
+      const auto& r = range(it->range);
+      request q = make(*r.file, false, r.offset, it->nbytes);
+      q.parts.push_back({it->range, 0, 0, it->nbytes});
+      finish_staged(q);
+      pending_.push_front(std::move(q));
+    }
+  }
+
+  // The next request, or nullopt when none is left.
+  std::optional<request> next(std::unordered_map<std::size_t, split_state>& splits) {
+    while (pending_.empty()) {
+      if (next_ >= order_.size()) return std::nullopt;
+      plan_some(splits);
+    }
+    request r = std::move(pending_.front());
+    pending_.pop_front();
+    return r;
+  }
+
+ private:
+  const detail::batch_range& range(std::size_t i) const { return b_.ranges[i]; }
+
+  // Whether O_DIRECT can use the range's own memory: host memory, the file range and the address aligned.
+  bool in_place(std::size_t i, bool write) const {
+    const auto& r = range(i);
+    const open_file& f = *r.file;
+    if (!host_memory(r.memory) || !f.choice.direct) return false;
+    // A checksummed read is checked in staging before it may touch the caller's memory.
+    if (!write && b_.options.checksum != batch_checksum::none) return false;
+    const std::size_t a = f.choice.alignment;
+    return r.offset % a == 0 && r.memory.nbytes % a == 0 && reinterpret_cast<std::uintptr_t>(r.memory.data) % a == 0 &&
+           (write || r.memory.nbytes > 0);
+  }
+
+  void plan_some(std::unordered_map<std::size_t, split_state>& splits) {
+    const bool write = b_.dir == io_direction::write;
+    const std::size_t first = order_[next_++];
+    const auto& r0 = range(first);
+    const open_file& f = *r0.file;
+    std::size_t len = r0.memory.nbytes;
+    if (!write) {
+      // Reads past the end return what exists: clip to the size at the start of the batch.
+      const std::uint64_t size = sizes_.at(&f);
+      len = r0.offset >= size ? 0 : static_cast<std::size_t>(std::min<std::uint64_t>(len, size - r0.offset));
+      if (len == 0) {
+        b_.complete(first, 0, b_.options.exact && r0.memory.nbytes > 0 ? errno_code(ENODATA) : std::error_code{});
+        return;
+      }
+    }
+    if (in_place(first, write) && len == r0.memory.nbytes && len % f.choice.alignment == 0) {
+      split_in_place(first, len, splits);
+      return;
+    }
+    if (b_.options.checksum != batch_checksum::none && (write || len > max_request_)) {
+      whole_staged(first, len, write);
+      return;
+    }
+    if (len > max_request_ || write) {
+      split_staged(first, len, write, splits);
+      return;
+    }
+    // Reads through staging: join the ranges of this file that follow within the gap and fit in one request.
+    request q = make(f, false, r0.offset, len);
+    q.parts.push_back({first, 0, 0, len});
+    while (next_ < order_.size()) {
+      const std::size_t i = order_[next_];
+      const auto& ri = range(i);
+      if (ri.file.get() != &f || in_place(i, false)) break;
+      const std::uint64_t end = q.offset + q.nbytes;
+      if (ri.offset > end + b_.options.coalesce_gap_bytes) break;
+      const std::uint64_t size = sizes_.at(&f);
+      std::size_t li = ri.offset >= size ? 0 : static_cast<std::size_t>(std::min<std::uint64_t>(ri.memory.nbytes, size - ri.offset));
+      if (li == 0 || li != ri.memory.nbytes) break;  // ends at the file's end: on its own
+      const std::uint64_t new_end = std::max(end, ri.offset + li);
+      if (new_end - q.offset > max_request_) break;
+      q.nbytes = static_cast<std::size_t>(new_end - q.offset);
+      q.parts.push_back({i, 0, static_cast<std::size_t>(ri.offset - q.offset), li});
+      ++next_;
+    }
+    finish_staged(q);
+    pending_.push_back(std::move(q));
+  }
+
+  request make(const open_file& f, bool write, std::uint64_t offset, std::size_t nbytes) {
+    request q;
+    q.file = &f;
+    q.write = write;
+    q.offset = offset;
+    q.nbytes = nbytes;
+    return q;
+  }
+
+  // Aligned host memory: pieces at absolute multiples of the request size, straight into the caller's memory.
+  void split_in_place(std::size_t i, std::size_t len, std::unordered_map<std::size_t, split_state>& splits) {
+    const auto& r = range(i);
+    const open_file& f = *r.file;
+    const bool write = b_.dir == io_direction::write;
+    std::uint64_t pos = r.offset;
+    const std::uint64_t end = r.offset + len;
+    std::size_t parts = 0;
+    // A checksummed range is one request: its checksum covers all of it.
+    const bool whole = b_.options.checksum != batch_checksum::none;
+    while (pos < end) {
+      const std::uint64_t stop =
+          whole ? end : std::min<std::uint64_t>(end, align_down(pos, max_request_) + max_request_);
+      request q = make(f, write, pos, static_cast<std::size_t>(stop - pos));
+      const std::size_t at = static_cast<std::size_t>(pos - r.offset);
+      q.parts.push_back({i, at, 0, q.nbytes});
+      q.fd = f.direct_fd.get();
+      q.direct = true;
+      // A read of data already in the page cache goes through it.
+      if (!write && prefer_page_cache(f, pos, q.nbytes)) {
+        q.fd = f.fd.get();
+        q.direct = false;
+      }
+      q.io_offset = pos;
+      q.io_nbytes = q.nbytes;
+      q.buf = static_cast<std::byte*>(r.memory.data) + at;
+      pending_.push_back(std::move(q));
+      ++parts;
+      pos = stop;
+    }
+    mark_split(i, parts, len, splits);
+  }
+
+  // A checksummed range that cannot be joined with others: one request for all of it, through one staging slot
+  // (a write that is not block-aligned goes whole through the page cache).
+  void whole_staged(std::size_t i, std::size_t len, bool write) {
+    const auto& r = range(i);
+    request q = make(*r.file, write, r.offset, len);
+    q.parts.push_back({i, 0, 0, len});
+    finish_staged(q);
+    pending_.push_back(std::move(q));
+  }
+
+  // A long range, or any write: pieces of at most a request, each through staging. A write's partial blocks
+  // are pieces of their own through the buffered descriptor (the kernel merges them with the block's other
+  // bytes; the alignment is at least a page, so they never share a page with an O_DIRECT piece).
+  void split_staged(std::size_t i, std::size_t len, bool write, std::unordered_map<std::size_t, split_state>& splits) {
+    const auto& r = range(i);
+    const open_file& f = *r.file;
+    const std::uint64_t begin = r.offset, end = r.offset + len;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> cuts;
+    const std::size_t a = f.choice.direct ? f.choice.alignment : 1;
+    const std::uint64_t mid0 = write ? std::min(align_up(begin, a), end) : begin;
+    const std::uint64_t mid1 = write ? std::max<std::uint64_t>(align_down(end, a), mid0) : end;
+    if (mid0 > begin) cuts.emplace_back(begin, mid0);
+    for (std::uint64_t pos = mid0; pos < mid1;) {
+      const std::uint64_t stop = std::min<std::uint64_t>(mid1, align_down(pos, max_request_) + max_request_);
+      cuts.emplace_back(pos, stop);
+      pos = stop;
+    }
+    if (end > mid1) cuts.emplace_back(mid1, end);
+    for (const auto& [from, to] : cuts) {
+      request q = make(f, write, from, static_cast<std::size_t>(to - from));
+      q.parts.push_back({i, static_cast<std::size_t>(from - begin), 0, q.nbytes});
+      finish_staged(q);
+      pending_.push_back(std::move(q));
+    }
+    mark_split(i, cuts.size(), len, splits);
+  }
+
+  // `len`: the bytes of the range the parts cover (a read clipped at the end of the file covers fewer than its
+  // memory holds, and must not count the rest as read).
+  void mark_split(std::size_t i, std::size_t parts, std::size_t len,
+                  std::unordered_map<std::size_t, split_state>& splits) {
+    if (parts <= 1) return;
+    for (std::size_t k = pending_.size() - parts; k < pending_.size(); ++k) pending_[k].split = true;
+    splits[i].parts_left = parts;
+    splits[i].eof_at = len;
+  }
+
+  // Decides descriptor and kernel range of a request that goes through staging.
+  void finish_staged(request& q) {
+    const open_file& f = *q.file;
+    q.staged = true;
+    const std::size_t a = f.choice.alignment;
+    const bool aligned = q.offset % a == 0 && q.nbytes % a == 0;
+    bool direct = f.choice.direct;
+    if (q.write) {
+      direct = direct && aligned;  // partial blocks go through the page cache (see split_staged)
+    } else if (direct && prefer_page_cache(f, q.offset, q.nbytes)) {
+      direct = false;
+    }
+    q.direct = direct;
+    q.fd = direct ? f.direct_fd.get() : f.fd.get();
+    if (direct) {
+      q.io_offset = align_down(q.offset, a);
+      q.io_nbytes = static_cast<std::size_t>(align_up(q.offset + q.nbytes, a) - q.io_offset);
+    } else {
+      q.io_offset = q.offset;
+      q.io_nbytes = q.nbytes;
+    }
+  }
+
+  detail::batch_state& b_;
+  std::vector<std::size_t> order_;
+  std::size_t next_ = 0;
+  std::size_t max_request_;
+  const std::unordered_map<const open_file*, std::uint64_t>& sizes_;
+  std::deque<request> pending_;
+};
+
+// ---- the driver ----------------------------------------------------------------------------------------------
+
+class driver {
+ public:
+  driver(const batch_ptr& b, std::vector<std::size_t> ranges, group_copier* copier, const driver_limits& limits)
+      : b_(*b), keep_(b), ranges_(std::move(ranges)), copier_(copier), limits_(limits), staging_(copier) {}
+
+  void run() {
+    wake_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!wake_) throw error(errno_code(errno), "eventfd", "", -1, 0, "batch driver");
+    plan();
+    std::unique_ptr<executor> ex = make_executor();
+    executor_ = ex.get();
+    loop();
+    executor_ = nullptr;
+  }
+
+ private:
+  void plan() {
+    const bool write = b_.dir == io_direction::write;
+    // Sizes at the start: reads past the end are clipped (a file that shrinks later ends them short).
+    for (std::size_t i : ranges_) {
+      const open_file* f = b_.ranges[i].file.get();
+      if (!write && !sizes_.count(f)) {
+        try {
+          sizes_[f] = f->current_size();
+        } catch (const std::system_error&) {
+          sizes_[f] = 0;
+        }
+      }
+    }
+    std::sort(ranges_.begin(), ranges_.end(), [&](std::size_t a, std::size_t c) {
+      const auto& ra = b_.ranges[a];
+      const auto& rc = b_.ranges[c];
+      return std::tie(ra.file, ra.offset, a) < std::tie(rc.file, rc.offset, c);
+    });
+    // Depth and bytes in flight: the batch's own depth, else the default depth within the bytes the device's
+    // scheduler keeps in flight (never less than the driver's floor).
+    const open_file& f0 = *b_.ranges[ranges_.front()].file;
+    scheduled_transfer sched(f0.config, f0.st_dev, write ? io_dir::write : io_dir::read, io_client::host, 0);
+    const io_shape shape = sched.shape();
+    // Staging slots go up to 8 MiB: a request's aligned cover must fit in one.
+    max_request_ = std::min({limits_.max_request_bytes, std::max(shape.request_bytes, std::size_t{1} << 20),
+                             std::size_t{4} << 20});
+    max_request_ = align_down(max_request_, k_block);
+    if (b_.options.queue_depth != 0) {
+      depth_ = std::min<unsigned>(b_.options.queue_depth, 256);
+      budget_ = SIZE_MAX;
+    } else {
+      depth_ = limits_.default_depth;
+      budget_ = std::max(limits_.inflight_bytes, shape.depth * shape.request_bytes);
+    }
+    cursor_.emplace(b_, ranges_, max_request_, sizes_);
+  }
+
+  std::unique_ptr<executor> make_executor() {
+    const open_file& f0 = *b_.ranges[ranges_.front()].file;
+#ifdef GDSKIT_HAVE_URING
+    if (f0.choice.engine == engine_kind::io_uring) {
+      if (io_uring* r = driver_ring()) return std::make_unique<uring_executor>(r, wake_.get(), b_.stop_fd());
+    }
+#endif
+    const unsigned workers = std::max(1u, std::min<unsigned>(depth_, f0.config.threads * 8));
+    return std::make_unique<thread_executor>(std::min(workers, 64u), wake_.get(), b_.stop_fd());
+  }
+
+  void loop() {
+    std::vector<request*> finished;
+    bool cancelled = false;
+    for (;;) {
+      if (b_.stopping() && !cancelled) {
+        // Deadline, cancel or every range decided: nothing new starts; what the kernel holds is asked back.
+        executor_->cancel_all();
+        cancelled = true;
+      }
+      if (!cancelled) issue();
+      flush_copies();
+      if (executor_->inflight() == 0 && copies_inflight_ == 0 && (cancelled || nothing_left())) break;
+      finished.clear();
+      if (executor_->inflight() > 0 || copies_inflight_ > 0) {
+        executor_->wait(finished);
+      }
+      for (request* r : finished) on_finished(*r);
+      take_copy_completions();
+    }
+    if (copier_ != nullptr) copier_->drain();
+  }
+
+  bool nothing_left() const { return cursor_->exhausted() && ready_writes_.empty() && staged_writes_count() == 0; }
+  std::size_t staged_writes_count() const {
+    std::size_t n = 0;
+    for (const auto& w : staged_writes_) n += w ? 1 : 0;
+    return n;
+  }
+
+  // Starts requests while depth and bytes allow.
+  void issue() {
+    // Writes whose bytes came from GPU memory go first: their staging is already taken.
+    while (!ready_writes_.empty() && room(ready_writes_.front()->io_nbytes)) {
+      request* r = ready_writes_.front();
+      ready_writes_.pop_front();
+      start(r);
+    }
+    while (room(max_request_)) {
+      std::optional<request> next = cursor_->next(splits_);
+      if (!next) break;
+      auto owned = std::make_unique<request>(std::move(*next));
+      request* r = owned.get();
+      if (!prepare(*r)) continue;  // decided meanwhile, or failed
+      live_.emplace(r, std::move(owned));
+      if (r->write && r->to_device) {
+        // GPU memory to write: its bytes come to staging first (one group of copies per round).
+        stage_from_device(*r);
+        continue;
+      }
+      start(r);
+    }
+  }
+
+  bool room(std::size_t nbytes) const {
+    if (executor_->inflight() + staged_writes_count() >= depth_) return false;
+    return bytes_inflight_ == 0 || bytes_inflight_ + nbytes <= budget_;
+  }
+
+  // Gives a request its staging slot (and, for host-memory writes, its bytes). False when none of its ranges
+  // is still open, or on failure (the ranges then have their error).
+  bool prepare(request& r) {
+    bool any_open = false;
+    for (const auto& p : r.parts) any_open = any_open || !b_.decided(p.range);
+    if (!any_open) return false;
+    b_.requests.fetch_add(1, std::memory_order_relaxed);
+    const auto& mem0 = b_.ranges[r.parts.front().range].memory;
+    r.to_device = !host_memory(mem0);
+    for (const auto& p : r.parts) {
+      if (p.range_off == 0) (r.to_device ? b_.routed_staged : b_.routed_host).fetch_add(1, std::memory_order_relaxed);
+    }
+    if (!r.staged) {
+      // In place: a checksummed write's bytes are the caller's (one request for the whole range).
+      if (r.write && checksummed()) r.crc = crc32c(r.buf, r.nbytes);
+      return true;
+    }
+    r.buf = staging_.take(r.io_nbytes);
+    if (r.buf == nullptr) {
+      fail_parts(r, errno_code(ENOMEM));
+      return false;
+    }
+    if (r.write && !r.to_device) {
+      // Host memory to write (one range per write request): copied into the slot under the range's claim; a
+      // range decided meanwhile is not written.
+      const delivery& p = r.parts.front();
+      if (!b_.claim(p.range)) {
+        release(r);
+        return false;
+      }
+      const auto& mem = b_.ranges[p.range].memory;
+      std::byte* at = r.buf + (r.offset - r.io_offset) + p.req_off;
+      std::memcpy(at, static_cast<const std::byte*>(mem.data) + p.range_off, p.nbytes);
+      if (checksummed()) r.crc = crc32c(at, p.nbytes);
+      b_.unclaim(p.range);
+    }
+    return true;
+  }
+
+  bool checksummed() const { return b_.options.checksum != batch_checksum::none; }
+
+  void start(request* r) {
+    if (r->issued == std::chrono::steady_clock::time_point{}) r->issued = std::chrono::steady_clock::now();
+    bytes_inflight_ += r->io_nbytes;
+    executor_->submit(r);
+  }
+
+  void stage_from_device(request& r) {
+    for (const auto& p : r.parts) {
+      const auto& mem = b_.ranges[p.range].memory;
+      copier_->add(false, r.buf + (r.offset - r.io_offset) + p.req_off,
+                   reinterpret_cast<std::uintptr_t>(mem.data) + p.range_off, p.nbytes);
+    }
+    group_.push_back(&r);
+    for (auto& w : staged_writes_) {
+      if (!w) {
+        w = &r;
+        return;
+      }
+    }
+    staged_writes_.push_back(&r);
+  }
+
+  void on_finished(request& r) {
+    bytes_inflight_ -= r.io_nbytes;
+    if (r.ec && !r.write && r.parts.size() > 1 && !b_.stopping()) {
+      cursor_->retry_separately(r);
+      release(r);
+      return;
+    }
+    if (r.ec) {
+      fail_parts(r, r.ec);
+      release(r);
+      return;
+    }
+    if (r.write) {
+      for (const auto& p : r.parts) part_done(p, p.nbytes, r, false, r.crc);
+      release(r);
+      return;
+    }
+    const std::size_t got = logical_got(r);
+    if (!r.staged) {
+      // The kernel read straight into the range's memory.
+      for (const auto& p : r.parts) part_done(p, std::min(p.nbytes, got > p.req_off ? got - p.req_off : 0), r);
+      release(r);
+      return;
+    }
+    const std::size_t head = static_cast<std::size_t>(r.offset - r.io_offset);
+    bool queued = false;
+    r.claimed.assign(r.parts.size(), 0);
+    r.crcs.assign(r.parts.size(), 0);
+    for (std::size_t k = 0; k < r.parts.size(); ++k) {
+      const delivery& p = r.parts[k];
+      const std::size_t n = std::min(p.nbytes, got > p.req_off ? got - p.req_off : 0);
+      if (checksummed() && !verified(r, k, n)) continue;
+      if (n == 0 || !claim_part(p.range)) {
+        if (n == 0) part_done(p, 0, r);
+        continue;
+      }
+      const auto& mem = b_.ranges[p.range].memory;
+      if (r.to_device) {
+        copier_->add(true, r.buf + head + p.req_off, reinterpret_cast<std::uintptr_t>(mem.data) + p.range_off, n);
+        r.claimed[k] = 1;
+        queued = true;
+        continue;
+      }
+      std::memcpy(static_cast<std::byte*>(mem.data) + p.range_off, r.buf + head + p.req_off, n);
+      part_done(p, n, r, true, r.crcs[k]);
+    }
+    if (queued) {
+      group_.push_back(&r);
+      return;  // released once its copies have landed
+    }
+    release(r);
+  }
+
+  // Checks part k of a checksummed read in staging: true when its `n` bytes are the whole range and match the
+  // range's checksum; otherwise the range completes here (ENODATA short, EBADMSG different) and nothing of it is
+  // delivered.
+  bool verified(request& r, std::size_t k, std::size_t n) {
+    const delivery& p = r.parts[k];
+    const std::size_t head = static_cast<std::size_t>(r.offset - r.io_offset);
+    const std::uint32_t c = crc32c(r.buf + head + p.req_off, n);
+    r.crcs[k] = c;
+    const double latency = std::chrono::duration<double>(std::chrono::steady_clock::now() - r.issued).count();
+    if (n < b_.ranges[p.range].memory.nbytes) {
+      b_.complete(p.range, n, errno_code(ENODATA), latency, c);
+      return false;
+    }
+    if (c != b_.ranges[p.range].crc32c) {
+      b_.checksum_mismatches.fetch_add(1, std::memory_order_relaxed);
+      b_.complete(p.range, 0, errno_code(EBADMSG), latency, c);
+      return false;
+    }
+    return true;
+  }
+
+  // Takes range `i`'s claim for the delivery of one part. The parts of a split range share the claim: a part
+  // whose copy starts while another's is under way joins it instead of being refused.
+  bool claim_part(std::size_t i) {
+    const auto it = splits_.find(i);
+    if (it != splits_.end() && it->second.claims > 0) {
+      ++it->second.claims;
+      return true;
+    }
+    if (!b_.claim(i)) return false;
+    if (it != splits_.end()) it->second.claims = 1;
+    return true;
+  }
+
+  // One part of a range is over with `n` of its bytes moved; `claimed` when it was delivered under claim_part();
+  // `crc` the range's checksum (checksummed batches, whose ranges are one part each).
+  void part_done(const delivery& p, std::size_t n, const request& r, bool claimed = false, std::uint32_t crc = 0) {
+    const double latency = r.issued == std::chrono::steady_clock::time_point{} ? 0.0
+        : std::chrono::duration<double>(std::chrono::steady_clock::now() - r.issued).count();
+    const std::size_t want = p.nbytes;
+    auto it = splits_.find(p.range);
+    if (it == splits_.end()) {
+      // The whole range in one part.
+      const auto& mem = b_.ranges[p.range].memory;
+      const std::size_t moved = p.range_off + n;
+      std::error_code ec;
+      if (b_.dir == io_direction::read && moved < mem.nbytes && b_.options.exact) ec = errno_code(ENODATA);
+      (void)want;
+      if (claimed) {
+        b_.finish(p.range, moved, ec, latency, crc);
+      } else {
+        b_.complete(p.range, moved, ec, latency, crc);
+      }
+      return;
+    }
+    split_state& s = it->second;
+    s.moved += n;
+    if (n < want) s.eof_at = std::min(s.eof_at, p.range_off + n);
+    if (claimed) --s.claims;
+    if (--s.parts_left > 0) {
+      if (claimed && s.claims == 0) {
+        if (s.ec) {
+          const std::error_code failed = s.ec;
+          splits_.erase(it);
+          b_.finish(p.range, 0, failed, latency);
+        } else {
+          b_.unclaim(p.range);
+        }
+      }
+      return;
+    }
+    const auto& mem = b_.ranges[p.range].memory;
+    std::size_t moved = std::min(s.eof_at, mem.nbytes);
+    std::error_code ec = s.ec;
+    if (ec) {
+      moved = 0;
+    } else if (b_.dir == io_direction::read && moved < mem.nbytes && b_.options.exact) {
+      ec = errno_code(ENODATA);
+    }
+    splits_.erase(it);
+    if (claimed) {
+      b_.finish(p.range, moved, ec, latency);
+    } else {
+      b_.complete(p.range, moved, ec, latency);
+    }
+  }
+
+  // One part of a range failed with `ec`; `claimed` as for part_done. A split range whose other parts are being
+  // copied into its memory fails once those copies have landed, never while they may still land.
+  void part_failed(const delivery& p, std::error_code ec, bool claimed) {
+    auto it = splits_.find(p.range);
+    if (it != splits_.end()) {
+      split_state& s = it->second;
+      if (!s.ec) s.ec = ec;
+      if (claimed) --s.claims;
+      --s.parts_left;
+      if (s.claims > 0) return;
+      splits_.erase(it);
+    }
+    if (claimed) {
+      b_.finish(p.range, 0, ec);
+    } else {
+      b_.complete(p.range, 0, ec);
+    }
+  }
+
+  void fail_parts(request& r, std::error_code ec) {
+    for (const auto& p : r.parts) part_failed(p, ec, false);
+  }
+
+  void release(request& r) {
+    if (r.staged && r.buf != nullptr) staging_.give(r.buf, r.io_nbytes);
+    live_.erase(&r);
+  }
+
+  void flush_copies() {
+    if (group_.empty()) return;
+    const std::uint64_t token = next_token_++;
+    groups_.emplace(token, std::move(group_));
+    group_.clear();
+    ++copies_inflight_;
+    auto* self = this;
+    copier_->flush(token, [self](std::uint64_t t, std::error_code ec) { self->copy_done(t, ec); });
+  }
+
+  // From the copier's thread: queue the group's outcome and wake the driver.
+  void copy_done(std::uint64_t token, std::error_code ec) {
+    {
+      std::lock_guard lock(done_mutex_);
+      done_groups_.emplace_back(token, ec);
+    }
+    const std::uint64_t one = 1;
+    (void)!::write(wake_.get(), &one, sizeof one);
+  }
+
+  void take_copy_completions() {
+    std::vector<std::pair<std::uint64_t, std::error_code>> done;
+    {
+      std::lock_guard lock(done_mutex_);
+      done.swap(done_groups_);
+    }
+    for (const auto& [token, ec] : done) {
+      auto it = groups_.find(token);
+      if (it == groups_.end()) continue;
+      std::vector<request*> requests = std::move(it->second);
+      groups_.erase(it);
+      --copies_inflight_;
+      for (request* r : requests) {
+        if (r->write) {
+          // Bytes from GPU memory are in staging: the write can go (unless the batch stopped meanwhile).
+          for (auto& w : staged_writes_) {
+            if (w == r) w = nullptr;
+          }
+          if (ec) {
+            fail_parts(*r, ec);
+            release(*r);
+          } else if (b_.stopping()) {
+            release(*r);
+          } else {
+            if (checksummed()) r->crc = crc32c(r->buf + (r->offset - r->io_offset), r->nbytes);
+            ready_writes_.push_back(r);
+          }
+          continue;
+        }
+        // Reads: every claimed part of the request has landed (or failed) in GPU memory.
+        const std::size_t got = logical_got(*r);
+        for (std::size_t k = 0; k < r->parts.size(); ++k) {
+          const delivery& p = r->parts[k];
+          if (r->claimed[k] == 0) continue;
+          const std::size_t n = std::min(p.nbytes, got > p.req_off ? got - p.req_off : 0);
+          if (ec) {
+            part_failed(p, ec, true);
+          } else {
+            part_done(p, n, *r, true, r->crcs.empty() ? 0 : r->crcs[k]);
+          }
+        }
+        release(*r);
+      }
+    }
+  }
+
+  detail::batch_state& b_;
+  batch_ptr keep_;
+  std::vector<std::size_t> ranges_;
+  group_copier* copier_;
+  driver_limits limits_;
+  staging staging_;
+  posix::unique_fd wake_;
+  std::unordered_map<const open_file*, std::uint64_t> sizes_;
+  std::optional<planner_cursor> cursor_;
+  executor* executor_ = nullptr;
+  std::size_t max_request_ = 0;
+  unsigned depth_ = 64;
+  std::size_t budget_ = 0;
+  std::size_t bytes_inflight_ = 0;
+  std::unordered_map<std::size_t, split_state> splits_;
+  std::unordered_map<request*, std::unique_ptr<request>> live_;
+  std::deque<request*> ready_writes_;
+  std::vector<request*> staged_writes_;  // GPU-memory writes whose copies into staging are in flight
+  std::vector<request*> group_;
+  std::map<std::uint64_t, std::vector<request*>> groups_;
+  std::uint64_t next_token_ = 1;
+  std::size_t copies_inflight_ = 0;
+  std::mutex done_mutex_;
+  std::vector<std::pair<std::uint64_t, std::error_code>> done_groups_;
+};
+
+// Runs `body` on the shared pool under a hold of the batch (taken now, so the batch cannot be released before
+// the job has started and looked at it).
+template <class Body>
+void launch(const batch_ptr& b, Body body) {
+  b->hold();
+  shared_pool(1).submit([b, body = std::move(body)]() mutable {
+    try {
+      body();
+    } catch (const std::exception& e) {
+      log_warning(fmt::format("batch: {}", e.what()));
+    }
+    b->release_hold();
+  });
+}
+
+// Ranges through the single-range routes, `jobs` at a time.
+void run_singles(const transfer_core& core, const batch_ptr& b, std::vector<std::size_t> ranges, unsigned jobs) {
+  auto list = std::make_shared<std::vector<std::size_t>>(std::move(ranges));
+  auto next = std::make_shared<std::atomic<std::size_t>>(0);
+  jobs = std::max(1u, std::min<unsigned>(jobs, static_cast<unsigned>(list->size())));
+  for (unsigned j = 0; j < jobs; ++j) {
+    launch(b, [&core, b, list, next] {
+      for (;;) {
+        const std::size_t k = next->fetch_add(1);
+        if (k >= list->size() || b->stopping()) return;
+        const std::size_t i = (*list)[k];
+        if (b->decided(i)) continue;
+        const detail::batch_range& r = b->ranges[i];
+        const std::size_t n = r.memory.nbytes;
+        const bool write = b->dir == io_direction::write;
+        std::size_t got = 0;
+        std::error_code ec;
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          got = core.move(*r.file, write, r.memory, n, r.offset);
+          if (!write && got < n && b->options.exact) ec = errno_code(ENODATA);
+        } catch (const std::system_error& e) {
+          ec = e.code();
+        } catch (const std::bad_alloc&) {
+          ec = errno_code(ENOMEM);
+        }
+        (host_memory(r.memory) ? b->routed_host : (r.file->decide_path(r.memory).path == data_path::staged
+                                                       ? b->routed_staged
+                                                       : b->routed_gds))
+            .fetch_add(1, std::memory_order_relaxed);
+        b->requests.fetch_add(1, std::memory_order_relaxed);
+        b->complete(i, got, ec, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+    });
+  }
+}
+
+// GPU memory the planner sends through true GDS: cuFile's batch API where the library has it, else the
+// single-range route one range after another.
+void run_cufile(const transfer_core& core, const batch_ptr& b, std::vector<std::size_t> ranges) {
+  launch(b, [&core, b, ranges = std::move(ranges)]() mutable {
+    const bool write = b->dir == io_direction::write;
+    std::vector<cufile_entry> entries;
+    entries.reserve(ranges.size());
+    for (std::size_t i : ranges) {
+      const detail::batch_range& r = b->ranges[i];
+      entries.push_back({r.file.get(), write, r.memory, r.offset, r.memory.nbytes});
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    bool ran = false;
+    try {
+      ran = core.gpu().cufile_batch(
+          entries, [&] { return b->stopping(); },
+          [&](std::size_t k, std::size_t bytes, std::error_code ec) {
+            const std::size_t i = ranges[k];
+            if (!ec && !write && bytes < b->ranges[i].memory.nbytes && b->options.exact) ec = errno_code(ENODATA);
+            b->routed_gds.fetch_add(1, std::memory_order_relaxed);
+            b->requests.fetch_add(1, std::memory_order_relaxed);
+            b->complete(i, bytes, ec, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+          });
+    } catch (const std::system_error& e) {
+      for (std::size_t i : ranges) b->complete(i, 0, e.code());
+      return;
+    }
+    if (!ran) run_singles(core, b, std::move(ranges), 4);
+  });
+}
+
+void run_driver(const transfer_core& core, const batch_ptr& b, std::vector<std::size_t> ranges, int device,
+                const driver_limits& limits) {
+  launch(b, [&core, b, ranges = std::move(ranges), device, limits]() mutable {
+    std::unique_ptr<group_copier> copier;
+    const std::vector<std::size_t> mine = ranges;
+    try {
+      if (device >= 0) copier = core.gpu().make_group_copier(device);
+      driver d(b, std::move(ranges), copier.get(), limits);
+      d.run();
+    } catch (const std::system_error& e) {
+      // The driver could not start: its ranges fail with the reason.
+      for (std::size_t i : mine) b->complete(i, 0, e.code());
+      log_warning(fmt::format("batch driver: {}", e.what()));
+    }
+  });
+}
+
+}  // namespace
+
+void run_batch(const transfer_core& core, const batch_ptr& b, const driver_limits& limits) {
+  std::vector<std::size_t> singles, gds;
+  std::map<int, std::vector<std::size_t>> drive;  // -1: host memory; else the GPU
+  const bool write = b->dir == io_direction::write;
+  for (std::size_t i = 0; i < b->ranges.size(); ++i) {
+    const detail::batch_range& r = b->ranges[i];
+    if (r.memory.nbytes == 0) {
+      b->complete(i, 0, {});
+      continue;
+    }
+    if (r.memory.nbytes >= limits.stream_bytes) {
+      singles.push_back(i);
+      continue;
+    }
+    if (host_memory(r.memory)) {
+      drive[-1].push_back(i);
+      continue;
+    }
+    const data_path p = r.file->decide_path(r.memory).path;
+    if (p == data_path::gds) {
+      gds.push_back(i);
+    } else if (p == data_path::compat) {
+      singles.push_back(i);  // cuFile's compat mode has no batch support
+    } else {
+      drive[r.memory.device < 0 ? 0 : r.memory.device].push_back(i);
+    }
+  }
+  (void)write;
+  for (auto& [device, ranges] : drive) run_driver(core, b, std::move(ranges), device, limits);
+  // Each single-range transfer is parallel itself: a few at once keep the device busy; the batch's depth wins.
+  if (!singles.empty()) run_singles(core, b, std::move(singles), b->options.queue_depth != 0 ? b->options.queue_depth : 4);
+  if (!gds.empty()) run_cufile(core, b, std::move(gds));
+  b->release_hold();  // every job above holds the batch itself
+}
+
+}  // namespace gdskit::engine

@@ -1,0 +1,193 @@
+#include "kv/volume.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "gdskit/error.hpp"
+
+namespace gdskit::kv::detail {
+namespace {
+
+namespace fs = std::filesystem;
+
+[[noreturn]] void fail(int e, const fs::path& p, const std::string& what) {
+  throw error(errno_code(e), "open block store", p.string(), -1, 0, what);
+}
+
+// The process holding a flock on the file of inode `ino`, from /proc/locks ("1: FLOCK ADVISORY WRITE 4242
+// 08:01:1234 0 EOF"); 0 when it cannot be told.
+long lock_holder(ino_t ino) {
+  std::ifstream in("/proc/locks");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string id, type, advisory, mode, dev_ino;
+    long pid = 0;
+    if (!(fields >> id >> type)) continue;
+    if (type == "->") fields >> type;  // a waiter, listed under the holder
+    if (!(fields >> advisory >> mode >> pid >> dev_ino) || type != "FLOCK") continue;
+    const auto colon = dev_ino.rfind(':');
+    if (colon == std::string::npos) continue;
+    if (dev_ino.substr(colon + 1) == std::to_string(ino)) return pid;
+  }
+  return 0;
+}
+
+void take_lock(const file_handle& h, const fs::path& shown) {
+  for (;;) {
+    if (::flock(h.fd(), LOCK_EX | LOCK_NB) == 0) return;
+    if (errno == EINTR) continue;
+    const int e = errno;
+    if (e == EWOULDBLOCK) {
+      struct stat st {};
+      long pid = ::fstat(h.fd(), &st) == 0 ? lock_holder(st.st_ino) : 0;
+      fail(EBUSY, shown,
+           pid > 0 ? fmt::format("the store is open in another process (pid {}); one process writes a store at a time", pid)
+                   : std::string("the store is open in another process; one process writes a store at a time"));
+    }
+    fail(e, shown, "flock");
+  }
+}
+
+// A store file must be a regular file (or not exist): never follow a link or open a FIFO or device there.
+bool check_regular(const fs::path& p) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(p, ec);
+  if (ec || st.type() == fs::file_type::not_found) return false;
+  if (st.type() != fs::file_type::regular) {
+    fail(EINVAL, p, "not a regular file (a link, folder, FIFO or device is never used as a store file)");
+  }
+  return true;
+}
+
+void read_superblock(opened_volume& v) {
+  std::uint8_t page[page_bytes] = {};
+  std::size_t got = 0;
+  got = v.file->pread(page, page_bytes, 0);
+  if (got < page_bytes) {
+    // A data file shorter than its superblock was not made by a finished create_volume.
+    if (v.block_device) fail(EINVAL, v.data_path, "the device is smaller than 4 KiB");
+    v.kind = page_kind::damaged;
+    return;
+  }
+  v.kind = decode_superblock(std::span<const std::uint8_t, page_bytes>(page, page_bytes), v.sb);
+}
+
+}  // namespace
+
+std::string printable(std::string_view text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      out += fmt::format("\\x{:02x}", c);
+    }
+  }
+  return out;
+}
+
+opened_volume open_volume(const fs::path& path, const settings& io) {
+  opened_volume v;
+  v.given = path;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (!ec && st.type() == fs::file_type::block) {
+    v.block_device = true;
+    v.data_path = path;
+    v.file = std::make_shared<const file_handle>(path, open_mode::read_write, open_options{}, io);
+    take_lock(*v.file, path);
+    v.lock = v.file;
+    v.device_bytes = v.file->size();
+    read_superblock(v);
+    return v;
+  }
+  if (!ec && st.type() != fs::file_type::directory) {
+    fail(ENOTDIR, path, "not a folder or a block device (a store lives in a folder, or on a whole block device)");
+  }
+  if (ec && ec != std::errc::no_such_file_or_directory) fail(ec.value(), path, "stat");
+  if (ec) {
+    fs::create_directories(path, ec);
+    if (ec) fail(ec.value(), path, "could not create the store folder");
+  }
+  const fs::path lock_path = path / lock_file_name;
+  check_regular(lock_path);
+  open_options create;
+  create.create = true;
+  v.lock = std::make_shared<const file_handle>(lock_path, open_mode::read_write, create, io);
+  take_lock(*v.lock, path);
+  // A temporary data file is what a create that did not finish leaves: never a store.
+  const fs::path tmp = path / (std::string(data_file_name) + ".tmp");
+  if (check_regular(tmp)) fs::remove(tmp, ec);
+  v.data_path = path / data_file_name;
+  if (check_regular(v.data_path)) {
+    v.file = std::make_shared<const file_handle>(v.data_path, open_mode::read_write, open_options{}, io);
+    read_superblock(v);
+  } else {
+    v.kind = page_kind::blank;
+  }
+  return v;
+}
+
+void create_volume(opened_volume& v, const superblock& sb, const layout& geometry, bool sync, bool preallocate,
+                   const settings& io) {
+  alignas(page_bytes) static thread_local std::uint8_t page[page_bytes];
+  encode_superblock(sb, std::span<std::uint8_t, page_bytes>(page, page_bytes));
+  if (v.block_device) {
+    if (geometry.end_bytes > v.device_bytes) {
+      fail(EINVAL, v.data_path, fmt::format("the device holds {} bytes; its share of the capacity needs {}",
+                                            v.device_bytes, geometry.end_bytes));
+    }
+    // Stale checkpoints of an earlier store would fail their store id check anyway; zeroed, nothing is read.
+    std::uint8_t zero[page_bytes] = {};
+    v.file->pwrite(zero, page_bytes, geometry.checkpoint_position(0));
+    v.file->pwrite(zero, page_bytes, geometry.checkpoint_position(1));
+    v.file->pwrite(page, page_bytes, 0);
+    if (sync) v.file->sync();
+  } else {
+    const fs::path tmp = v.data_path.parent_path() / (std::string(data_file_name) + ".tmp");
+    open_options create;
+    create.create = create.truncate = true;
+    try {
+      file_handle f(tmp, open_mode::read_write, create, io);
+      // The whole capacity is reserved now (a disk too small fails here, not in a put later), and ext4 and XFS
+      // run O_DIRECT writes into reserved blocks in parallel where they take turns filling holes. Where the
+      // file system cannot reserve, the file is sparse and takes space as blocks are written.
+      if (preallocate) {
+        f.reserve(geometry.end_bytes);
+      } else {
+        f.truncate(geometry.end_bytes);
+      }
+      f.pwrite(page, page_bytes, 0);
+      if (sync) f.sync();
+      f.close();
+      std::error_code rec;
+      fs::rename(tmp, v.data_path, rec);
+      if (rec) throw error(rec, "rename", tmp.string(), -1, 0, "publishing the new store's data file");
+    } catch (...) {
+      std::error_code ignore;
+      fs::remove(tmp, ignore);
+      throw;
+    }
+    if (sync) {
+      const int dir = ::open(v.data_path.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      if (dir >= 0) {
+        ::fsync(dir);
+        ::close(dir);
+      }
+    }
+    v.file = std::make_shared<const file_handle>(v.data_path, open_mode::read_write, open_options{}, io);
+  }
+  v.sb = sb;
+  v.kind = page_kind::ok;
+}
+
+}  // namespace gdskit::kv::detail

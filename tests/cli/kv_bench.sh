@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# gdskit bench kv end to end on a small store: every phase runs, the JSON holds the figures and the checks
+# (no wrong bytes, no hangs, capacity kept), the bench cleans up after itself, and bad flags exit 2.
+# Usage: kv_bench.sh <gdskit binary> <source dir> <build dir>
+source "$(dirname "$0")/lib.bash"
+
+json=$("$gdskit" bench kv --dir "$work" --capacity 24M --block-sizes 64K --seconds 0.3 --kills 1 --threads 2 \
+  --json 2>"$work/err") || fail "bench kv exited $?: $(cat "$work/err")"
+python3 - "$json" <<'PY' || fail "bench kv JSON"
+import json, sys
+d = json.loads(sys.argv[1])
+assert d["ok"] is True, d
+run = d["runs"][0]
+assert run["block_bytes"] == 65536 and run["slots"] > 0 and run["capacity_kept"], run
+assert run["raw"]["read_gib_per_s"] > 0 and run["raw"]["fresh_write_gib_per_s"] > 0, run["raw"]
+phases = {p["name"]: p for p in run["phases"]}
+for name in ("put storm", "cold get", "mix", "churn", "faults", "kill -9 + reopen", "baseline put", "baseline get"):
+    assert name in phases, (name, sorted(phases))
+for p in phases.values():
+    assert p["wrong_bytes"] == 0 and p["hangs"] == 0, p
+assert phases["put storm"]["stored"] > 0 and phases["cold get"]["hits"] > 0
+assert phases["put storm"]["latency_ms"]["p999"] >= phases["put storm"]["latency_ms"]["p50"] > 0
+assert phases["mix"]["bytes_written_per_hit"] >= 0 and 0 <= phases["mix"]["hit_ratio"] <= 1
+f = phases["faults"]
+assert f["enospc_puts"]["stored"] == 0 and f["enospc_puts"]["keys"] > 0, f
+assert f["gets_while_full"]["hits"] > 0, f
+assert f["eio_gets"]["hits"] == 0, f
+c = phases["kill -9 + reopen"]
+assert c["kills"][0]["capacity_kept"] and c["wrong_bytes"] == 0, c
+PY
+leftover=$(ls "$work" | grep -v '^err$')
+[ -z "$leftover" ] || fail "the bench left files behind: $leftover"
+
+out=$("$gdskit" bench kv --help) || fail "--help"
+grep -q -- '--block-sizes' <<<"$out" || fail "--help lists no --block-sizes: $out"
+grep -q 'Exit codes' <<<"$out" || fail "--help has no exit codes: $out"
+
+expect 2 bench kv
+expect 2 bench kv --dir "$work/missing"
+expect 2 bench kv --dir "$work" --mix puts
+expect 2 bench kv --dir "$work" --block-sizes 0
+expect 2 bench kv --dir "$work" --capacity 100K
+expect 2 bench kv --dir "$work" --durability sometimes
+expect 2 bench kv --dir "$work" --threads 0
+expect 2 bench kv --dir "$work" --jsn
+[ -z "$(ls "$work" | grep -v '^err$')" ] || fail "a refused run wrote something"
+echo "PASS bench kv"

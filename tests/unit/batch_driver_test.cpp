@@ -1,0 +1,535 @@
+// The batch driver's GPU-memory route without a GPU: "device" memory is host memory reached only through a
+// group copier whose copies land late, on another thread. A driver that delivered a range before its copy
+// landed, reported a range and copied into it afterwards, or issued one copy launch per range would fail here.
+// Also: io_uring refusing submissions, a million ranges, and a failing copy group.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "api/file_access.hpp"
+#include "engine/transfer/batch_state.hpp"
+#include "engine/transfer/core.hpp"
+#include "engine/thread_pool.hpp"
+#include "engine/transfer/driver.hpp"
+#include "gdskit/batch.hpp"
+#include "gdskit/checksum.hpp"
+#include "gdskit/error.hpp"
+#include "posix/syscalls.hpp"
+#include "test_support.hpp"
+
+namespace gdskit {
+namespace {
+
+using namespace std::chrono_literals;
+using test::random_bytes;
+using test::temp_dir;
+
+// Copies run on a thread of the copier's own, `delay` after their group was flushed.
+class late_copier final : public engine::group_copier {
+ public:
+  struct stats {
+    std::atomic<int> groups{0};
+    std::atomic<int> copies{0};
+    std::atomic<int> live_chunks{0};
+  };
+  late_copier(stats& s, std::chrono::milliseconds delay, std::error_code fail = {})
+      : s_(s), delay_(delay), fail_(fail), worker_([this] { work(); }) {}
+  ~late_copier() override {
+    drain();
+    {
+      std::lock_guard lock(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+  int device() const override { return 0; }
+  std::byte* take_chunk(std::size_t n) override {
+    ++s_.live_chunks;
+    return static_cast<std::byte*>(std::aligned_alloc(4096, n));
+  }
+  void give_chunk(std::byte* c, std::size_t) noexcept override {
+    --s_.live_chunks;
+    std::free(c);
+  }
+  void add(bool to_device, std::byte* host, std::uintptr_t dev, std::size_t n) override {
+    queued_.push_back({to_device, host, dev, n});
+  }
+  void flush(std::uint64_t token, std::function<void(std::uint64_t, std::error_code)> done) override {
+    if (queued_.empty()) return;
+    ++s_.groups;
+    s_.copies += static_cast<int>(queued_.size());
+    {
+      std::lock_guard lock(m_);
+      jobs_.push_back({std::move(queued_), token, std::move(done), std::chrono::steady_clock::now() + delay_});
+      ++pending_;
+    }
+    queued_.clear();
+    cv_.notify_all();
+  }
+  void drain() noexcept override {
+    std::unique_lock lock(m_);
+    cv_.wait(lock, [&] { return pending_ == 0; });
+  }
+
+ private:
+  struct copy {
+    bool to_device;
+    std::byte* host;
+    std::uintptr_t dev;
+    std::size_t n;
+  };
+  struct job {
+    std::vector<copy> copies;
+    std::uint64_t token;
+    std::function<void(std::uint64_t, std::error_code)> done;
+    std::chrono::steady_clock::time_point at;
+  };
+  void work() {
+    std::unique_lock lock(m_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      job j = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      std::this_thread::sleep_until(j.at);
+      if (!fail_) {
+        for (const auto& c : j.copies) {
+          if (c.to_device) {
+            std::memcpy(reinterpret_cast<void*>(c.dev), c.host, c.n);
+          } else {
+            std::memcpy(c.host, reinterpret_cast<const void*>(c.dev), c.n);
+          }
+        }
+      }
+      j.done(j.token, fail_);
+      lock.lock();
+      --pending_;
+      cv_.notify_all();
+    }
+  }
+  stats& s_;
+  std::chrono::milliseconds delay_;
+  std::error_code fail_;
+  std::vector<copy> queued_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<job> jobs_;
+  int pending_ = 0;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+class fake_backend final : public engine::gpu_backend {
+ public:
+  fake_backend(late_copier::stats& s, std::chrono::milliseconds delay, std::error_code fail = {})
+      : s_(s), delay_(delay), fail_(fail) {}
+  std::unique_ptr<engine::copier_lease> lease_lanes(int, unsigned, unsigned, std::size_t) override {
+    throw error(errno_code(ENOTSUP), "not in this test");
+  }
+  std::size_t cufile_transfer(const engine::open_file&, bool, buffer_view, std::size_t, std::uint64_t) override {
+    throw error(errno_code(ENOTSUP), "not in this test");
+  }
+  bool cufile_batch(std::span<const engine::cufile_entry>, const std::function<bool()>&,
+                    const std::function<void(std::size_t, std::size_t, std::error_code)>&) override {
+    return false;
+  }
+  std::unique_ptr<engine::group_copier> make_group_copier(int) override {
+    return std::make_unique<late_copier>(s_, delay_, fail_);
+  }
+  std::function<void()> stream_gate(void*, int) override { throw error(errno_code(ENOTSUP), "not in this test"); }
+  void when_stream_reaches(void*, int, std::function<void()>) override {
+    throw error(errno_code(ENOTSUP), "not in this test");
+  }
+
+ private:
+  late_copier::stats& s_;
+  std::chrono::milliseconds delay_;
+  std::error_code fail_;
+};
+
+buffer_view fake_device(void* p, std::size_t n) { return {p, n, memory_kind::device, 0}; }
+
+// Submits ranges straight to a driver on `core` (the public submit refuses device memory without a GPU).
+batch_future drive(engine::transfer_core& core, io_direction dir, const std::vector<io_range>& ranges,
+                   const batch_options& o = {}) {
+  auto st = std::make_shared<detail::batch_state>(dir, o, ranges.size());
+  for (const auto& r : ranges) st->ranges.push_back({file_access::shared(*r.file), r.offset_bytes, r.memory, r.crc32c});
+  st->attach_files();
+  if (o.deadline) detail::arm_deadline(st, *o.deadline);
+  engine::run_batch(core, st);
+  return batch_future(st);
+}
+
+struct driver_fixture : ::testing::Test {
+  temp_dir dir;
+  late_copier::stats stats;
+};
+
+TEST_F(driver_fixture, device_reads_land_before_they_are_reported_in_few_copy_groups) {
+  engine::transfer_core core;
+  core.install(std::make_unique<fake_backend>(stats, 2ms));
+  const auto data = random_bytes(3'000'017, 21);
+  test::write_file(dir / "f", data);
+  file_handle f(dir / "f", open_mode::read);
+  std::mt19937_64 rng(5);
+  constexpr std::size_t n = 2000;
+  std::vector<std::vector<std::uint8_t>> mem(n);
+  std::vector<io_range> ranges;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t len = 1 + rng() % (i % 100 == 0 ? 600'000 : 5000);
+    const std::uint64_t off = rng() % data.size();
+    mem[i].assign(len, 0xEE);
+    ranges.push_back({&f, off, fake_device(mem[i].data(), len)});
+  }
+  batch_future fut = drive(core, io_direction::read, ranges);
+  const batch_result& r = fut.get();
+  ASSERT_TRUE(r.ok());
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t off = ranges[i].offset_bytes;
+    const std::size_t want = std::min<std::size_t>(mem[i].size(), data.size() - off);
+    ASSERT_EQ(r.ranges[i].nbytes, want) << i;
+    ASSERT_EQ(0, std::memcmp(mem[i].data(), data.data() + off, want)) << "item " << i << " reported before it landed";
+  }
+  EXPECT_EQ(r.routes.staged, n);
+  EXPECT_LT(stats.groups.load(), static_cast<int>(n) / 4) << "copies were not batched into groups";
+  fut.wait_released();
+}
+
+TEST_F(driver_fixture, device_writes_read_back_equal) {
+  engine::transfer_core core;
+  core.install(std::make_unique<fake_backend>(stats, 1ms));
+  file_handle f(dir / "w", open_mode::read_write, {.create = true});
+  std::mt19937_64 rng(8);
+  std::vector<std::vector<std::uint8_t>> src;
+  std::vector<io_range> ranges;
+  std::vector<std::uint8_t> expect;
+  std::uint64_t pos = 3;
+  for (int i = 0; i < 400; ++i) {
+    const std::size_t len = 1 + rng() % (i % 50 == 0 ? 9'000'000 : 20'000);
+    src.push_back(random_bytes(len, 300 + i));
+    ranges.push_back({&f, pos, fake_device(src.back().data(), len)});
+    expect.resize(pos + len);
+    std::memcpy(expect.data() + pos, src.back().data(), len);
+    pos += len + rng() % 3 * 4096;
+    expect.resize(pos);
+  }
+  batch_future fut = drive(core, io_direction::write, ranges);
+  ASSERT_TRUE(fut.get().ok());
+  fut.wait_released();
+  f.close();
+  auto disk = test::read_file(dir / "w");
+  disk.resize(expect.size());
+  EXPECT_EQ(disk, expect);
+}
+
+// Copies take far longer than the reads: the batch is stopped (cancel, as a deadline does) once the first group
+// of copies is under way. Ranges whose copies were under way complete once they land; the others are cancelled,
+// and no byte reaches a range after it was reported.
+TEST_F(driver_fixture, stop_never_lets_a_copy_land_in_a_reported_range) {
+  engine::transfer_core core;
+  core.install(std::make_unique<fake_backend>(stats, 300ms));
+  const auto data = random_bytes(8 << 20, 33);
+  test::write_file(dir / "f", data);
+  settings s;
+  s.engine = engine_kind::threads;
+  file_handle f(dir / "f", open_mode::read, {}, s);
+  // A slow device: each read takes 2 ms.
+  posix::syscall_table t = posix::real_syscalls();
+  const auto real_pread = t.pread;
+  t.pread = [real_pread](int fd, void* b, std::size_t n, off_t off) -> ssize_t {
+    std::this_thread::sleep_for(2ms);
+    return real_pread(fd, b, n, off);
+  };
+  posix::scoped_syscalls guard(t);
+  constexpr std::size_t n = 512;
+  std::vector<std::vector<std::uint8_t>> mem(n, std::vector<std::uint8_t>(4096, 0xEE));
+  std::vector<io_range> ranges;
+  for (std::size_t i = 0; i < n; ++i) ranges.push_back({&f, i * 16384 + 7, fake_device(mem[i].data(), 4096)});
+  batch_options o;
+  o.queue_depth = 4;
+  o.coalesce_gap_bytes = 0;
+  batch_future fut = drive(core, io_direction::read, ranges, o);
+  for (int k = 0; k < 5000 && stats.groups.load() == 0; ++k) std::this_thread::sleep_for(1ms);
+  ASSERT_GT(stats.groups.load(), 0) << "no copy group was issued";
+  EXPECT_TRUE(fut.cancel());
+  const batch_result& r = fut.get();
+  std::vector<std::vector<std::uint8_t>> at_report = mem;
+  fut.wait_released();
+  std::size_t ok = 0, stopped = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (r.ranges[i].ok()) {
+      ++ok;
+      ASSERT_EQ(0, std::memcmp(mem[i].data(), data.data() + i * 16384 + 7, 4096)) << i;
+    } else {
+      ++stopped;
+      ASSERT_EQ(r.ranges[i].error, errno_code(ECANCELED)) << i;
+      ASSERT_EQ(mem[i], at_report[i]) << "bytes landed in item " << i << " after it was reported";
+      ASSERT_EQ(mem[i], std::vector<std::uint8_t>(4096, 0xEE)) << i;
+    }
+  }
+  EXPECT_GT(stopped, 0u);
+  EXPECT_GT(ok, 0u) << "copies under way at the stop complete";
+  EXPECT_EQ(ok + stopped, n);
+}
+
+TEST_F(driver_fixture, checksummed_device_reads_copy_only_matching_blocks) {
+  engine::transfer_core core;
+  core.install(std::make_unique<fake_backend>(stats, 1ms));
+  const auto data = random_bytes(32 << 20, 44);
+  test::write_file(dir / "kv", data);
+  file_handle f(dir / "kv", open_mode::read);
+  constexpr std::size_t n = 12, block = 2 << 20;
+  std::vector<std::uint8_t> mem(n * block, 0xEE);
+  std::vector<io_range> ranges;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t c = crc32c(data.data() + i * block + 4096, block);
+    if (i == 5) c += 1;
+    ranges.push_back({&f, i * block + 4096, fake_device(mem.data() + i * block, block), c});
+  }
+  batch_options o;
+  o.checksum = batch_checksum::crc32c;
+  batch_future fut = drive(core, io_direction::read, ranges, o);
+  const batch_result& r = fut.get();
+  fut.wait_released();
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i == 5) {
+      EXPECT_EQ(r.ranges[i].error, errno_code(EBADMSG));
+      EXPECT_EQ(std::count(mem.begin() + i * block, mem.begin() + (i + 1) * block, 0xEE), static_cast<long>(block));
+      continue;
+    }
+    ASSERT_TRUE(r.ranges[i].ok()) << i;
+    EXPECT_EQ(0, std::memcmp(mem.data() + i * block, data.data() + i * block + 4096, block)) << i;
+  }
+  EXPECT_EQ(r.checksum_mismatches, 1u);
+}
+
+// Ranges of GPU memory longer than a request are read as several requests whose copies land at different
+// times: every part is delivered, the range completes once, when the last copy has landed.
+TEST_F(driver_fixture, split_device_ranges_complete_once_with_every_part) {
+  engine::transfer_core core;
+  core.install(std::make_unique<fake_backend>(stats, 100ms));
+  const auto data = random_bytes(24 << 20, 41);
+  test::write_file(dir / "f", data);
+  file_handle f(dir / "f", open_mode::read);
+  const std::size_t lens[] = {10 << 20, (7 << 20) + 5, 3000, (9 << 20) + 4097};
+  const std::uint64_t offs[] = {12345, 11 << 20, 333, (24 << 20) - (5 << 20)};  // the last runs past the end
+  std::vector<std::vector<std::uint8_t>> mem;
+  std::vector<io_range> ranges;
+  for (int i = 0; i < 4; ++i) {
+    mem.emplace_back(lens[i], 0xEE);
+    ranges.push_back({&f, offs[i], fake_device(mem.back().data(), lens[i])});
+  }
+  batch_options o;
+  o.deadline = std::chrono::steady_clock::now() + 20s;  // a range that never completes fails the test, not hangs it
+  batch_future fut = drive(core, io_direction::read, ranges, o);
+  const batch_result& r = fut.get();
+  for (int i = 0; i < 4; ++i) {
+    const std::size_t want = std::min<std::size_t>(lens[i], data.size() - offs[i]);
+    ASSERT_TRUE(r.ranges[i].ok()) << "item " << i << ": " << r.ranges[i].error.message();
+    ASSERT_EQ(r.ranges[i].nbytes, want) << i;
+    ASSERT_EQ(0, std::memcmp(mem[i].data(), data.data() + offs[i], want)) << "item " << i;
+  }
+  fut.wait_released();
+  EXPECT_EQ(stats.live_chunks.load(), 0);
+}
+
+// One part of a split GPU range fails while another part's copy is still landing: the range fails (it is not
+// reported as read with the bytes of the parts that arrived), once, after that copy has landed.
+TEST_F(driver_fixture, a_failing_part_of_a_split_device_range_fails_the_range) {
+  engine::transfer_core core;
+  core.install(std::make_unique<fake_backend>(stats, 200ms));
+  const auto data = random_bytes(16 << 20, 42);
+  test::write_file(dir / "f", data);
+  settings s;
+  s.engine = engine_kind::threads;
+  file_handle f(dir / "f", open_mode::read, {}, s);
+  posix::syscall_table t = posix::real_syscalls();
+  const auto real_pread = t.pread;
+  t.pread = [real_pread](int fd, void* b, std::size_t n, off_t off) -> ssize_t {
+    constexpr off_t bad = off_t{5} << 20;
+    if (off <= bad && bad < off + static_cast<off_t>(n)) {
+      std::this_thread::sleep_for(30ms);  // after the first part's copy has started
+      errno = EIO;
+      return -1;
+    }
+    return real_pread(fd, b, n, off);
+  };
+  posix::scoped_syscalls guard(t);
+  std::vector<std::uint8_t> big(11 << 20, 0xEE), small(5000, 0xEE);
+  const std::vector<io_range> ranges = {{&f, 0, fake_device(big.data(), big.size())},
+                                        {&f, 14 << 20, fake_device(small.data(), small.size())}};
+  batch_options o;
+  o.deadline = std::chrono::steady_clock::now() + 20s;
+  batch_future fut = drive(core, io_direction::read, ranges, o);
+  const batch_result& r = fut.get();
+  EXPECT_EQ(r.ranges[0].error, errno_code(EIO)) << "a range with a failed part was reported as "
+                                                 << r.ranges[0].nbytes << " bytes read";
+  EXPECT_EQ(r.ranges[0].nbytes, 0u);
+  ASSERT_TRUE(r.ranges[1].ok()) << r.ranges[1].error.message();
+  EXPECT_EQ(0, std::memcmp(small.data(), data.data() + (14 << 20), small.size()));
+  EXPECT_EQ(r.failed, 1u);
+  fut.wait_released();
+  EXPECT_EQ(stats.live_chunks.load(), 0);
+}
+
+TEST_F(driver_fixture, a_failing_copy_group_fails_its_ranges_with_the_copy_error) {
+  engine::transfer_core core;
+  core.install(std::make_unique<fake_backend>(stats, 0ms, cuda_code(700)));
+  test::write_file(dir / "f", random_bytes(100'000, 2));
+  file_handle f(dir / "f", open_mode::read);
+  std::vector<std::uint8_t> mem(50 * 1000, 0xEE);
+  std::vector<io_range> ranges;
+  for (int i = 0; i < 50; ++i) ranges.push_back({&f, std::uint64_t(i) * 1000, fake_device(mem.data() + i * 1000, 1000)});
+  batch_future fut = drive(core, io_direction::read, ranges);
+  const batch_result& r = fut.get();
+  EXPECT_EQ(r.failed, 50u);
+  for (const auto& x : r.ranges) EXPECT_EQ(x.error, cuda_code(700));
+  fut.wait_released();
+  EXPECT_EQ(stats.live_chunks.load(), 0) << "staging chunks were not given back";
+}
+
+TEST_F(driver_fixture, ring_that_refuses_submissions_fails_ranges_without_hanging) {
+  if (!io_uring_unavailable_reason().empty()) GTEST_SKIP() << io_uring_unavailable_reason();
+  test::write_file(dir / "f", random_bytes(1 << 20, 4));
+  settings s;
+  s.engine = engine_kind::io_uring;
+  file_handle f(dir / "f", open_mode::read, {}, s);
+  std::vector<std::uint8_t> mem(64 * 4096);
+  std::vector<io_range> ranges;
+  for (int i = 0; i < 64; ++i) ranges.push_back({&f, std::uint64_t(i) * 8192 + 1, buffer_view::host(mem.data() + i * 4096, 4096)});
+  posix::syscall_table t = posix::real_syscalls();
+  t.uring_submit_and_wait = [](void*, unsigned) { return -EIO; };
+  posix::scoped_syscalls guard(t);
+  batch_future fut = submit_reads(ranges);
+  ASSERT_TRUE(fut.wait_for(10s)) << "hung";
+  const batch_result& r = fut.get();
+  EXPECT_EQ(r.failed, 64u);
+  for (const auto& x : r.ranges) EXPECT_EQ(x.error, errno_code(EIO));
+}
+
+TEST_F(driver_fixture, a_million_ranges) {
+  const auto data = random_bytes(8 << 20, 6);
+  test::write_file(dir / "f", data);
+  file_handle f(dir / "f", open_mode::read);
+  constexpr std::size_t n = 1'000'000;
+  std::vector<std::uint8_t> out(n * 8, 0);
+  std::vector<io_range> ranges(n);
+  std::mt19937_64 rng(1);
+  for (std::size_t i = 0; i < n; ++i) ranges[i] = {&f, (rng() % (data.size() / 8)) * 8, buffer_view::host(out.data() + i * 8, 8)};
+  const batch_result r = read_batch(ranges);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.nbytes, n * 8);
+  for (std::size_t i = 0; i < n; i += 997) ASSERT_EQ(0, std::memcmp(out.data() + i * 8, data.data() + ranges[i].offset_bytes, 8));
+  EXPECT_LT(r.routes.requests, n / 100) << "neighbouring ranges were not joined";
+}
+
+// The thread engine's workers are jobs of the shared pool, as the drivers are: batches submitted together
+// whose drivers take every thread of the pool must still complete (a driver that only waited for workers
+// queued behind other drivers would wait forever).
+TEST_F(driver_fixture, concurrent_batches_on_the_thread_engine_all_complete) {
+  const auto data = random_bytes(1 << 20, 14);
+  test::write_file(dir / "f", data);
+  settings s;
+  s.engine = engine_kind::threads;
+  s.direct = direct_mode::off;
+  file_handle f(dir / "f", open_mode::read, {}, s);
+  // Hold every thread of the pool until all batches are queued, so that their drivers come first.
+  engine::thread_pool& pool = engine::shared_pool(1);
+  const unsigned threads = pool.size();
+  std::mutex m;
+  std::condition_variable cv;
+  bool go = false;
+  for (unsigned k = 0; k < threads; ++k) {
+    pool.submit([&] {
+      std::unique_lock lock(m);
+      cv.wait(lock, [&] { return go; });
+    });
+  }
+  const std::size_t nb = std::max(threads, 64u) + 16;  // more than the pool grows to for one batch's workers
+  std::vector<std::vector<std::uint8_t>> mem(nb, std::vector<std::uint8_t>(4 * 4096));
+  std::vector<batch_future> futs;
+  batch_options o;
+  o.coalesce_gap_bytes = 0;
+  o.deadline = std::chrono::steady_clock::now() + 20s;  // starved batches fail the test instead of hanging it
+  for (std::size_t b = 0; b < nb; ++b) {
+    std::vector<io_range> ranges;
+    for (std::size_t k = 0; k < 4; ++k) {
+      ranges.push_back({&f, (b * 4 + k) * 8192 % (data.size() - 4096) + 1,
+                        buffer_view::host(mem[b].data() + k * 4096, 4096)});
+    }
+    futs.push_back(submit_reads(ranges, o));
+  }
+  {
+    std::lock_guard lock(m);
+    go = true;
+  }
+  cv.notify_all();
+  for (std::size_t b = 0; b < nb; ++b) {
+    const batch_result& r = futs[b].get();
+    ASSERT_TRUE(r.ok()) << "batch " << b << ": " << r.failed << " ranges failed, the first with "
+                        << r.ranges[0].error.message();
+    for (std::size_t k = 0; k < 4; ++k) {
+      const std::size_t off = (b * 4 + k) * 8192 % (data.size() - 4096) + 1;
+      ASSERT_EQ(0, std::memcmp(mem[b].data() + k * 4096, data.data() + off, 4096)) << b;
+    }
+  }
+}
+
+// A batch that completes before its deadline is let go by the deadline timer at once, not kept (its memory
+// with it) until the deadline passes.
+TEST_F(driver_fixture, completed_batches_do_not_stay_with_the_deadline_timer) {
+  test::write_file(dir / "f", random_bytes(64 << 10, 15));
+  file_handle f(dir / "f", open_mode::read);
+  std::vector<std::uint8_t> mem(4096);
+  const io_range one{&f, 10, buffer_view::host(mem.data(), mem.size())};
+  batch_options o;
+  o.deadline = std::chrono::steady_clock::now() + std::chrono::hours(1);
+  const std::size_t before = detail::armed_deadlines();
+  for (int k = 0; k < 200; ++k) ASSERT_TRUE(read_batch(std::span(&one, 1), o).ok());
+  EXPECT_EQ(detail::armed_deadlines(), before);
+}
+
+TEST_F(driver_fixture, cancel_stops_the_rest) {
+  test::write_file(dir / "f", random_bytes(4 << 20, 9));
+  settings s;
+  s.engine = engine_kind::threads;
+  file_handle f(dir / "f", open_mode::read, {}, s);
+  std::atomic<bool> let_go{false};
+  posix::syscall_table t = posix::real_syscalls();
+  const auto real_pread = t.pread;
+  t.pread = [&](int fd, void* b, std::size_t n, off_t off) -> ssize_t {
+    while (!let_go.load()) std::this_thread::sleep_for(1ms);
+    return real_pread(fd, b, n, off);
+  };
+  posix::scoped_syscalls guard(t);
+  std::vector<std::uint8_t> mem(256 * 4096, 0xEE);
+  std::vector<io_range> ranges;
+  for (int i = 0; i < 256; ++i) ranges.push_back({&f, std::uint64_t(i) * 16384 + 3, buffer_view::host(mem.data() + i * 4096, 4096)});
+  batch_options o;
+  o.coalesce_gap_bytes = 0;
+  batch_future fut = submit_reads(ranges, o);
+  std::this_thread::sleep_for(20ms);
+  EXPECT_TRUE(fut.cancel());
+  ASSERT_TRUE(fut.wait_for(5s));
+  const batch_result r = fut.get();
+  EXPECT_EQ(r.failed, 256u);
+  for (const auto& x : r.ranges) EXPECT_EQ(x.error, errno_code(ECANCELED));
+  const auto before = mem;
+  let_go = true;
+  fut.wait_released();
+  EXPECT_EQ(mem, before) << "a cancelled range's memory changed after it was reported";
+}
+
+}  // namespace
+}  // namespace gdskit
