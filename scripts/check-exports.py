@@ -7,7 +7,8 @@
     scripts/check-exports.py --names    print the public names found
 
 The map is made from the names declared at namespace scope in include/gdskit/*.hpp (classes, structs and
-functions of namespace gdskit and gdskit::safetensors; nested `detail` namespaces are left out). Each name
+functions of namespaces gdskit, gdskit::safetensors and gdskit::kv; nested `detail` namespaces are left
+out). Each name
 becomes one pattern that takes its members, overloads and template instances, and each class its type
 information and virtual table. Everything else stays local: the internal namespaces (engine, gpu, posix, shim,
 formats, detail), the internal helpers of namespace gdskit, and the built-in copies of fmt, nlohmann-json and
@@ -28,8 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MAP = ROOT / "cmake" / "gdskit.map"
-PUBLIC_NAMESPACES = ("gdskit", "gdskit::safetensors")
-INTERNAL = re.compile(r"\bgdskit::(engine|gpu|posix|shim|formats|detail|tools|bench|doctor|patch|cli)::")
+PUBLIC_NAMESPACES = ("gdskit", "gdskit::safetensors", "gdskit::kv")
+INTERNAL = re.compile(r"\bgdskit::(?:safetensors::|kv::)?(engine|gpu|posix|shim|formats|detail|tools|bench|doctor|patch|cli)::")
 PRIVATE_DEPS = re.compile(r"^(fmt::|nlohmann::|io_uring_|__io_uring|CLI::)")
 
 DECL_CLASS = re.compile(r"^(?:template\s*<.*>\s*)?(class|struct)\s+([A-Za-z_]\w*)\b(?!\s*;)")
