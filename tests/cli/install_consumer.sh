@@ -89,7 +89,9 @@ if [ "$kind" = static ] && [[ "$flags" != *-fsanitize* ]]; then
   cmake -S "$src" -B "$tmp/shared-build" -G Ninja -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_TYPE= \
         -DGDSKIT_PREBUILT_CORE_OBJECTS="$build/src/CMakeFiles/gdskit.dir" \
         -DGDSKIT_BUILD_CLI=OFF -DGDSKIT_BUILD_TESTS=OFF -DGDSKIT_BUILD_BENCHMARKS=OFF \
-        -DGDSKIT_BUILD_EXAMPLES=OFF -DGDSKIT_BUILD_PYTHON=OFF >/dev/null
-  cmake --build "$tmp/shared-build" -j "$(nproc)" >/dev/null
+        -DGDSKIT_BUILD_EXAMPLES=OFF -DGDSKIT_BUILD_PYTHON=OFF >"$tmp/shared.log" 2>&1 ||
+    { tail -30 "$tmp/shared.log" >&2; fail "shared: configure failed"; }
+  cmake --build "$tmp/shared-build" -j "$(nproc)" >>"$tmp/shared.log" 2>&1 ||
+    { grep -m 20 -E 'error|multiple definition|undefined reference' "$tmp/shared.log" >&2; fail "shared: build failed"; }
   check_install "$tmp/shared-build" shared shared 0
 fi
