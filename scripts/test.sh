@@ -58,7 +58,7 @@ configure ci -DGDSKIT_BUILD_PYTHON=ON -DGDSKIT_PYTHON_GIL_CHECKS=ON -DPython3_EX
 rm -f build/ci/threaded-programs.log
 step "ci: build" cmake --build --preset ci -j "$jobs"
 echo "== ci: test"
-ctest --preset ci -j "$jobs" --timeout 900
+ctest --preset ci -j "$jobs" --timeout 900 --no-tests=error
 # Every test program that started a thread must be one the ThreadSanitizer stage runs.
 missing=()
 mapfile -t threaded < build/ci/threaded-tests.txt
@@ -104,7 +104,7 @@ if [ "${GDSKIT_SKIP_SANITIZERS:-0}" != 1 ]; then
   configure asan
   step "asan: build" cmake --build --preset asan -j "$jobs"
   echo "== asan: test"
-  ctest --preset asan -j "$jobs" --timeout 900
+  ctest --preset asan -j "$jobs" --timeout 900 --no-tests=error
   stage_done asan
 
   # ThreadSanitizer where threads are: the test programs that start them, and nothing else is built.
@@ -113,7 +113,7 @@ if [ "${GDSKIT_SKIP_SANITIZERS:-0}" != 1 ]; then
   mapfile -t targets < build/tsan/threaded-tests.txt
   step "tsan: build" cmake --build --preset tsan -j "$jobs" --target "${targets[@]}"
   echo "== tsan: test"
-  ctest --preset tsan -j "$jobs" --timeout 900 -L threads
+  ctest --preset tsan -j "$jobs" --timeout 900 --no-tests=error -L threads
   stage_done tsan
 fi
 echo "== all tests passed in $((SECONDS - run_start)) s on $(nproc) CPUs:"
