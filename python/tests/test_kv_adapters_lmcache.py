@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The LMCache adapter (gdskit.kv.adapters.lmcache) driven the way LMCache drives a native_plugin L2 client.
 
-    PYTHONPATH=<build>/python python3 python/tests/test_kv_adapters_lmcache.py   # or pytest
+    PYTHONPATH=<build>/python python3 -m pytest python/tests/test_kv_adapters_lmcache.py
 
 LMCache is not installed here. The engine side below is a TEST STAND-IN written for these tests: the
 native_plugin factory's checks and LMCache's native-connector bridge (one demux thread that polls the client's
@@ -19,12 +19,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-try:
-    from gdskit.kv.adapters import _common
-    from gdskit.kv.adapters import lmcache as adapter
-except ImportError as e:  # pragma: no cover
-    print(f"SKIP: cannot import gdskit ({e}); build with -DGDSKIT_BUILD_PYTHON=ON and set PYTHONPATH")
-    sys.exit(77)
+from gdskit.kv.adapters import _common
+from gdskit.kv.adapters import lmcache as adapter
 import test_kv_adapters_standin as standin  # noqa: E402
 
 _common.store_class = standin.BlockStore
@@ -429,8 +425,3 @@ def test_a_second_client_on_the_same_folder_is_refused():
         raise AssertionError("two writers on one folder")
     finally:
         client.close()
-
-
-if __name__ == "__main__":
-    from runner import run_tests
-    sys.exit(run_tests(dict(globals())))
