@@ -40,7 +40,8 @@ check_install() {
       fail "$name: private dependency named in $(basename "$f")"
     fi
   done
-  if find "$moved" -name '*gdskit_tools*' | grep -q .; then fail "$name: the tools library is installed"; fi
+  if find "$moved" \( -name '*gdskit_tools*' -o -name '*gdskit_bench*' -o -name '*gdskit_doctor*' -o -name '*gdskit_patch*' \) |
+    grep -q .; then fail "$name: a tools library is installed"; fi
 
   local lib
   if [ "$kind" = shared ]; then

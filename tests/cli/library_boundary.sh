@@ -10,13 +10,14 @@ python3 "$src/scripts/check-layers.py" --root "$src"
 python3 "$src/scripts/check-exports.py"
 
 core=$(find "$build/src" -maxdepth 1 \( -name 'libgdskit.a' -o -name 'libgdskit.so.*.*.*' \) | head -1)
-tools=$build/src/libgdskit_tools.a
+tools=$build/src/libgdskit_bench.a
 [ -n "$core" ] || fail "no libgdskit.a or libgdskit.so.X.Y.Z under $build/src"
 [ -f "$tools" ] || fail "no $tools"
 core_syms=$(nm -C "$core" 2>/dev/null)
 tools_syms=$(nm -C "$tools" 2>/dev/null)
 grep -q 'gdskit::file_handle::' <<<"$core_syms" || fail "nm shows no gdskit symbol in $core"
-# The control: the tools, which register bench's flags, do hold CLI11's symbols, so the check can see them.
+# The control: the bench tool, which registers its flags on the parser, does hold CLI11's symbols, so the
+# check can see them.
 grep -q 'CLI::' <<<"$tools_syms" || fail "nm shows no CLI11 symbol in $tools (the check below would prove nothing)"
 if grep -E '\bCLI::' <<<"$core_syms" | head -3 | grep .; then
   fail "$(basename "$core") holds CLI11 symbols: the command-line parser reached the core"
