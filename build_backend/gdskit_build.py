@@ -167,7 +167,7 @@ class _Progress:
         env.setdefault("NINJA_STATUS", "[%f/%t] ")
         proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                 text=True, errors="replace", **kw)
-        lines, shown_tenth, width = [], -1, 0
+        lines, shown_tenth, width, last_total = [], -1, 0, None
         for line in proc.stdout:
             line = line.rstrip("\n")
             lines.append(line)
@@ -178,6 +178,8 @@ class _Progress:
                 done, total, desc = int(m2.group(1)), 100, m2.group(2)
             else:
                 continue
+            if desc.startswith("Re-checking globbed"):
+                continue  # cmake --build's check of the source folders: not a step of the build
             last = desc.rsplit("/", 1)[-1].removesuffix(".o")
             name = ("compile " + last if desc.startswith("Building") else "link " + last
                     if desc.startswith("Linking") else " ".join(desc.split(" ")[:3]))
@@ -186,7 +188,11 @@ class _Progress:
                 self.out.write("\r" + text.ljust(width))
                 self.out.flush()
                 width = len(text)
-            elif 10 * done // max(total, 1) > shown_tenth:
+                continue
+            if total != last_total:
+                # A new count (cmake --build's check of globbed folders runs first, then the build itself).
+                last_total, shown_tenth = total, -1
+            if 10 * done // max(total, 1) > shown_tenth:
                 shown_tenth = 10 * done // max(total, 1)
                 print(text, file=self.out, flush=True)
         rc = proc.wait()
