@@ -74,13 +74,14 @@ ctest --preset ci -j "$jobs" --timeout 900 --no-tests=error
 # Every test program that started a thread must be one the ThreadSanitizer stage runs.
 missing=()
 mapfile -t threaded < build/ci/threaded-tests.txt
-if [ -f build/ci/threaded-programs.log ]; then
-  while read -r exe; do
-    name=$(basename "$exe")
-    [ "$(dirname "$exe")" = "$src/build/ci/tests" ] || continue
-    [[ " ${threaded[*]} " == *" $name "* ]] || missing+=("$name")
-  done < <(sort -u build/ci/threaded-programs.log)
-fi
+# No record at all means the probe was not loaded, not that no test starts a thread.
+[ -s build/ci/threaded-programs.log ] ||
+  { echo "ci: the thread probe recorded no program (build/ci/threaded-programs.log)" >&2; exit 1; }
+while read -r exe; do
+  name=$(basename "$exe")
+  [ "$(dirname "$exe")" = "$src/build/ci/tests" ] || continue
+  [[ " ${threaded[*]} " == *" $name "* ]] || missing+=("$name")
+done < <(sort -u build/ci/threaded-programs.log)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "ci: ${missing[*]} start threads but are not in GDSKIT_THREADED_TESTS (tests/CMakeLists.txt)," \
        "so ThreadSanitizer would not run them" >&2
