@@ -31,18 +31,18 @@ trap '[ -z "$work" ] || rm -rf "$work"; rm -rf "$profiles"' EXIT
 # The CPU seconds the finished commands of this script used (user + system), from the shell's `times`: with the
 # wall time it says how much of a stage was waiting for a loaded machine.
 cpu_seconds() {
-  # `times` in a pipe or $(...) would report a subshell's children: write it to a file instead.
+  # Sets cpu_now. `times` in a pipe or $(...) would report a subshell's children: it writes to a file.
   times >"$profiles/times"
-  tail -1 "$profiles/times" | tr -d s |
-    awk '{ n = 0; for (i = 1; i <= 2; i++) { split($i, p, "m"); n += p[1] * 60 + p[2] } printf "%d", n }'
+  cpu_now=$(tail -1 "$profiles/times" | tr -d s |
+    awk '{ n = 0; for (i = 1; i <= 2; i++) { split($i, p, "m"); n += p[1] * 60 + p[2] } printf "%d", n }')
 }
 run_start=$SECONDS
 stage_start=$SECONDS
 stage_cpu=0
 summary=()
 stage_done() {
-  local took=$((SECONDS - stage_start)) cpu_now cpu
-  cpu_now=$(cpu_seconds)
+  local took=$((SECONDS - stage_start)) cpu
+  cpu_seconds
   cpu=$((cpu_now - stage_cpu))
   summary+=("$(printf '%-7s %5d s  (CPU %5d s)' "$1" "$took" "$cpu")")
   echo "== $1: done in $took s, CPU $cpu s (load average $(cut -d' ' -f1-3 /proc/loadavg))"
@@ -129,5 +129,6 @@ if [ "${GDSKIT_SKIP_SANITIZERS:-0}" != 1 ]; then
   ctest --preset tsan -j "$jobs" --timeout 900 --no-tests=error -L threads
   stage_done tsan
 fi
-echo "== all tests passed in $((SECONDS - run_start)) s, CPU $(cpu_seconds) s, on $(nproc) CPUs:"
+cpu_seconds
+echo "== all tests passed in $((SECONDS - run_start)) s, CPU $cpu_now s, on $(nproc) CPUs:"
 printf '   %s\n' "${summary[@]}"
