@@ -7,10 +7,15 @@ bin/ folder. What the build needs comes from the system: cmake, a C++20 compiler
 headers (Debian: cmake g++ pybind11-dev python3-dev; ninja-build is used when present).
 
 Settings, as environment variables or as pip's --config-settings (-C key=value):
-  GDSKIT_BUILD_DIR  / build-dir    the CMake build folder (default: build/wheel-<python tag> in the source tree,
-                                   kept so a second install only rebuilds what changed)
+  GDSKIT_BUILD_DIR  / build-dir    the CMake build folder. Default: build/release when scripts/run.sh made it
+                                   (its library and program are reused, only the module is compiled), else
+                                   build/wheel-<python tag>; either is kept, so a second install only rebuilds
+                                   what changed. A folder that is already configured keeps its build type
+                                   and options and gets the module added (CI passes its own build).
   GDSKIT_CMAKE_ARGS / cmake-args   extra arguments for the CMake configure step (shell-quoted)
   CMAKE_BUILD_PARALLEL_LEVEL       parallel compile jobs (default: the number of CPUs)
+  GDSKIT_BUILD_VERBOSE=1           every line of CMake and the compiler instead of steps and counts
+  GDSKIT_NO_CCACHE=1               a new build folder without ccache (used when installed)
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import sys
 import sysconfig
 import tarfile
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -112,9 +118,93 @@ def _setting(config_settings, key: str, env: str):
     return os.environ.get(env) or None
 
 
-def _run(cmd, **kw):
-    print("gdskit build: " + " ".join(shlex.quote(str(c)) for c in cmd), file=sys.stderr, flush=True)
-    subprocess.run([str(c) for c in cmd], check=True, **kw)
+class _Progress:
+    """Build output as a person reads it: numbered steps, and for the compile step a count of what is done
+    ("compiling 57/180"), redrawn in place on a terminal and every tenth otherwise. The compiler's own lines are
+    kept and shown only when the step fails (then the lines from the first failure on). `--verbose` or
+    GDSKIT_BUILD_VERBOSE=1 shows every line as it comes.
+
+    pip hides a backend's output unless run with -v, so when stderr is not a terminal and a terminal is
+    attached (pip's spinner), progress goes to the terminal itself."""
+
+    STATUS = re.compile(r"^\[\s*(\d+)/(\d+)\]\s*(.*)$")          # ninja: [57/180] Building CXX object ...
+    MAKE_STATUS = re.compile(r"^\[\s*(\d+)%\]\s*(.*)$")           # make: [ 31%] Building CXX object ...
+
+    def __init__(self, steps: int, out=None):
+        self.steps = steps
+        self.step = 0
+        self.verbose = os.environ.get("GDSKIT_BUILD_VERBOSE", "") not in ("", "0")
+        self._tty = None
+        if out is None:
+            out = sys.stderr
+            if not out.isatty() and os.environ.get("PIP_BUILD_TRACKER") is not None:
+                try:
+                    self._tty = open("/dev/tty", "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
+                    out = self._tty
+                except OSError:
+                    pass
+        self.out = out
+        self.interactive = out.isatty()
+
+    def close(self):
+        if self._tty is not None:
+            self._tty.close()
+
+    def say(self, text: str):
+        print(f"gdskit build: {text}", file=self.out, flush=True)
+
+    def run(self, what: str, cmd, **kw):
+        """Runs one step, showing its progress; raises CalledProcessError with the step's output shown."""
+        self.step += 1
+        prefix = f"[{self.step}/{self.steps}] {what}" if self.steps else what
+        if self.verbose:
+            self.say(prefix + ": " + " ".join(shlex.quote(str(c)) for c in cmd))
+            subprocess.run([str(c) for c in cmd], check=True, **kw)
+            return
+        start = time.monotonic()
+        self.say(prefix)
+        env = dict(kw.pop("env", None) or os.environ)
+        env.setdefault("NINJA_STATUS", "[%f/%t] ")
+        proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                text=True, errors="replace", **kw)
+        lines, shown_tenth, width, last_total = [], -1, 0, None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            lines.append(line)
+            m = self.STATUS.match(line)
+            if m:
+                done, total, desc = int(m.group(1)), int(m.group(2)), m.group(3)
+            elif (m2 := self.MAKE_STATUS.match(line)):
+                done, total, desc = int(m2.group(1)), 100, m2.group(2)
+            else:
+                continue
+            if desc.startswith("Re-checking globbed"):
+                continue  # cmake --build's check of the source folders: not a step of the build
+            last = desc.rsplit("/", 1)[-1].removesuffix(".o")
+            name = ("compile " + last if desc.startswith("Building") else "link " + last
+                    if desc.startswith("Linking") else " ".join(desc.split(" ")[:3]))
+            text = f"  {done}/{total} ({100 * done // max(total, 1)}%) {name}"[:100]
+            if self.interactive:
+                self.out.write("\r" + text.ljust(width))
+                self.out.flush()
+                width = len(text)
+                continue
+            if total != last_total:
+                # A new count (cmake --build's check of globbed folders runs first, then the build itself).
+                last_total, shown_tenth = total, -1
+            if 10 * done // max(total, 1) > shown_tenth:
+                shown_tenth = 10 * done // max(total, 1)
+                print(text, file=self.out, flush=True)
+        rc = proc.wait()
+        if self.interactive and width:
+            self.out.write("\r" + " " * width + "\r")
+        if rc != 0:
+            first = next((i for i, l in enumerate(lines) if l.startswith(("FAILED:", "CMake Error", "make: ***"))
+                          or " error:" in l), max(len(lines) - 60, 0))
+            print("\n".join(lines[first:]), file=sys.stderr, flush=True)
+            self.say(f"{prefix} failed (exit {rc}); the command was: " + " ".join(shlex.quote(str(c)) for c in cmd))
+            raise subprocess.CalledProcessError(rc, cmd)
+        self.say(f"{prefix}: done in {time.monotonic() - start:.0f} s")
 
 
 def _pybind11_cmake_dir():
@@ -138,29 +228,76 @@ def _pybind11_cmake_dir():
     return None
 
 
+def _cache_value(build_dir: Path, key: str):
+    try:
+        text = (build_dir / "CMakeCache.txt").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    m = re.search(rf"^{re.escape(key)}:[A-Z]+=(.*)$", text, re.M)
+    return m.group(1) if m else None
+
+
+def _reusable(build_dir: Path) -> bool:
+    """Whether `build_dir` is a configured build of this source tree that the wheel can be built in: its library
+    and program are reused and only the Python module is added."""
+    home = _cache_value(build_dir, "CMAKE_HOME_DIRECTORY")
+    return home is not None and Path(home).resolve() == SOURCE.resolve()
+
+
+def _choose_build_dir(config_settings) -> Path:
+    """The folder named by build-dir / GDSKIT_BUILD_DIR; else scripts/run.sh's build/release when it exists (an
+    optimised build of the program is already there: only the module is compiled); else build/wheel-<tag>."""
+    named = _setting(config_settings, "build-dir", "GDSKIT_BUILD_DIR")
+    if named:
+        return Path(named).resolve()
+    release = SOURCE / "build" / "release"
+    if _reusable(release) and _cache_value(release, "CMAKE_BUILD_TYPE") == "Release":
+        return release
+    return SOURCE / "build" / f"wheel-{_tag()}"
+
+
 def _build(config_settings, staging: Path):
-    """Configures and builds in Release, then installs the python and cli components into `staging`."""
+    """Configures (or reuses a configured build folder), builds the module and the program, then installs the
+    python and cli components into `staging`."""
     cmake = shutil.which("cmake")
     if not cmake:
         raise RuntimeError("gdskit build: cmake not found (Debian: apt-get install cmake)")
-    build_dir = Path(_setting(config_settings, "build-dir", "GDSKIT_BUILD_DIR") or SOURCE / "build" / f"wheel-{_tag()}")
-    args = ["-DCMAKE_BUILD_TYPE=Release", f"-DPython3_EXECUTABLE={sys.executable}", "-DGDSKIT_BUILD_PYTHON=ON",
-            "-DGDSKIT_BUILD_CLI=ON", "-DGDSKIT_BUILD_TESTS=OFF", "-DGDSKIT_BUILD_BENCHMARKS=OFF",
-            "-DGDSKIT_BUILD_EXAMPLES=OFF", "-DBUILD_SHARED_LIBS=OFF"]
-    if not (build_dir / "CMakeCache.txt").exists() and shutil.which("ninja"):
-        args += ["-G", "Ninja"]
+    build_dir = _choose_build_dir(config_settings)
+    reuse = (build_dir / "CMakeCache.txt").exists()
+    if reuse and not _reusable(build_dir):
+        raise RuntimeError(f"gdskit build: {build_dir} is a build folder of another source tree "
+                           f"({_cache_value(build_dir, 'CMAKE_HOME_DIRECTORY')}); name another with GDSKIT_BUILD_DIR")
+    # A configured folder keeps its build type and options (the ci stage's, run.sh's Release): the module is
+    # added to it. A new one is a Release build of the module and the program only.
+    args = [f"-DPython3_EXECUTABLE={sys.executable}", "-DGDSKIT_BUILD_PYTHON=ON", "-DGDSKIT_BUILD_CLI=ON"]
+    if not reuse:
+        args += ["-DCMAKE_BUILD_TYPE=Release", "-DGDSKIT_BUILD_TESTS=OFF", "-DGDSKIT_BUILD_BENCHMARKS=OFF",
+                 "-DGDSKIT_BUILD_EXAMPLES=OFF", "-DBUILD_SHARED_LIBS=OFF"]
+        if shutil.which("ninja"):
+            args += ["-G", "Ninja"]
+        if shutil.which("ccache") and os.environ.get("GDSKIT_NO_CCACHE", "") in ("", "0"):
+            args.append("-DCMAKE_CXX_COMPILER_LAUNCHER=ccache")
     pybind11_dir = _pybind11_cmake_dir()
     if pybind11_dir:
         args.append(f"-Dpybind11_DIR={pybind11_dir}")
     args += shlex.split(_setting(config_settings, "cmake-args", "GDSKIT_CMAKE_ARGS") or "")
-    _run([cmake, "-S", SOURCE, "-B", build_dir, *args])
-    if not (build_dir / "python" / "CMakeFiles" / "gdskit_python.dir").exists():
-        raise RuntimeError("gdskit build: CMake found no pybind11 or Python headers for " + sys.executable +
-                           " (Debian: apt-get install pybind11-dev python3-dev), so the module cannot be built")
-    jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 1)
-    _run([cmake, "--build", build_dir, "--target", "gdskit_python", "gdskit_cli", "--parallel", jobs])
-    _run([cmake, "--install", build_dir, "--component", "python", "--prefix", staging / "platlib"])
-    _run([cmake, "--install", build_dir, "--component", "cli", "--prefix", staging / "cli"])
+    progress = _Progress(steps=3)
+    try:
+        if reuse:
+            progress.say(f"reusing {build_dir} (its library and program are built once; only what changed is built)")
+        progress.run("configure", [cmake, "-S", SOURCE, "-B", build_dir, *args])
+        if not (build_dir / "python" / "CMakeFiles" / "gdskit_python.dir").exists():
+            raise RuntimeError("gdskit build: CMake found no pybind11 or Python headers for " + sys.executable +
+                               " (Debian: apt-get install pybind11-dev python3-dev), so the module cannot be built")
+        jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 1)
+        progress.run("compile the module and the gdskit program",
+                     [cmake, "--build", build_dir, "--target", "gdskit_python", "gdskit_cli", "--parallel", jobs])
+        progress.run("install into the wheel",
+                     [cmake, "--install", build_dir, "--component", "python", "--prefix", staging / "platlib"])
+        subprocess.run([cmake, "--install", build_dir, "--component", "cli", "--prefix", staging / "cli"],
+                       check=True, stdout=subprocess.DEVNULL)
+    finally:
+        progress.close()
 
 
 # ---- the wheel -----------------------------------------------------------------------------------------------
@@ -263,3 +400,24 @@ def build_sdist(sdist_directory, config_settings=None):
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
     return name
+
+
+def _main(argv) -> int:
+    """`python3 build_backend/gdskit_build.py step LABEL -- COMMAND...`: runs one build command of the scripts
+    (scripts/run.sh, scripts/test.sh) with the progress the wheel build shows."""
+    if len(argv) >= 4 and argv[0] == "step" and argv[2] == "--":
+        progress = _Progress(steps=0)
+        try:
+            progress.run(argv[1], argv[3:])
+        except subprocess.CalledProcessError as e:
+            return e.returncode or 1
+        except OSError as e:
+            print(f"gdskit build: {argv[3]}: {e.strerror}", file=sys.stderr)
+            return 127
+        return 0
+    print("usage: gdskit_build.py step LABEL -- COMMAND...", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

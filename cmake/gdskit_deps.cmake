@@ -2,6 +2,12 @@
 # machines without -dev packages (fmt header-only, nlohmann-json header-only, liburing.a).
 find_package(Threads REQUIRED)
 find_package(fmt REQUIRED)
+# fmt's headers without its library and without FMT_HEADER_ONLY: src/common/fmt_compiled.cpp compiles fmt's
+# formatting engine once into the core, which every part of the tree links (header-only mode compiled it again
+# in every file that formats). Nothing of fmt reaches an installed file or a program's run-time needs.
+add_library(gdskit_fmt INTERFACE)
+get_target_property(GDSKIT_FMT_INCLUDE fmt::fmt INTERFACE_INCLUDE_DIRECTORIES)
+target_include_directories(gdskit_fmt SYSTEM INTERFACE ${GDSKIT_FMT_INCLUDE})
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 REQUIRED)
 

@@ -9,11 +9,8 @@ install(TARGETS gdskit EXPORT gdskitTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT development NAMELINK_COMPONENT development
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT development)
 if(GDSKIT_BUILD_CLI)
+  # The program carries the core within it (the tools use its internals), shared build or not.
   install(TARGETS gdskit_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT cli)
-  if(BUILD_SHARED_LIBS)
-    # The shared library is needed at run time by the CLI too.
-    install(TARGETS gdskit LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT cli NAMELINK_SKIP)
-  endif()
 endif()
 install(DIRECTORY include/gdskit DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT development)
 install(FILES ${PROJECT_BINARY_DIR}/include/gdskit/version.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/gdskit

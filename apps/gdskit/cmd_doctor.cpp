@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "common/shell_text.hpp"
+#include "tools/shell_text.hpp"
 #include "doctor/doctor.hpp"
 
 namespace gdskit::cli {

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_text.hpp"
-#include "common/progress.hpp"
+#include "tools/progress.hpp"
 #include <optional>
 #include <string>
 #include <vector>

@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "commands.hpp"
-#include "common/shell_text.hpp"
+#include "tools/shell_text.hpp"
 #include "patch/patch.hpp"
 #include "patch/report.hpp"
 

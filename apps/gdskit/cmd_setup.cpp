@@ -10,7 +10,7 @@
 #include <sys/wait.h>
 
 #include "commands.hpp"
-#include "common/shell_text.hpp"
+#include "tools/shell_text.hpp"
 #include "patch/patch.hpp"
 
 namespace gdskit::cli {

@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
-#include "engine/device_tune.hpp"
+#include "tools/device_tune.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
 
@@ -32,7 +32,7 @@ void add_tune_command(CLI::App& app) {
       exit_code() = exit_usage;
       return;
     }
-    engine::tune_options t;
+    tools::tune_options t;
     t.dir = o->dir;
     t.file_bytes = static_cast<std::size_t>(*size);
     t.measure_write = !o->no_write;
@@ -45,7 +45,7 @@ void add_tune_command(CLI::App& app) {
       fmt::print("measuring {} per point in {}\n", format_size(*size), o->dir);
     }
     try {
-      engine::device_profile p = engine::tune_device(t);
+      engine::device_profile p = tools::tune_device(t);
       std::string saved;
       if (!o->no_save) {
         const auto dir = engine::profile_dir();

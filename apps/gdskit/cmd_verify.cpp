@@ -5,10 +5,10 @@
 
 #include "commands.hpp"
 #include "common/json_text.hpp"
-#include "common/progress.hpp"
+#include "tools/progress.hpp"
 #include "gdskit/buffer.hpp"
 #include "gdskit/error.hpp"
-#include "gpu/verify.hpp"
+#include "tools/verify.hpp"
 
 namespace gdskit::cli {
 
@@ -48,7 +48,7 @@ void add_verify_command(CLI::App& app) {
   cmd->add_flag("--no-progress", o->no_progress, "No progress (the default when stderr is not a terminal or with --json)")
       ->excludes(on);
   cmd->callback([o] {
-    gpu::verify_options v;
+    tools::verify_options v;
     for (std::size_t pos = 0; pos < o->sizes.size();) {
       std::size_t comma = o->sizes.find(',', pos);
       std::string item = o->sizes.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
@@ -111,7 +111,7 @@ void add_verify_command(CLI::App& app) {
     v.on_bytes = [&progress](std::uint64_t n) { progress.advance(n); };
     bool all_ok = true, mismatch = false;
     std::string last_summary;
-    auto results = gpu::run_verify(v, [&](const gpu::verify_result& r) {
+    auto results = tools::run_verify(v, [&](const tools::verify_result& r) {
       progress.clear();  // the result line goes where the progress line was; the next report redraws it
       all_ok = all_ok && r.ok;
       mismatch = mismatch || r.first_mismatch >= 0;

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "common/signal_cleanup.hpp"
-#include "common/shell_text.hpp"
+#include "tools/signal_cleanup.hpp"
+#include "tools/shell_text.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/version.hpp"
 #include "shim/cufile.hpp"

@@ -1,8 +1,15 @@
-"""pytest for the script-style tests: a test function that returns a reason string is reported as skipped
-with that reason (as the scripts' own runner does), not as passed."""
+"""pytest settings of the Python tests (pytest is their one runner).
+
+A test function may return a string: the reason it could not run here (no GPU, no torch), reported as a skip
+with that reason rather than as a pass. Tests that need a usable GPU carry the marker `gpu` (`-m gpu` runs
+them alone on a GPU machine; elsewhere they skip with the reason)."""
 import inspect
 
 import pytest
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a usable NVIDIA GPU; skips with the reason where there is none")
 
 
 @pytest.hookimpl(tryfirst=True)

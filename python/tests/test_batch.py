@@ -11,14 +11,11 @@ import errno
 import os
 import random
 import select
-import sys
 import tempfile
 
-try:
-    import gdskit
-except ImportError as e:  # pragma: no cover
-    print(f"SKIP: cannot import gdskit ({e}); build with -DGDSKIT_BUILD_PYTHON=ON and set PYTHONPATH")
-    sys.exit(77)
+import pytest
+
+import gdskit
 
 try:
     import numpy as np
@@ -245,6 +242,7 @@ def test_gather_rows_rowfile_and_bad_files():
             assert e.errno == errno.EBADMSG and "shorter" in str(e)
 
 
+@pytest.mark.gpu
 def test_gpu_batch_and_gather():
     ok, reason = gdskit.gpu_available()
     if not ok:
@@ -273,9 +271,3 @@ def test_gpu_batch_and_gather():
             idx = np.random.default_rng(3).integers(0, 5000, 3000)
             g = gdskit.gather_rows(p, idx, device="cuda:0")
             assert g.is_cuda and g.cpu().numpy().tobytes() == a[idx].tobytes()
-
-
-if __name__ == "__main__":
-    from runner import run_tests  # noqa: E402
-
-    sys.exit(run_tests(globals()))

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Tests of gdskit's storage backend for PyTorch Distributed Checkpoint (gloo, CPU tensors, 2 processes).
 
-    PYTHONPATH=<build>/python python3 python/tests/test_dcp.py
-Exit status 77 (skip) when gdskit, torch >= 2.1 with torch.distributed.checkpoint, or gloo is missing.
+    PYTHONPATH=<build>/python python3 -m pytest python/tests/test_dcp.py
+Skips, with the reason, when torch >= 2.1 with torch.distributed.checkpoint, or gloo, is missing.
 """
 import json
 import os
@@ -112,7 +112,7 @@ def worker(args):
 
 
 def test_save_load_round_trips():
-    why = _skip_reason()  # pytest calls this directly: the same skip as the script's own runner
+    why = _skip_reason()
     if why:
         return f"skip: {why}"
     from test_distributed import spawn
@@ -124,4 +124,4 @@ def test_save_load_round_trips():
 
 if __name__ == "__main__":
     from test_distributed import main
-    sys.exit(main(sys.argv, globals(), worker, _skip_reason))
+    sys.exit(main(sys.argv, worker))

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Multi-process tests of gdskit's distributed load and save over torch.distributed (gloo, CPU tensors).
 
-    PYTHONPATH=<build>/python /usr/bin/python3 python/tests/test_distributed.py [name-filter]
+    PYTHONPATH=<build>/python /usr/bin/python3 -m pytest python/tests/test_distributed.py [-k name]
 Each case starts `world` worker processes of this file (--worker), joined through a file:// store, with timeouts
-on the process group and here, so a hang fails the case instead of the run. Exit status 77 (skip) when gdskit,
-torch or gloo is missing.
+on the process group and here, so a hang fails the case instead of the run. The cases skip, with the reason,
+when torch or gloo is missing.
 """
 import datetime
 import errno
@@ -14,6 +14,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import pytest
 
 CASE_TIMEOUT_S = 120
 PG_TIMEOUT_S = 30
@@ -31,6 +33,13 @@ def _skip_reason():
     if not dist.is_available() or not dist.is_gloo_available():
         return "torch.distributed with gloo is not available in this torch build"
     return None
+
+
+@pytest.fixture(autouse=True)
+def _needs_torch_and_gloo():
+    why = _skip_reason()
+    if why:
+        pytest.skip(why)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -581,29 +590,14 @@ def test_world_4():
         assert sent > 0 and received > 0
 
 
-def main(argv, names=None, worker_fn=None, skip_reason=None):
-    """The entry of this file and of test_dcp.py: `--worker ARGS` runs one rank, else the test_* functions of
-    `names` whose name contains argv[1] run (exit 77 with the reason when skip_reason() gives one)."""
-    if len(argv) > 2 and argv[1] == "--worker":
+def main(argv, worker_fn=None):
+    """The entry of the worker processes spawn() starts (`FILE --worker ARGS`), for this file and test_dcp.py;
+    the tests themselves run under pytest."""
+    if len(argv) == 3 and argv[1] == "--worker":
         (worker_fn or worker)(json.loads(argv[2]))
         return 0
-    why = (skip_reason or _skip_reason)()
-    if why:
-        print(f"SKIP: {why}")
-        return 77
-    pattern = argv[1] if len(argv) > 1 else ""
-    failed = 0
-    for name, fn in sorted((names or globals()).items()):
-        if not name.startswith("test_") or not callable(fn) or pattern not in name:
-            continue
-        t0 = time.monotonic()
-        try:
-            fn()
-            print(f"PASS {name} ({time.monotonic() - t0:.1f} s)", flush=True)
-        except Exception as e:  # noqa: BLE001
-            failed += 1
-            print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
-    return 1 if failed else 0
+    print(f"usage: {argv[0]} --worker ARGS (started by the tests; run them with pytest)", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

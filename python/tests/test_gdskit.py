@@ -1,22 +1,18 @@
 #!/usr/bin/env python3
 """Tests of the gdskit Python package that run without a GPU, torch or numpy (those parts skip with the reason).
 
-    PYTHONPATH=<build>/python python3 python/tests/test_gdskit.py      # or: pytest python/tests
-Exit status 77 when gdskit cannot be imported (not built with -DGDSKIT_BUILD_PYTHON=ON).
+    PYTHONPATH=<build>/python python3 -m pytest python/tests/test_gdskit.py
 """
 import errno
 import hashlib
 import json
 import os
 import struct
-import sys
 import tempfile
 
-try:
-    import gdskit
-except ImportError as e:  # pragma: no cover
-    print(f"SKIP: cannot import gdskit ({e}); build with -DGDSKIT_BUILD_PYTHON=ON and set PYTHONPATH")
-    sys.exit(77)
+import pytest
+
+import gdskit
 
 
 def write_st(path, tensors, metadata=None):
@@ -657,6 +653,7 @@ def test_file_torch_tensors():
 
 
 
+@pytest.mark.gpu
 def test_gpu_api():
     """On a GPU machine: load_file, safe_open and File with CUDA devices give what the CPU gives."""
     torch = _torch_or_skip()
@@ -716,9 +713,3 @@ def test_file_handle_reserve_sizes_the_file():
             f.close()
         with open(p, "rb") as back:
             assert back.read() == bytes(12345)
-
-if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from runner import run_tests  # noqa: E402
-
-    sys.exit(run_tests(globals()))

@@ -3,8 +3,7 @@
 tensors where a GPU is usable): round trips, keys and rows refused with clear errors, misses leaving rows
 alone, futures (fileno, await, cancel), reopen, a kill -9 of a writing process, and threads.
 
-    PYTHONPATH=<build>/python python3 python/tests/test_kv.py      # or: pytest python/tests/test_kv.py
-Exit status 77 when gdskit cannot be imported.
+    PYTHONPATH=<build>/python python3 -m pytest python/tests/test_kv.py
 """
 import asyncio
 import errno
@@ -18,18 +17,12 @@ import textwrap
 import threading
 import time
 
-try:
-    import gdskit
-    from gdskit.kv import BlockStore
-except ImportError as e:  # pragma: no cover
-    print(f"SKIP: cannot import gdskit.kv ({e}); build with -DGDSKIT_BUILD_PYTHON=ON and set PYTHONPATH")
-    sys.exit(77)
+import pytest
 
-try:
-    import numpy as np
-except ImportError:  # pragma: no cover
-    print("SKIP: numpy is needed for these tests")
-    sys.exit(77)
+import gdskit
+from gdskit.kv import BlockStore
+
+np = pytest.importorskip("numpy")
 
 BLOCK = 8192
 
@@ -331,9 +324,3 @@ def test_kill_9_of_a_writer_then_right_bytes_or_misses():
         if hits == 0:
             return "the writer stored nothing before the kills (a slow machine): nothing was checked"
         return None
-
-
-if __name__ == "__main__":
-    from runner import run_tests  # noqa: E402
-
-    sys.exit(run_tests(globals()))

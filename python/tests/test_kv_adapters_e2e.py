@@ -2,7 +2,7 @@
 """scripts/kv-e2e.py on the CPU: its cache layout (past_key_values <-> store blocks), block keys, page-cache
 dropping and the whole run with tiny sizes.
 
-    PYTHONPATH=<build>/python python3 python/tests/test_kv_adapters_e2e.py   # or pytest
+    PYTHONPATH=<build>/python python3 -m pytest python/tests/test_kv_adapters_e2e.py
 
 transformers is not installed here. The model-path test uses a TEST STAND-IN of the few transformers names the
 script uses (LlamaConfig, LlamaForCausalLM with .model and .lm_head, DynamicCache with layers of keys/values
@@ -15,19 +15,19 @@ import os
 import sys
 import types
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 try:
     import torch
 except ImportError as e:  # pragma: no cover
-    print(f"SKIP: torch is needed ({e})")
-    sys.exit(77)
+    pytest.skip(f"SKIP: torch is needed ({e})", allow_module_level=True)
 try:
     import kv_faults
     from gdskit.kv import BlockStore
 except ImportError as e:  # pragma: no cover
-    print(f"SKIP: cannot import gdskit.kv ({e}); build with -DGDSKIT_BUILD_PYTHON=ON and set PYTHONPATH")
-    sys.exit(77)
+    pytest.skip(f"SKIP: cannot import gdskit.kv ({e}); build with -DGDSKIT_BUILD_PYTHON=ON and set PYTHONPATH", allow_module_level=True)
 
 _spec = importlib.util.spec_from_file_location("kv_e2e", os.path.join(HERE, "..", "..", "scripts", "kv-e2e.py"))
 e2e = importlib.util.module_from_spec(_spec)
@@ -244,8 +244,3 @@ def test_main_without_a_store_in_the_build_skips():
     finally:
         del os.environ["GDSKIT_E2E_NO_TRANSFORMERS"]
     assert code == (0 if has_store else 77), code
-
-
-if __name__ == "__main__":
-    from runner import run_tests
-    sys.exit(run_tests(dict(globals())))

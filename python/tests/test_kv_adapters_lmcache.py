@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The LMCache adapter (gdskit.kv.adapters.lmcache) driven the way LMCache drives a native_plugin L2 client.
 
-    PYTHONPATH=<build>/python python3 python/tests/test_kv_adapters_lmcache.py   # or pytest
+    PYTHONPATH=<build>/python python3 -m pytest python/tests/test_kv_adapters_lmcache.py
 
 LMCache is not installed here. The engine side below is a TEST STAND-IN written for these tests: the
 native_plugin factory's checks and LMCache's native-connector bridge (one demux thread that polls the client's
@@ -24,8 +24,7 @@ try:
     from gdskit.kv.adapters import _common
     from gdskit.kv.adapters import lmcache as adapter
 except ImportError as e:  # pragma: no cover
-    print(f"SKIP: cannot import gdskit ({e}); build with -DGDSKIT_BUILD_PYTHON=ON and set PYTHONPATH")
-    sys.exit(77)
+    pytest.skip(f"SKIP: cannot import gdskit ({e}); build with -DGDSKIT_BUILD_PYTHON=ON and set PYTHONPATH", allow_module_level=True)
 import kv_faults  # noqa: E402
 from gdskit.kv import capacity_for  # noqa: E402
 
@@ -435,8 +434,3 @@ def test_a_second_client_on_the_same_folder_is_refused():
         raise AssertionError("two writers on one folder")
     finally:
         client.close()
-
-
-if __name__ == "__main__":
-    from runner import run_tests
-    sys.exit(run_tests(dict(globals())))

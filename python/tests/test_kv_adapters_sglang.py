@@ -2,7 +2,7 @@
 """The SGLang adapter (gdskit.kv.adapters.sglang) driven the way SGLang's HiCache controller drives a `dynamic`
 storage backend with the zero-copy interface.
 
-    PYTHONPATH=<build>/python python3 python/tests/test_kv_adapters_sglang.py   # or pytest
+    PYTHONPATH=<build>/python python3 -m pytest python/tests/test_kv_adapters_sglang.py
 
 SGLang is not installed here. The engine side below is a TEST STAND-IN written for these tests: the module
 sglang.srt.mem_cache.hicache_storage with HiCacheStorage and HiCacheStorageConfig (installed in sys.modules
@@ -19,6 +19,8 @@ import os
 import subprocess
 import sys
 import types
+
+import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -79,8 +81,7 @@ try:
     from gdskit.kv.adapters import _common
     from gdskit.kv.adapters import sglang as adapter
 except ImportError as e:  # pragma: no cover
-    print(f"SKIP: cannot import gdskit or torch ({e}); build with -DGDSKIT_BUILD_PYTHON=ON and set PYTHONPATH")
-    sys.exit(77)
+    pytest.skip(f"SKIP: cannot import gdskit or torch ({e}); build with -DGDSKIT_BUILD_PYTHON=ON and set PYTHONPATH", allow_module_level=True)
 import kv_faults  # noqa: E402
 
 _common.store_class = kv_faults.Faulty
@@ -347,8 +348,3 @@ def test_imports_without_sglang():
             "assert m.GdskitHiCacheStorage.__mro__[1] is object; assert 'sglang' not in sys.modules")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-
-
-if __name__ == "__main__":
-    from runner import run_tests
-    sys.exit(run_tests(dict(globals())))

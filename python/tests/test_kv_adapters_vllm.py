@@ -2,7 +2,7 @@
 """The vLLM adapter (gdskit.kv.adapters.vllm) driven the way vLLM's OffloadingConnector (0.11-0.13) drives an
 OffloadingSpec, its manager and its transfer handlers.
 
-    PYTHONPATH=<build>/python python3 python/tests/test_kv_adapters_vllm.py   # or pytest
+    PYTHONPATH=<build>/python python3 -m pytest python/tests/test_kv_adapters_vllm.py
 
 vLLM is not installed here. The engine side below is a TEST STAND-IN written for these tests: the modules
 vllm.v1.kv_offload.{abstract,mediums,spec,worker.worker} with the base classes the adapter subclasses (installed
@@ -25,14 +25,12 @@ import time
 import types
 from collections import defaultdict
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-try:
-    import numpy as np
-    import torch
-except ImportError as e:  # pragma: no cover
-    print(f"SKIP: torch and numpy are needed ({e})")
-    sys.exit(77)
+np = pytest.importorskip("numpy")
+torch = pytest.importorskip("torch")
 
 
 # ---- TEST STAND-IN of vLLM's kv_offload modules (installed before the adapter is imported) --------------------
@@ -164,8 +162,7 @@ try:
     from gdskit.kv.adapters import _common
     from gdskit.kv.adapters import vllm as adapter
 except ImportError as e:  # pragma: no cover
-    print(f"SKIP: cannot import gdskit ({e}); build with -DGDSKIT_BUILD_PYTHON=ON and set PYTHONPATH")
-    sys.exit(77)
+    pytest.skip(f"SKIP: cannot import gdskit ({e}); build with -DGDSKIT_BUILD_PYTHON=ON and set PYTHONPATH", allow_module_level=True)
 import kv_faults  # noqa: E402
 from gdskit.kv import capacity_for  # noqa: E402
 
@@ -498,6 +495,7 @@ def test_store_then_load_blocks_first_layout():
     _store_then_load(kv_first=False)
 
 
+@pytest.mark.gpu
 def test_store_then_load_cuda_caches_through_the_cuda_stream():
     if not torch.cuda.is_available():
         return "no CUDA device (the handlers' stream and event path runs on a GPU machine)"
@@ -671,8 +669,3 @@ def test_imports_without_vllm():
             "assert m.GdskitOffloadingSpec.__mro__[1].__module__ == m.__name__; assert 'vllm' not in sys.modules")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-
-
-if __name__ == "__main__":
-    from runner import run_tests
-    sys.exit(run_tests(dict(globals())))

@@ -10,8 +10,8 @@
 #include "common/json_text.hpp"
 
 #include "bench/bench.hpp"
-#include "common/progress.hpp"
-#include "common/shell_text.hpp"
+#include "tools/progress.hpp"
+#include "tools/shell_text.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
 

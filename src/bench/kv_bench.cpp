@@ -28,7 +28,7 @@
 
 #include "bench/bench.hpp"
 #include "common/json_text.hpp"
-#include "common/shell_text.hpp"
+#include "tools/shell_text.hpp"
 #include "gdskit/error.hpp"
 #include "posix/syscalls.hpp"
 

@@ -5,7 +5,7 @@
 
 #include "bench/bench.hpp"
 #include "bench/kv_bench.hpp"
-#include "common/shell_text.hpp"
+#include "tools/shell_text.hpp"
 #include "gdskit/settings.hpp"
 
 namespace gdskit::bench {

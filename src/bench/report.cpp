@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.hpp"
-#include "common/signal_cleanup.hpp"
+#include "tools/signal_cleanup.hpp"
 #include "gdskit/settings.hpp"
 
 namespace gdskit::bench {

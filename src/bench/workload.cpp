@@ -18,7 +18,7 @@
 
 #include "bench/bench.hpp"
 #include "bench/transfer.hpp"
-#include "common/signal_cleanup.hpp"
+#include "tools/signal_cleanup.hpp"
 #include "gdskit/batch.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"

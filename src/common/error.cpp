@@ -6,7 +6,7 @@
 #include <cstdio>
 
 #include "common/log.hpp"
-#include "common/shell_text.hpp"
+#include "common/printable.hpp"
 
 namespace gdskit {
 namespace {

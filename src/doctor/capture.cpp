@@ -13,7 +13,7 @@
 #include <cstdlib>
 #include <functional>
 
-#include "common/shell_text.hpp"
+#include "tools/shell_text.hpp"
 #include "doctor/doctor.hpp"
 #include "doctor/tar_reader.hpp"
 #include "posix/syscalls.hpp"

@@ -20,7 +20,7 @@
 
 #include <fmt/format.h>
 
-#include "common/bounded_read.hpp"
+#include "posix/bounded_read.hpp"
 #include "doctor/probe.hpp"
 #include "gdskit/buffer.hpp"
 #include "shim/cufile.hpp"

@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_text.hpp"
-#include "common/shell_text.hpp"
+#include "tools/shell_text.hpp"
 
 #include "doctor/doctor.hpp"
 

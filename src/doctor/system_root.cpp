@@ -1,6 +1,6 @@
 #include "doctor/system_root.hpp"
 
-#include "common/bounded_read.hpp"
+#include "posix/bounded_read.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "common/bounded_read.hpp"
+#include "posix/bounded_read.hpp"
 
 namespace gdskit::engine {
 namespace {

@@ -3,8 +3,8 @@
 
 #include <fmt/format.h>
 
-#include "common/bounded_read.hpp"
-#include "common/shell_text.hpp"
+#include "posix/bounded_read.hpp"
+#include "tools/shell_text.hpp"
 #include "gdskit/error.hpp"
 #include "patch/patch.hpp"
 

@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "common/bounded_read.hpp"
+#include "posix/bounded_read.hpp"
 #include "gdskit/error.hpp"
 #include "patch/patch.hpp"
 

@@ -18,6 +18,20 @@ while not glob.glob(watch):
     if p.poll() is not None or time.time() > deadline:
         sys.exit(f"the run ended ({p.returncode}) or never created {watch}: {p.stderr.read().decode()}")
     time.sleep(0.02)
+# The signal is sent once the program catches it (its handler is installed: the bit in /proc's SigCgt), so
+# a slow start (a loaded machine, a sanitizer build) cannot turn the test into one of the default action.
+bit = 1 << (getattr(signal, sig) - 1)
+while True:
+    try:
+        with open(f"/proc/{p.pid}/status") as f:
+            caught = int(next(l for l in f if l.startswith("SigCgt:")).split()[1], 16)
+    except (OSError, StopIteration):
+        caught = 0
+    if caught & bit:
+        break
+    if p.poll() is not None or time.time() > deadline:
+        sys.exit(f"the run ended ({p.returncode}) or never caught {sig}: {p.stderr.read().decode()}")
+    time.sleep(0.02)
 time.sleep(0.5)  # well inside the run
 if p.poll() is not None:
     sys.exit(f"the run ended before the signal: {p.returncode}")

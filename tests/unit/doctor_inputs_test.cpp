@@ -6,9 +6,9 @@
 #include <chrono>
 #include <fstream>
 
-#include "common/bounded_read.hpp"
+#include "posix/bounded_read.hpp"
 #include "common/json_text.hpp"
-#include "common/shell_text.hpp"
+#include "tools/shell_text.hpp"
 #include "doctor/checks.hpp"
 #include "doctor/probe.hpp"
 #include "test_support.hpp"

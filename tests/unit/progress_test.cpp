@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/progress.hpp"
+#include "tools/progress.hpp"
 
 using gdskit::progress_reporter;
 

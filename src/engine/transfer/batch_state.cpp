@@ -214,7 +214,10 @@ class deadline_timer {
       }
       auto first = pending_.begin();
       if (batch_state::clock::now() < first->first) {
-        cv_.wait_until(lock, first->first);
+        // A copy: wait_until reads its deadline again after waking, and disarm() may have erased the entry
+        // (and its key) while the lock was released.
+        const auto until = first->first;
+        cv_.wait_until(lock, until);
         continue;
       }
       std::weak_ptr<batch_state> w = first->second.batch;

@@ -11,7 +11,7 @@
 #include "gdskit/path.hpp"
 #include "gdskit/settings.hpp"
 
-namespace gdskit::gpu {
+namespace gdskit::tools {
 
 struct verify_options {
   std::filesystem::path file;   ///< created (exclusive) and removed afterwards unless keep_file
@@ -43,4 +43,4 @@ void fill_pattern(std::uint64_t seed, std::uint64_t first_index, std::uint8_t* o
 std::vector<verify_result> run_verify(const verify_options& options,
                                       const std::function<void(const verify_result&)>& on_result = {});
 
-}  // namespace gdskit::gpu
+}  // namespace gdskit::tools

@@ -1,4 +1,4 @@
-#include "common/progress.hpp"
+#include "tools/progress.hpp"
 
 #include <unistd.h>
 
@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "common/shell_text.hpp"
+#include "tools/shell_text.hpp"
 #include "gdskit/settings.hpp"
 
 namespace gdskit {

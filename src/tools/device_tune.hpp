@@ -9,7 +9,7 @@
 
 #include "engine/device_profile.hpp"
 
-namespace gdskit::engine {
+namespace gdskit::tools {
 
 struct tune_options {
   std::filesystem::path dir = ".";                   ///< the temporary file goes here (and is removed)
@@ -19,11 +19,11 @@ struct tune_options {
                                             std::size_t{16} << 20};
   bool measure_write = true;
   /// Called after each point.
-  std::function<void(const profile_point&)> progress;
+  std::function<void(const engine::profile_point&)> progress;
 };
 
 /// Runs the sweep. Throws gdskit::error when the folder refuses O_DIRECT, is full, or I/O fails; the temporary
 /// file is removed in every case.
-device_profile tune_device(const tune_options& options);
+engine::device_profile tune_device(const tune_options& options);
 
-}  // namespace gdskit::engine
+}  // namespace gdskit::tools

@@ -5,6 +5,7 @@
 #include <string_view>
 #include <system_error>
 
+#include "common/printable.hpp"  // printable(): the tools escape what they show with the core's rule
 
 namespace gdskit {
 
@@ -14,11 +15,6 @@ std::string shell_quote(std::string_view s);
 
 /// Whether `s` holds an ASCII control character (0x00-0x1f or 0x7f), newline and tab included.
 bool has_control_chars(std::string_view s) noexcept;
-
-/// `s` made safe for one-line comments, messages and reports: the escaping of safetensors::printable_name
-/// (control bytes as \n, \t, \x1b, a backslash as \\, bytes that are not UTF-8 as \xNN, C1 controls and
-/// bidirectional overrides as \uNNNN). One rule for every name or path that came from outside.
-std::string printable(std::string_view s);
 
 /// Checks a folder given on the command line: EINVAL when it holds control characters, ENOENT when it does
 /// not exist, ENOTDIR when it is not a folder. Empty error when it is usable.

@@ -1,4 +1,4 @@
-#include "gpu/verify.hpp"
+#include "tools/verify.hpp"
 
 #include <chrono>
 #include <cstring>
@@ -8,13 +8,13 @@
 
 #include <fmt/format.h>
 
-#include "common/signal_cleanup.hpp"
+#include "tools/signal_cleanup.hpp"
 #include "gdskit/buffer.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
 #include "gdskit/settings.hpp"
 
-namespace gdskit::gpu {
+namespace gdskit::tools {
 namespace {
 
 constexpr std::size_t kHostChunk = std::size_t{64} << 20;  // upload/compare in pieces: no N-byte host copy
@@ -148,4 +148,4 @@ std::vector<verify_result> run_verify(const verify_options& o, const std::functi
   return results;
 }
 
-}  // namespace gdskit::gpu
+}  // namespace gdskit::tools

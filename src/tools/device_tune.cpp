@@ -1,4 +1,4 @@
-#include "engine/device_tune.hpp"
+#include "tools/device_tune.hpp"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,7 +15,11 @@
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
 
-namespace gdskit::engine {
+namespace gdskit::tools {
+using engine::device_profile;
+using engine::io_dir;
+using engine::profile_point;
+
 namespace {
 
 struct aligned_buffer {
@@ -63,27 +67,27 @@ device_profile tune_device(const tune_options& o) {
     file_handle f(tmp.path, open_mode::read_write, {.create = true, .exclusive = true}, fixed(4, 4 << 20));
     struct stat st {};
     if (::fstat(f.fd(), &st) != 0) throw error(errno_code(errno), "fstat", tmp.path.string(), -1, 0);
-    prof.device = identify_device("/", st.st_dev);
+    prof.device = engine::identify_device("/", st.st_dev);
     f.pwrite(buf.p, n, 0);  // the file every read measurement reads
     f.sync();
   }
-  prof.created = utc_now_iso();
+  prof.created = engine::utc_now_iso();
   auto measure = [&](io_dir dir, unsigned depth, std::size_t req) {
     const settings s = fixed(depth, req);
     double seconds = 0;
     if (dir == io_dir::write) {
       // A fresh file each time, as a real writer pays block allocation.
       file_handle f(tmp.path, open_mode::read_write, {.create = true, .truncate = true}, s);
-      const double t0 = steady_now_s();
+      const double t0 = engine::steady_now_s();
       f.pwrite(buf.p, n, 0);
       f.sync();
-      seconds = steady_now_s() - t0;
+      seconds = engine::steady_now_s() - t0;
     } else {
       file_handle f(tmp.path, open_mode::read, {}, s);
       f.drop_cache();
-      const double t0 = steady_now_s();
+      const double t0 = engine::steady_now_s();
       f.read_exact(buf.p, n, 0);
-      seconds = steady_now_s() - t0;
+      seconds = engine::steady_now_s() - t0;
     }
     profile_point pt{dir, {depth, req}, static_cast<double>(n) / seconds / double(1u << 30)};
     prof.sweep.push_back(pt);
@@ -109,4 +113,4 @@ device_profile tune_device(const tune_options& o) {
   return prof;
 }
 
-}  // namespace gdskit::engine
+}  // namespace gdskit::tools

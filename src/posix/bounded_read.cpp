@@ -1,4 +1,4 @@
-#include "common/bounded_read.hpp"
+#include "posix/bounded_read.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,8 +1,7 @@
-#include "common/shell_text.hpp"
+#include "tools/shell_text.hpp"
 
 #include <filesystem>
 
-#include "gdskit/safetensors.hpp"
 
 namespace gdskit {
 
@@ -22,8 +21,6 @@ bool has_control_chars(std::string_view s) noexcept {
   }
   return false;
 }
-
-std::string printable(std::string_view s) { return safetensors::printable_name(s); }
 
 std::error_code check_folder_argument(const std::string& path) {
   if (path.empty() || has_control_chars(path)) return std::make_error_code(std::errc::invalid_argument);

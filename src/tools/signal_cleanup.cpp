@@ -1,4 +1,4 @@
-#include "common/signal_cleanup.hpp"
+#include "tools/signal_cleanup.hpp"
 
 #include <signal.h>
 #include <unistd.h>
