@@ -23,6 +23,7 @@
 #include "kv/format.hpp"
 #include "kv/volume.hpp"
 #include "posix/syscalls.hpp"
+#include "fake_gpu.hpp"
 #include "test_support.hpp"
 
 namespace gdskit::kv {
@@ -45,51 +46,6 @@ std::vector<key> keys_from(std::int64_t first, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) out.push_back(key::from_int(first + static_cast<std::int64_t>(i)));
   return out;
 }
-
-// Stands in for a GPU in the checked-get path below: "device" memory is host memory that the transfer core
-// reaches only through this copier, whose copies land at once, on the flushing thread.
-class instant_copier final : public engine::group_copier {
- public:
-  int device() const override { return 0; }
-  std::byte* take_chunk(std::size_t n) override { return static_cast<std::byte*>(std::aligned_alloc(4096, n)); }
-  void give_chunk(std::byte* c, std::size_t) noexcept override { std::free(c); }
-  void add(bool to_device, std::byte* host, std::uintptr_t dev, std::size_t n) override {
-    if (to_device) {
-      std::memcpy(reinterpret_cast<void*>(dev), host, n);
-    } else {
-      std::memcpy(host, reinterpret_cast<const void*>(dev), n);
-    }
-    queued_ = true;
-  }
-  void flush(std::uint64_t token, std::function<void(std::uint64_t, std::error_code)> done) override {
-    if (!queued_) return;
-    queued_ = false;
-    done(token, {});
-  }
-  void drain() noexcept override {}
-
- private:
-  bool queued_ = false;
-};
-
-class instant_gpu final : public engine::gpu_backend {
- public:
-  std::unique_ptr<engine::copier_lease> lease_lanes(int, unsigned, unsigned, std::size_t) override {
-    throw error(errno_code(ENOTSUP), "not in this test");
-  }
-  std::size_t cufile_transfer(const engine::open_file&, bool, buffer_view, std::size_t, std::uint64_t) override {
-    throw error(errno_code(ENOTSUP), "not in this test");
-  }
-  bool cufile_batch(std::span<const engine::cufile_entry>, const std::function<bool()>&,
-                    const std::function<void(std::size_t, std::size_t, std::error_code)>&) override {
-    return false;
-  }
-  std::unique_ptr<engine::group_copier> make_group_copier(int) override { return std::make_unique<instant_copier>(); }
-  std::function<void()> stream_gate(void*, int) override { throw error(errno_code(ENOTSUP), "not in this test"); }
-  void when_stream_reaches(void*, int, std::function<void()>) override {
-    throw error(errno_code(ENOTSUP), "not in this test");
-  }
-};
 
 // What the injected calls do to I/O on the store's data file (other files pass through).
 // some_slow: one call in three (reads and writes alike) sleeps before it goes ahead, as a device that stalls now
@@ -393,7 +349,8 @@ TEST_P(kv_faults, a_get_into_gpu_memory_ends_by_its_deadline_while_completions_s
     ranges.push_back(r);
   }
   engine::transfer_core core;
-  core.install(std::make_unique<instant_gpu>());
+  test::copier_stats copies;
+  core.install(test::make_fake_gpu(copies, 0ms));
   stall_from_ = depth;
   stalls_left_ = 2;
   inject(fault::some_slow, 1000ms);

@@ -1130,8 +1130,17 @@ class driver {
     std::chrono::steady_clock::time_point issued;
   };
 
+  // Copy groups in flight at most, and the group size that is flushed regardless. Each group ends with a host
+  // function on the copier's stream, and those run one after another at some tens of microseconds each: one
+  // group per completion round would queue them behind each other at small sizes (4 KiB ranges at depth 64 end
+  // faster than the stream runs their callbacks). Holding the next group while two are in flight lets it grow
+  // by whatever finishes meanwhile, so the callbacks keep up and each range waits for at most one round.
+  static constexpr std::size_t k_copy_groups_inflight = 2;
+  static constexpr std::size_t k_copy_group_flush = 256;
+
   void flush_copies() {
     if (group_.empty()) return;
+    if (copies_inflight_ >= k_copy_groups_inflight && group_.size() < k_copy_group_flush && !b_.stopping()) return;
     const std::uint64_t token = next_token_++;
     // The ranges a group fills whole end the moment its copies have landed, not when this thread next looks:
     // it may be held up by other requests (a slow completion, a request it runs itself), and a claimed range

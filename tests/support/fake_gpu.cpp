@@ -1,0 +1,144 @@
+#include "fake_gpu.hpp"
+
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "gdskit/error.hpp"
+
+namespace gdskit::test {
+namespace {
+
+class late_copier final : public engine::group_copier {
+ public:
+  late_copier(copier_stats& s, std::chrono::milliseconds delay, std::error_code fail)
+      : s_(s), delay_(delay), fail_(fail), worker_([this] { work(); }) {}
+  ~late_copier() override {
+    drain();
+    {
+      std::lock_guard lock(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+  int device() const override { return 0; }
+  std::byte* take_chunk(std::size_t n) override {
+    ++s_.live_chunks;
+    return static_cast<std::byte*>(std::aligned_alloc(4096, n));
+  }
+  void give_chunk(std::byte* c, std::size_t) noexcept override {
+    --s_.live_chunks;
+    std::free(c);
+  }
+  void add(bool to_device, std::byte* host, std::uintptr_t dev, std::size_t n) override {
+    queued_.push_back({to_device, host, dev, n});
+  }
+  void flush(std::uint64_t token, std::function<void(std::uint64_t, std::error_code)> done) override {
+    if (queued_.empty()) return;
+    ++s_.groups;
+    s_.copies += static_cast<int>(queued_.size());
+    {
+      std::lock_guard lock(m_);
+      jobs_.push_back({std::move(queued_), token, std::move(done), std::chrono::steady_clock::now() + delay_});
+      ++pending_;
+      if (pending_ > s_.most_pending) s_.most_pending = pending_;
+    }
+    queued_.clear();
+    cv_.notify_all();
+  }
+  void drain() noexcept override {
+    std::unique_lock lock(m_);
+    cv_.wait(lock, [&] { return pending_ == 0; });
+  }
+
+ private:
+  struct copy {
+    bool to_device;
+    std::byte* host;
+    std::uintptr_t dev;
+    std::size_t n;
+  };
+  struct job {
+    std::vector<copy> copies;
+    std::uint64_t token;
+    std::function<void(std::uint64_t, std::error_code)> done;
+    std::chrono::steady_clock::time_point at;
+  };
+  void work() {
+    std::unique_lock lock(m_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      job j = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      std::this_thread::sleep_until(j.at);
+      if (!fail_) {
+        for (const auto& c : j.copies) {
+          if (c.to_device) {
+            std::memcpy(reinterpret_cast<void*>(c.dev), c.host, c.n);
+          } else {
+            std::memcpy(c.host, reinterpret_cast<const void*>(c.dev), c.n);
+          }
+        }
+      }
+      j.done(j.token, fail_);
+      lock.lock();
+      --pending_;
+      cv_.notify_all();
+    }
+  }
+  copier_stats& s_;
+  std::chrono::milliseconds delay_;
+  std::error_code fail_;
+  std::vector<copy> queued_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<job> jobs_;
+  int pending_ = 0;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+class fake_backend final : public engine::gpu_backend {
+ public:
+  fake_backend(copier_stats& s, std::chrono::milliseconds delay, std::error_code fail)
+      : s_(s), delay_(delay), fail_(fail) {}
+  std::unique_ptr<engine::copier_lease> lease_lanes(int, unsigned, unsigned, std::size_t) override {
+    throw error(errno_code(ENOTSUP), "not in this test");
+  }
+  std::size_t cufile_transfer(const engine::open_file&, bool, buffer_view, std::size_t, std::uint64_t) override {
+    throw error(errno_code(ENOTSUP), "not in this test");
+  }
+  bool cufile_batch(std::span<const engine::cufile_entry>, const std::function<bool()>&,
+                    const std::function<void(std::size_t, std::size_t, std::error_code)>&) override {
+    return false;
+  }
+  std::unique_ptr<engine::group_copier> make_group_copier(int) override {
+    return std::make_unique<late_copier>(s_, delay_, fail_);
+  }
+  std::function<void()> stream_gate(void*, int) override { throw error(errno_code(ENOTSUP), "not in this test"); }
+  void when_stream_reaches(void*, int, std::function<void()>) override {
+    throw error(errno_code(ENOTSUP), "not in this test");
+  }
+
+ private:
+  copier_stats& s_;
+  std::chrono::milliseconds delay_;
+  std::error_code fail_;
+};
+
+}  // namespace
+
+std::unique_ptr<engine::gpu_backend> make_fake_gpu(copier_stats& stats, std::chrono::milliseconds delay,
+                                                   std::error_code fail) {
+  return std::make_unique<fake_backend>(stats, delay, fail);
+}
+
+}  // namespace gdskit::test

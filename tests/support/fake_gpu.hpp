@@ -1,0 +1,34 @@
+// A GPU for tests on machines without one: "device" memory is host memory that the transfer core reaches only
+// through a group copier whose copies land `delay` after their group was flushed, on a thread of the copier's
+// own. A driver that delivered a range before its copy landed, copied into a range after reporting it, or
+// issued one copy launch per range fails the tests that use it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <system_error>
+
+#include "engine/transfer/route.hpp"
+#include "gdskit/buffer.hpp"
+
+namespace gdskit::test {
+
+/// What the fake GPU's copiers did.
+struct copier_stats {
+  std::atomic<int> groups{0};
+  std::atomic<int> copies{0};
+  std::atomic<int> live_chunks{0};
+  /// Groups flushed and not yet landed, at most, over the copier's life.
+  std::atomic<int> most_pending{0};
+};
+
+/// A gpu_backend whose only route is the group copier above; the other routes throw ENOTSUP (cuFile batches
+/// say "not taken"). Copies fail with `fail` when it is set (nothing is copied then).
+std::unique_ptr<engine::gpu_backend> make_fake_gpu(copier_stats& stats, std::chrono::milliseconds delay,
+                                                   std::error_code fail = {});
+
+/// `n` bytes at `p` as memory of device 0 (host memory that only the fake GPU's copier touches).
+inline buffer_view fake_device(void* p, std::size_t n) { return {p, n, memory_kind::device, 0}; }
+
+}  // namespace gdskit::test
