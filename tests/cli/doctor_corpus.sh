@@ -15,6 +15,16 @@ for root in "$src"/tests/fixtures/systems/corpus/*/; do
   got=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["verdict"]["kind"])' <<<"$out") ||
     fail "$root: not JSON (exit $rc): $(cat "$work/err")"
   [ "$got" = "$want" ] || fail "$root: verdict $got, want $want"
+  # The first failing layer, the check that names the cause and the words a user would recognise.
+  layer=$(sed -n 's/^first failing layer: //p' "$root/README.md")
+  check=$(sed -n 's/^check: //p' "$root/README.md")
+  says=$(sed -n 's/^says: //p' "$root/README.md")
+  [ -n "$layer" ] && [ -n "$check" ] && [ -n "$says" ] || fail "$root: README lacks the layer, check or words"
+  got_layer=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["verdict"].get("first_failing_layer") or "-")' \
+    <<<"$out")
+  [ "$got_layer" = "$layer" ] || fail "$root: first failing layer $got_layer, want $layer"
+  grep -qF -- "\"$check" <<<"$out" || fail "$root: no finding of check $check"
+  grep -qiF -- "$says" <<<"$out" || fail "$root: the report does not say \"$says\""
   if [ "$want" = true_gds ]; then [ "$rc" -eq 0 ] || fail "$root: exit $rc for true GDS"
   else [ "$rc" -eq 1 ] || fail "$root: exit $rc, want 1"; fi
   n=$((n + 1))
