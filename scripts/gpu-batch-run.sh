@@ -2,7 +2,7 @@
 # On a GPU machine: the transfer core's tests and benchmarks in one go, from binaries scripts/gpu-pack.sh built
 # (.carry/bin, .carry/lib) and the RAM-backed loop device script copied to .carry/tools/fastdisk.sh.
 #   scripts/gpu-batch-run.sh OUT_DIR [SECONDS_PER_RUN]
-# WHAT: "all" (default), or a list of sections: "tests bench cli gather seq". Logs are also packed into
+# WHAT: "all" (default), or a list of sections: "tests bench cli gather seq save". Logs are also packed into
 # OUT_DIR.logs.tgz.
 # Logs go to OUT_DIR; a summary prints last. Measures on the loop device and on the machine's own disk.
 set -uo pipefail
@@ -111,6 +111,13 @@ PY
     TAIL=16 step "save_$v" 400 env PYTHONPATH="$p" python3 scripts/perf-save.py --dir "$fast" --size-gib "${ST_SIZE_GIB:-4}" \
         --runs 2 --skip torch.save
   done
+fi
+if want save; then
+  # Saves from GPU memory through the current build only (no "before" build needed): gdskit against safetensors
+  # and the raw O_DIRECT writer in the same run, on a device written through first (a RAM-backed loop device
+  # allocates its backing pages on a block's first write).
+  TAIL=16 step save_now 500 env PYTHONPATH="$py" python3 scripts/perf-save.py --dir "$fast" \
+      --size-gib "${ST_SIZE_GIB:-4}" --runs "${SAVE_RUNS:-3}" --precondition-gib "${SAVE_PRECONDITION_GIB:-8}" --skip torch.save
 fi
 bash "$carry/tools/fastdisk.sh" down /mnt/gdskit-fast
 echo "== done" >> "$summary"
