@@ -1,5 +1,7 @@
 #include "tools/verify.hpp"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -18,6 +20,13 @@ namespace gdskit::tools {
 namespace {
 
 constexpr std::size_t kHostChunk = std::size_t{64} << 20;  // upload/compare in pieces: no N-byte host copy
+
+// Bytes of physical memory, or 0 when unknown.
+std::uint64_t physical_memory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
+}
 
 std::uint64_t splitmix(std::uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -100,6 +109,16 @@ std::vector<verify_result> run_verify(const verify_options& o, const std::functi
     verify_result r;
     r.nbytes = n;
     try {
+      // Host memory larger than the machine cannot be verified: said before an allocation that the kernel might
+      // grant and then kill the process for touching.
+      const std::uint64_t ram = physical_memory();
+      if (o.device < 0 && ram != 0 && n > ram) {
+        r.error = fmt::format("could not allocate memory for {}: more than this machine's {} (try smaller --sizes)",
+                              format_size(n), format_size(ram));
+        if (on_result) on_result(r);
+        results.push_back(std::move(r));
+        continue;
+      }
       test_memory mem(n, o.device);
       file_handle f(o.file, open_mode::read_write, {.truncate = true}, o.config);
       r.path = f.plan(mem.view);
