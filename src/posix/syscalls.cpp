@@ -5,7 +5,10 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <deque>
+#include <mutex>
 
 #ifdef GDSKIT_HAVE_URING
 #include <liburing.h>
@@ -56,10 +59,29 @@ const syscall_table& real_syscalls() noexcept {
   return table;
 }
 
-syscall_table& sys() noexcept {
-  static syscall_table table = real_syscalls();
-  return table;
+namespace {
+
+std::atomic<const syscall_table*>& current_table() noexcept {
+  static std::atomic<const syscall_table*> current{&real_syscalls()};
+  return current;
 }
+
+}  // namespace
+
+const syscall_table& sys() noexcept { return *current_table().load(std::memory_order_acquire); }
+
+scoped_syscalls::scoped_syscalls(syscall_table table) {
+  static std::mutex m;
+  static auto* installed = new std::deque<syscall_table>();  // never shrinks nor destroyed: see the header
+  const syscall_table* t = nullptr;
+  {
+    std::lock_guard lock(m);
+    t = &installed->emplace_back(std::move(table));
+  }
+  saved_ = current_table().exchange(t, std::memory_order_acq_rel);
+}
+
+scoped_syscalls::~scoped_syscalls() { current_table().store(saved_, std::memory_order_release); }
 
 int open_retry(const char* path, int flags, mode_t mode, std::error_code& ec) noexcept {
   for (;;) {

@@ -46,21 +46,23 @@ struct syscall_table {
   std::function<int(void* ring)> uring_wait;
 };
 
-/// The table in force. Replace entries only while no I/O is in flight (tests use scoped_syscalls).
-syscall_table& sys() noexcept;
+/// The table in force. Tables are installed whole (scoped_syscalls) and never change once installed, so a
+/// thread still finishing earlier work (a batch's last close on a pool thread) reads a complete table.
+const syscall_table& sys() noexcept;
 /// The table of the real system calls.
 const syscall_table& real_syscalls() noexcept;
 
-/// Installs a modified table for its lifetime and restores the previous one (tests only).
+/// Installs `table` for its lifetime and restores the previous one (tests only). Installed tables are kept
+/// for the life of the process: work that outlives the scope may still be calling through one.
 class scoped_syscalls {
  public:
-  explicit scoped_syscalls(syscall_table table) : saved_(sys()) { sys() = std::move(table); }
-  ~scoped_syscalls() { sys() = std::move(saved_); }
+  explicit scoped_syscalls(syscall_table table);
+  ~scoped_syscalls();
   scoped_syscalls(const scoped_syscalls&) = delete;
   scoped_syscalls& operator=(const scoped_syscalls&) = delete;
 
  private:
-  syscall_table saved_;
+  const syscall_table* saved_;
 };
 
 /// open(2) retried on EINTR. Returns the fd or -1 with `ec` set.
