@@ -47,7 +47,10 @@ class late_copier final : public engine::group_copier {
       std::lock_guard lock(m_);
       jobs_.push_back({std::move(queued_), token, std::move(done), std::chrono::steady_clock::now() + delay_});
       ++pending_;
-      if (pending_ > s_.most_pending) s_.most_pending = pending_;
+      // Groups not yet landed: a group has landed once its callback is called, as a host function on a CUDA
+      // stream runs after the copies before it.
+      const int in_flight = ++in_flight_;
+      if (in_flight > s_.most_pending) s_.most_pending = in_flight;
     }
     queued_.clear();
     cv_.notify_all();
@@ -88,6 +91,7 @@ class late_copier final : public engine::group_copier {
           }
         }
       }
+      --in_flight_;
       j.done(j.token, fail_);
       lock.lock();
       --pending_;
@@ -101,7 +105,8 @@ class late_copier final : public engine::group_copier {
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<job> jobs_;
-  int pending_ = 0;
+  int pending_ = 0;                  // flushed, callback not yet returned (drain waits for these)
+  std::atomic<int> in_flight_{0};    // flushed, callback not yet called
   bool stop_ = false;
   std::thread worker_;
 };

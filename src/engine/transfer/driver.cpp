@@ -886,6 +886,8 @@ class driver {
 
   bool room(std::size_t nbytes) const {
     if (executor_->inflight() + staged_writes_count() >= depth_) return false;
+    // Reads whose bytes wait in staging for their copy hold staging: a bounded number of them.
+    if (reads_awaiting_copy_ >= k_copy_hold_per_depth * depth_) return false;
     return bytes_inflight_ == 0 || bytes_inflight_ + nbytes <= budget_;
   }
 
@@ -1000,6 +1002,7 @@ class driver {
     }
     if (queued) {
       group_.push_back(&r);
+      ++reads_awaiting_copy_;
       return;  // released once its copies have landed
     }
     release(r);
@@ -1130,17 +1133,17 @@ class driver {
     std::chrono::steady_clock::time_point issued;
   };
 
-  // Copy groups in flight at most, and the group size that is flushed regardless. Each group ends with a host
-  // function on the copier's stream, and those run one after another at some tens of microseconds each: one
-  // group per completion round would queue them behind each other at small sizes (4 KiB ranges at depth 64 end
-  // faster than the stream runs their callbacks). Holding the next group while two are in flight lets it grow
-  // by whatever finishes meanwhile, so the callbacks keep up and each range waits for at most one round.
+  // Copy groups in flight at most. Each group ends with a host function on the copier's stream, and those run
+  // one after another at some tens of microseconds each: one group per completion round would queue them behind
+  // each other at small sizes (4 KiB ranges at depth 64 end faster than the stream runs their callbacks).
+  // Holding the next group while two are in flight lets it grow by whatever finishes meanwhile, so the callbacks
+  // keep up and each range waits for at most one round; room() bounds how many reads wait so.
   static constexpr std::size_t k_copy_groups_inflight = 2;
-  static constexpr std::size_t k_copy_group_flush = 256;
+  static constexpr std::size_t k_copy_hold_per_depth = 4;
 
   void flush_copies() {
     if (group_.empty()) return;
-    if (copies_inflight_ >= k_copy_groups_inflight && group_.size() < k_copy_group_flush && !b_.stopping()) return;
+    if (copies_inflight_ >= k_copy_groups_inflight && !b_.stopping()) return;
     const std::uint64_t token = next_token_++;
     // The ranges a group fills whole end the moment its copies have landed, not when this thread next looks:
     // it may be held up by other requests (a slow completion, a request it runs itself), and a claimed range
@@ -1220,6 +1223,7 @@ class driver {
           continue;
         }
         // Reads: every claimed part of the request has landed (or failed) in GPU memory.
+        --reads_awaiting_copy_;
         const std::size_t got = logical_got(*r);
         for (std::size_t k = 0; k < r->parts.size(); ++k) {
           const delivery& p = r->parts[k];
@@ -1283,6 +1287,7 @@ class driver {
   std::map<std::uint64_t, std::vector<request*>> groups_;
   std::uint64_t next_token_ = 1;
   std::size_t copies_inflight_ = 0;
+  std::size_t reads_awaiting_copy_ = 0;  // read requests in group_ or in a group in flight
   std::mutex done_mutex_;
   std::vector<std::pair<std::uint64_t, std::error_code>> done_groups_;
 };
