@@ -749,6 +749,9 @@ TEST_F(kv_store, a_submitted_get_is_settled_without_being_asked) {
   op_future f = s.submit_get(asked, r.views(asked.size()));
   pollfd p{f.fd(), POLLIN, 0};
   ASSERT_EQ(::poll(&p, 1, 10000), 1);
+  // A readable descriptor says the future is ready; the future (not the descriptor) is what orders the rows'
+  // bytes before this thread reads them.
+  ASSERT_TRUE(f.ready());
   for (std::size_t i = 0; i < keys.size(); ++i) EXPECT_TRUE(r.equals(i, content(keys[i], block))) << i;
   EXPECT_TRUE(r.untouched(keys.size()));
   const store_stats st = s.stats();  // settles the get

@@ -904,8 +904,17 @@ class driver {
       if (p.range_off == 0) (r.to_device ? b_.routed_staged : b_.routed_host).fetch_add(1, std::memory_order_relaxed);
     }
     if (!r.staged) {
-      // In place: a checksummed write's bytes are the caller's (one request for the whole range).
-      if (r.write && checksummed()) r.crc = crc32c(r.buf, r.nbytes);
+      // In place: a checksummed write's bytes are the caller's (one request for the whole range), read here
+      // under the range's claim: a range the deadline decided may already be memory the caller freed.
+      if (r.write && checksummed()) {
+        const delivery& p = r.parts.front();
+        if (!b_.claim(p.range)) {
+          release(r);
+          return false;
+        }
+        r.crc = crc32c(r.buf, r.nbytes);
+        b_.unclaim(p.range);
+      }
       return true;
     }
     r.buf = staging_.take(r.io_nbytes);
