@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <thread>
 
 #include "api/file_access.hpp"
@@ -145,11 +146,11 @@ class kv_faults : public ::testing::TestWithParam<engine_kind> {
     }
   }
 
+  // The blocks stay allocated for the test's life: after a deadline a write the device still holds may read
+  // them for a while (kv.hpp), as a slow write here does once its sleep ends.
   op_result put(const std::vector<key>& keys, const op_options& oo = {}) {
-    std::vector<std::vector<std::uint8_t>> data;
     std::vector<buffer_view> v;
-    for (const key& k : keys) data.push_back(content(k));
-    for (auto& d : data) v.push_back(buffer_view::host(d.data(), block));
+    for (const key& k : keys) v.push_back(buffer_view::host(put_memory_.emplace_back(content(k)).data(), block));
     return store_->put(keys, v, oo);
   }
   // Gets into sentinel rows; checks hits are right and misses untouched; returns the result and keeps the rows.
@@ -173,6 +174,7 @@ class kv_faults : public ::testing::TestWithParam<engine_kind> {
 
   test::temp_dir dir_;
   store_options o_;
+  std::deque<std::vector<std::uint8_t>> put_memory_;  // declared first: outlives the store
   std::unique_ptr<block_store> store_;
   ino_t inode_ = 0;
   std::atomic<fault> fault_{fault::none};
