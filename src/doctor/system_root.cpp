@@ -3,7 +3,6 @@
 #include "posix/bounded_read.hpp"
 #include "tools/programs.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -11,11 +10,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
-#include <cstdio>
 #include <cstdlib>
-#include <sstream>
 
 namespace gdskit::doctor {
 namespace fs = std::filesystem;
@@ -56,12 +52,8 @@ read_result read_limited(const fs::path& p, std::size_t max_bytes, bool tail = f
   return from_bounded(read_bounded(p, max_bytes, tail));
 }
 
-}  // namespace
-
-namespace {
-
-// A program's output, or why there is none. Keeps what the program said when it fails (dmesg explains a
-// restricted buffer) in the error only.
+// A program's output, or why there is none: a program that fails gives EPERM when it said "not permitted"
+// (dmesg with a restricted buffer), else ENOENT, as if it had not been there.
 read_result run_program(const fs::path& program, const std::vector<std::string>& args) {
   auto out = tools::run_captured(program, args, 8u << 20);
   if (out.error == std::errc::io_error) {
