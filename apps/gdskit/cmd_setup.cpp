@@ -3,13 +3,13 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
 
-#include <sys/wait.h>
-
 #include "commands.hpp"
+#include "tools/programs.hpp"
 #include "tools/shell_text.hpp"
 #include "patch/patch.hpp"
 
@@ -72,8 +72,13 @@ void add_setup_command(CLI::App& app) {
       return answer == "y" || answer == "Y" || answer == "yes";
     };
     auto run = [](const std::string& command) {
-      const int st = std::system(command.c_str());
-      return st == -1 ? 127 : WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+      // The shell by its absolute path, its PATH the system folders (and this gdskit's folder, for the steps
+      // that run gdskit): a hostile PATH cannot swap the programs the steps name.
+      std::string path = tools::system_path;
+      std::error_code ec;
+      const auto self = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path().string();
+      if (!ec && !self.empty() && self.find(':') == std::string::npos) path += ":" + self;
+      return tools::run_attached("/bin/sh", {"-c", command}, path);
     };
     const auto r = patch::execute_plan(steps, ask, run);
     if (r.failed) {

@@ -6,8 +6,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gdskit/batch.hpp"
@@ -22,6 +24,20 @@ struct row_layout {
   std::size_t row_bytes = 0;
   std::uint64_t nrows = 0;
 };
+
+/// A numpy type string ("<f4", "|u1", ">i8", "<c16", "|S10"): byte order, kind and item size.
+struct npy_type {
+  char byte_order = '|';     ///< '<' little-endian, '>' big-endian, '|' not applicable, '=' native
+  char kind = 0;             ///< 'b' bool, 'i' signed, 'u' unsigned, 'f' float, 'c' complex, 'S' bytes, 'V' raw
+  std::size_t itemsize = 0;  ///< bytes per element, at least 1
+  /// bool, integers, floats and complex numbers: values that frameworks hold as numbers.
+  bool numeric() const noexcept { return kind == 'b' || kind == 'i' || kind == 'u' || kind == 'f' || kind == 'c'; }
+};
+
+/// Parses a numpy type string of the kinds .npy files hold as plain rows (b i u f c S V; no records, objects,
+/// strings or dates): nullopt for anything else, with `why` (when given) saying what is wrong. Never throws
+/// except std::bad_alloc.
+std::optional<npy_type> parse_npy_type(std::string_view descr, std::string* why = nullptr);
 
 /// The header of a .npy file (format versions 1.0, 2.0 and 3.0), as numpy.lib.format writes it.
 struct npy_header {

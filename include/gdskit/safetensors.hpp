@@ -250,6 +250,9 @@ struct slice_plan {
   std::uint64_t first_offset = 0;    ///< offset of the first segment
   std::uint64_t stride_bytes = 0;    ///< distance between segment starts
   std::uint64_t segments = 1;        ///< number of segments
+  /// Bytes of one index of the split dimension (a segment holds the rank's rows of it); 0 when the tensor is
+  /// not split (no slice, a dimension it lacks) or has no bytes.
+  std::uint64_t row_bytes = 0;
   std::uint64_t nbytes() const noexcept { return segment_bytes * segments; }
 };
 slice_plan plan_slice(const tensor_info& t, const std::optional<slice_spec>& slice);

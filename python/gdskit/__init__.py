@@ -44,22 +44,6 @@ __all__ = ["load_file", "safe_open", "SafetensorError", "InvalidArgumentError", 
 _last_stats: dict = {}
 
 
-def _torch_view(torch, storage, base: int, t):
-    """t (anything with data_ptr, nbytes, dtype and shape) as a torch tensor viewing `storage`, the uint8 torch
-    tensor at address `base` that holds its bytes, with the dtype and shape load_file gives. For
-    gdskit.distributed, whose loads return such offsets."""
-    shape = _gdskit.element_shape(t.dtype, list(t.shape))
-    if t.nbytes == 0:
-        return _frameworks.empty("pt", t.dtype, shape, str(storage.device))
-    x = storage.narrow(0, t.data_ptr - base, t.nbytes)
-    try:
-        return _frameworks.typed("pt", x, t.dtype, shape)
-    except RuntimeError:
-        # The tensor's offset in the file is not a multiple of its element size (legal in safetensors, rare):
-        # torch cannot view it in place, so it gets its own aligned copy.
-        return _frameworks.typed("pt", x.clone(), t.dtype, shape)
-
-
 def load_safetensors_raw(path, device="cpu", *, only=None, rank=None, world=None, split_dim: int = 0,
                          allocate=None):
     """Loads like load_safetensors but returns gdskit.Tensor objects (DLPack exporters) and the stats dict.

@@ -416,22 +416,16 @@ class RowFile:
         return f"RowFile({self.path!r}, {self.descr!r}, {self.row_shape}, offset={self.offset})"
 
 
-_TORCH_DTYPES = {"b1": "bool", "u1": "uint8", "i1": "int8", "i2": "int16", "i4": "int32", "i8": "int64",
-                 "f2": "float16", "f4": "float32", "f8": "float64", "c8": "complex64", "c16": "complex128"}
-
-
 def _descr_of(dtype):
-    """(numpy type string, itemsize) for a numpy dtype, a torch dtype or a type string."""
+    """(numpy type string, itemsize) for a numpy dtype, a torch dtype or a type string; which types a row file can
+    hold, and their sizes, are the compiled module's (npy_type, npy_descr_of_torch)."""
     if isinstance(dtype, str):
         text = dtype
     else:
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(dtype, torch.dtype):
-            for code, name in _TORCH_DTYPES.items():
-                if getattr(torch, name) == dtype:
-                    text = ("|" if code[1:] == "1" else "<") + code
-                    break
-            else:
+            text = _gdskit.npy_descr_of_torch(str(dtype).split(".")[-1])
+            if text is None:
                 raise TypeError(f"torch dtype {dtype} has no numpy equivalent")
         else:
             try:
@@ -439,16 +433,17 @@ def _descr_of(dtype):
             except ImportError:
                 raise TypeError(f"dtype must be a type string such as '<f4' without numpy, not {dtype!r}") from None
             text = np.dtype(dtype).str
-    if len(text) >= 3 and text[0] in "<>|=" and text[1] in "biufc" and text[2:].isdigit():
-        return text, int(text[2:])
-    try:
-        import numpy as np  # noqa: PLC0415
-        d = np.dtype(text)
-    except Exception:  # noqa: BLE001
-        raise TypeError(f"dtype {dtype!r} is not a plain numeric numpy type") from None
-    if d.fields is not None or d.hasobject or d.kind not in "biufc":
+    known = _gdskit.npy_type(text)
+    if known is None:
+        # Another spelling numpy knows ("float32", "f4", "int"): its type string.
+        try:
+            import numpy as np  # noqa: PLC0415
+            known = _gdskit.npy_type(np.dtype(text).str)
+        except Exception:  # noqa: BLE001
+            known = None
+    if known is None:
         raise TypeError(f"dtype {dtype!r} is not a plain numeric numpy type")
-    return d.str, d.itemsize
+    return known[0], known[1]
 
 
 def _indices(indices, nrows: int):
@@ -553,10 +548,9 @@ def _output(out, device, descr, shape, nbytes):
             import torch  # noqa: PLC0415
         except ImportError:
             torch = None
-    code = descr[1:]
-    if torch is not None and code in _TORCH_DTYPES and (descr[0] in "<|=" or descr[1:] in ("b1", "u1", "i1")):
-        t = torch.empty(shape, dtype=getattr(torch, _TORCH_DTYPES[code]),
-                        device="cpu" if dev < 0 else f"cuda:{dev}")
+    known = _gdskit.npy_type(descr)  # with torch's dtype for the rows, or None
+    if torch is not None and known is not None and known[2] is not None:
+        t = torch.empty(shape, dtype=getattr(torch, known[2]), device="cpu" if dev < 0 else f"cuda:{dev}")
         return t, dev
     if dev >= 0:
         raise ValueError(f"gather_rows: dtype {descr!r} into GPU memory needs torch with that dtype, or out=")

@@ -164,37 +164,6 @@ class safe_open:  # noqa: N801 (the safetensors library's name)
                           self.filename)
 
 
-def _normalize_index(index, shape):
-    """[(start, count, step, keep)] per dimension for ints, slices and one Ellipsis."""
-    if isinstance(index, list):
-        raise TypeError("lists are not supported as slice indices: use ints, slices and ...")
-    items = index if isinstance(index, tuple) else (index,)
-    if sum(1 for i in items if i is Ellipsis) > 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
-    if Ellipsis in items:
-        at = items.index(Ellipsis)
-        fill = len(shape) - (len(items) - 1)
-        items = items[:at] + (slice(None),) * max(fill, 0) + items[at + 1:]
-    if len(items) > len(shape):
-        raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
-    items = items + (slice(None),) * (len(shape) - len(items))
-    out = []
-    for dim, (item, n) in enumerate(zip(items, shape)):
-        if isinstance(item, bool) or not isinstance(item, (int, slice)) and not hasattr(item, "__index__"):
-            raise TypeError(f"index {item!r} of dimension {dim}: only ints, slices and ... are supported")
-        if isinstance(item, slice):
-            start, stop, step = item.indices(n)
-            if step <= 0:
-                raise ValueError(f"slice step must be positive, not {step}")
-            out.append((start, len(range(start, stop, step)), step, True))
-        else:
-            i = item.__index__()
-            if not -n <= i < n:
-                raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {n}")
-            out.append((i % n, 1, 1, False))
-    return out
-
-
 class _Slice:
     """A tensor of an open file, sliced on demand: only the byte ranges the slice needs are read."""
 
@@ -213,19 +182,15 @@ class _Slice:
         if entry.dtype in _F6:
             raise SafetensorError(_errno.EBADMSG, f"{entry.dtype} tensors cannot be sliced: 6-bit values share bytes")
         shape = entry.element_shape
-        sel = _normalize_index(index, shape)
-        newshape = [count for (_, count, _, keep) in sel if keep]
-        total = _frameworks.DTYPES[entry.dtype][1]
-        for (_, count, _, _) in sel:
-            total *= count
+        elem = _frameworks.DTYPES[entry.dtype][1]
+        # numpy's indexing rules, applied by the compiled module: picks per dimension, the result's shape, bytes.
+        picks, newshape, total = _gdskit.slice_picks(index, shape, elem)
         framework, device = owner._framework, owner._device
         if total == 0:
             return _frameworks.empty(framework, entry.dtype, newshape, device_name(device))
         # The compiled module plans the byte ranges and reads them straight into this memory (GPU memory too).
         raw = _byte_buffer(framework, total, device)
         ptr, _, where = buffer_of(raw, writable=True, what="safe_open")
-        owner._slice_reads = _gdskit.read_slice(owner._open(), entry.file_offset, shape,
-                                                _frameworks.DTYPES[entry.dtype][1],
-                                                [(start, count, step) for (start, count, step, _) in sel], ptr,
-                                                total, where, _SLICE_MEMORY_BYTES)
+        owner._slice_reads = _gdskit.read_slice(owner._open(), entry.file_offset, shape, elem, picks, ptr, total,
+                                                where, _SLICE_MEMORY_BYTES)
         return _frameworks.typed(framework, raw, entry.dtype, newshape)

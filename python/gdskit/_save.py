@@ -9,9 +9,9 @@ safetensors does (a reader sees the old file or the new one, whole), unless over
 from __future__ import annotations
 
 import errno as _errno
-import heapq
 import os
 import signal
+import sys
 import threading
 
 from . import _frameworks
@@ -126,105 +126,50 @@ def _numpy_entry(np, name, a, budget, keep):
     return (name, "numpy", a.dtype.name, list(a.shape), 0, nbytes, -1, stager)
 
 
-def _torch_extent(t):
-    """[first byte, one past the last byte] that a torch tensor's elements occupy."""
-    start = t.data_ptr()
-    if t.numel() == 0:
-        return start, start
-    span = sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 0)
-    return start, start + (span + 1) * t.element_size()
-
-
-def _check_shared(torch, tensors):
-    # Like safetensors: tensors of one storage whose bytes overlap are refused (saving both would store the
-    # memory twice and load them as independent tensors); disjoint views of one storage are fine. Conjugate and
-    # negative views are written as their resolved values, bytes of their own, so they share nothing on disk.
-    groups = {}
+def _check_shared(tensors):
+    """RuntimeError for tensors whose memory overlaps, as safetensors refuses them (saving both would store the
+    memory twice and load them as independent tensors). The rule is the compiled module's
+    (check_shared_memory): torch tensors of one storage from first to last element, numpy arrays byte for byte;
+    this only lists where each tensor lies. Conjugate and negative views are written as their resolved values,
+    bytes of their own, so they share nothing on disk; tensors on the meta device have no memory."""
+    # A tensor of a framework means the framework is imported already: nothing is imported here.
+    torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
+    storages, arrays = [], []
     for k, v in tensors.items():
-        if v.device.type == "meta" or _lazy(v):
-            continue
-        try:
-            storage = v.untyped_storage()
-        except AttributeError:
-            storage = v.storage()
-        ptr, size = storage.data_ptr(), storage.nbytes()
-        if ptr != 0 and size != 0:
-            groups.setdefault((v.device, ptr, size), []).append(k)
-    failing = []
-    for names in groups.values():
-        if len(names) < 2:
-            continue
-        areas = sorted(_torch_extent(tensors[n]) + (n,) for n in names)
-        current = {areas[0][2]}
-        last_stop = areas[0][1]
-        for start, stop, n in areas[1:]:
-            if start >= last_stop:
-                if len(current) > 1:
-                    failing.append(current)
-                current = {n}
-            else:
-                current.add(n)
-            last_stop = max(last_stop, stop)
-        if len(current) > 1:
-            failing.append(current)
-    if failing:
-        raise RuntimeError(
-            f"Some tensors share memory, this will lead to duplicate memory on disk and potential differences when"
-            f" loading them again: {failing}. Save one tensor per storage (clone the others) instead.")
-
-
-def _byte_bounds(np):
-    try:
-        from numpy.lib.array_utils import byte_bounds  # noqa: PLC0415  (numpy 2)
-    except ImportError:
-        byte_bounds = np.byte_bounds
-    return byte_bounds
-
-
-def _check_shared_numpy(np, arrays):
-    # Sorted by the first byte each array touches, so only arrays whose spans overlap are compared (exactly,
-    # with np.shares_memory: interleaved strided views share a span but no byte): n log n for arrays in memory of
-    # their own, however many.
-    bounds = _byte_bounds(np)
-    spans = sorted((*bounds(a), i, k) for i, (k, a) in enumerate(arrays.items()) if a.nbytes)
-    failing, open_spans = [], []  # open_spans: a heap of (end, i, name) of spans not yet passed
-    for start, end, i, k in spans:
-        while open_spans and open_spans[0][0] <= start:
-            heapq.heappop(open_spans)
-        for _, _, k2 in open_spans:
-            if np.shares_memory(arrays[k2], arrays[k]):
-                failing.append({k2, k})
-        heapq.heappush(open_spans, (end, i, k))
-    if failing:
-        raise RuntimeError(f"Some arrays share memory: {failing}. Save one array per buffer (copy the others).")
+        if torch is not None and isinstance(v, torch.Tensor):
+            if v.device.type == "meta" or _lazy(v):
+                continue
+            try:
+                storage = v.untyped_storage()
+            except AttributeError:
+                storage = v.storage()
+            ptr, size = storage.data_ptr(), storage.nbytes()
+            if ptr != 0 and size != 0:
+                storages.append((k, f"{v.device}/{ptr}/{size}", v.data_ptr(), v.element_size(), v.shape, v.stride()))
+        elif np is not None and isinstance(v, np.ndarray):
+            arrays.append((k, "", v.__array_interface__["data"][0], v.itemsize, v.shape, v.strides))
+    _gdskit.check_shared_memory(storages, arrays)
 
 
 def _prepare(tensors, staging_bytes):
     if not isinstance(tensors, dict):
         raise ValueError(f"Expected a dict of [str, torch.Tensor] or [str, numpy.ndarray] but received {type(tensors)}")
     torch, np = _frameworks.torch(), _frameworks.numpy()
-    kinds = set()
     for k, v in tensors.items():
         if not isinstance(k, str):
             raise TypeError(f"tensor names must be str, not {type(k).__name__} ({k!r})")
         _utf8(k, "tensor name")
-        if torch is not None and isinstance(v, torch.Tensor):
-            kinds.add("torch")
-            if v.layout != torch.strided:
-                raise ValueError(f"You are trying to save a sparse tensor: `{k}` which this library does not"
-                                 " support. You can make it a dense tensor before saving with `.to_dense()`.")
-        elif np is not None and isinstance(v, np.ndarray):
-            kinds.add("numpy")
-        else:
+        is_torch = torch is not None and isinstance(v, torch.Tensor)
+        if not is_torch and not (np is not None and isinstance(v, np.ndarray)):
             raise ValueError(f"Key `{k}` is invalid, expected torch.Tensor or numpy.ndarray but received {type(v)}")
+        if is_torch and v.layout != torch.strided:
+            raise ValueError(f"You are trying to save a sparse tensor: `{k}` which this library does not"
+                             " support. You can make it a dense tensor before saving with `.to_dense()`.")
         if k == "__metadata__":
             raise ValueError("`__metadata__` is reserved and cannot name a tensor")
     if isinstance(staging_bytes, bool) or not isinstance(staging_bytes, int) or staging_bytes <= 0:
         raise ValueError(f"staging_bytes must be a positive int, not {staging_bytes!r}")
-    if "torch" in kinds:
-        _check_shared(torch, {k: v for k, v in tensors.items() if isinstance(v, torch.Tensor)})
-    if "numpy" in kinds:
-        _check_shared_numpy(np, {k: v for k, v in tensors.items() if isinstance(v, np.ndarray)})
+    _check_shared(tensors)
     keep, entries, cuda_devices = [], [], set()
     for k, v in tensors.items():
         if torch is not None and isinstance(v, torch.Tensor):

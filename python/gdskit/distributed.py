@@ -21,10 +21,10 @@ import json
 import os
 import socket
 import time
-import types
 
 from . import _frameworks
 from . import _gdskit
+from ._buffers import buffer_of
 
 __all__ = ["load_safetensors", "save_sharded", "last_stats", "llama_tp", "REPLICATED", "COLUMN", "ROW",
            "NODE_ENV"]
@@ -193,17 +193,15 @@ def _piece(t: _Info, key):
     return (dim, k, n)
 
 
-def _segment_bytes(t: _Info, dim):
-    inner = 1
-    for s in t.shape[dim + 1:]:
-        inner *= s
-    return inner * _frameworks.DTYPES[t.dtype][0] // 8  # bits per element, from the compiled table
+def _row_bytes(t: _Info, dim):
+    """Bytes of one index of dimension `dim`: the loader's slice plan says (a split along it reads such rows)."""
+    return _gdskit.slice_plan(t.dtype, list(t.shape), dim, 0, 1)[4]
 
 
 def _slice_bytes(t: _Info, key):
     if key == "whole":
         return t.nbytes
-    _, seg, _, segments = _gdskit.slice_plan(t.dtype, list(t.shape), *key)
+    _, seg, _, segments, _ = _gdskit.slice_plan(t.dtype, list(t.shape), *key)
     return seg * segments
 
 
@@ -234,7 +232,7 @@ def _plan(infos, needs_of, nodes):
                 continue
             split_keys = [k for k in by_key if k != "whole"]
             strided = [k for k in split_keys if k[0] > 0 and t.shape[k[0]] > 0 and
-                       _segment_bytes(t, k[0]) < _DIRECT_SEGMENT_BYTES]
+                       _row_bytes(t, k[0]) < _DIRECT_SEGMENT_BYTES]
             if len(by_key) > 1 and strided:
                 # Several ranks need different small-row slices: reading each would read the tensor many times.
                 mine.append(_Unit(t, "whole", tuple(sorted(r for rs in by_key.values() for r in rs)), post=True))
@@ -456,8 +454,9 @@ def load_safetensors(path, device: str = "cpu", *, group, tp_rank=None, tp_world
         if rank not in b["needers"] or bi not in held:
             continue
         storage, layout = held[bi]
-        for name, (off, nb, dtype, shape) in layout.items():
-            x = _view(torch, storage, off, nb, dtype, shape)
+        views = _views(storage, layout)
+        for name, (_, _, _, shape) in layout.items():
+            x = views[name]
             key = b["post"].get(name, {}).get(rank) if b["post"] else None
             if key is not None and key != "whole":
                 dim, k, n = key
@@ -522,11 +521,12 @@ def _read_batch(torch, file, index, b):
     key = b["key"]
     rank_, world_, dim = (None, None, 0) if key == "whole" else (key[1], key[2], key[0])
     tensors, st = _gdskit.load(file, index, list(b["names"]), rank_, world_, dim, allocate, 0)
-    base = storage[0].data_ptr() if storage else 0
-    layout = {}
-    for name in b["names"]:
-        t = tensors[name]
-        layout[name] = (t.data_ptr - base if t.nbytes else 0, t.nbytes, t.dtype, tuple(t.shape))
+    if storage:
+        base, nbytes, _ = buffer_of(storage[0], writable=False, what="load")
+    else:
+        base, nbytes = 0, 0
+    # Where each tensor lies in the allocation, as every rank that receives it will view it (tensors_in).
+    layout = _gdskit.tensor_layout(tensors, list(b["names"]), base, nbytes)
     ranges = []
     for u in b["infos"]:
         ranges.extend(_byte_ranges(u.t, u.key))
@@ -542,17 +542,19 @@ def _byte_ranges(t: _Info, key):
     if key == "whole":
         return [(t.file_offset, t.file_offset + t.nbytes)]
     dim, k, n = key
-    first, seg, stride, segments = _gdskit.slice_plan(t.dtype, list(t.shape), dim, k, n)
+    first, seg, stride, segments, _ = _gdskit.slice_plan(t.dtype, list(t.shape), dim, k, n)
     if seg == 0:
         return []
     base = t.file_offset + first
     return [(base + i * stride, base + i * stride + seg) for i in range(segments)]
 
 
-def _view(torch, storage, off, nb, dtype, shape):
-    from . import _torch_view  # noqa: PLC0415  (the package's one rule for typed views of a uint8 allocation)
-    t = types.SimpleNamespace(data_ptr=off, nbytes=nb, dtype=dtype, shape=list(shape))
-    return _torch_view(torch, storage, 0, t)
+def _views(storage, layout):
+    """{name: torch.Tensor} viewing `storage` (a uint8 torch tensor) laid out as `layout` says: the compiled
+    module makes the tensors (tensors_in), torch takes them through DLPack with load_file's dtypes and shapes."""
+    ptr, nbytes, device = buffer_of(storage, writable=False, what="load")
+    return {name: _frameworks.from_tensor("pt", t)
+            for name, t in _gdskit.tensors_in(ptr, nbytes, device, storage, layout).items()}
 
 
 # ---------------------------------------------------------------------------------------------------------------

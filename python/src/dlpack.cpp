@@ -128,7 +128,70 @@ py::bytes tensor_handle::to_bytes() const {
   return py::bytes(static_cast<const char*>(data), nbytes);
 }
 
+namespace {
+
+[[noreturn]] void bad_layout(const std::string& name, const std::string& what) {
+  throw gdskit::error(gdskit::errno_code(EINVAL), "tensor layout", "", -1, 0,
+                      "tensor \"" + st::printable_name(name) + "\": " + what);
+}
+
+}  // namespace
+
 void register_dlpack(py::module_& m) {
+  m.def(
+      "tensor_layout",
+      [](const py::dict& tensors, const std::vector<std::string>& names, std::uintptr_t base, std::size_t nbytes) {
+        py::dict out;
+        for (const auto& name : names) {
+          const auto& t = tensors[py::str(name)].cast<const tensor_handle&>();
+          std::uint64_t offset = 0;
+          if (t.nbytes != 0) {
+            const auto at = reinterpret_cast<std::uintptr_t>(t.data);
+            if (at < base || at - base > nbytes || t.nbytes > nbytes - (at - base)) {
+              bad_layout(name, "its bytes lie outside the allocation");
+            }
+            offset = at - base;
+          }
+          out[py::str(name)] = py::make_tuple(offset, t.nbytes, std::string(st::to_string(t.dtype)),
+                                              py::tuple(py::cast(t.tensor_shape)));
+        }
+        return out;
+      },
+      py::arg("tensors"), py::arg("names"), py::arg("base"), py::arg("nbytes"),
+      "{name: (offset, nbytes, dtype, shape)} of loaded tensors (a load's {name: Tensor}) that lie in one "
+      "allocation of nbytes at address base: what tensors_in needs to view the same bytes anywhere. EINVAL for a "
+      "tensor outside it.");
+  m.def(
+      "tensors_in",
+      [](std::uintptr_t ptr, std::size_t nbytes, int device, py::object owner, const py::dict& layout) {
+        std::shared_ptr<void> keep = std::make_shared<py_owner>(std::move(owner));
+        py::dict out;
+        for (auto item : layout) {
+          const std::string name = item.first.cast<std::string>();
+          const auto [offset, size, dtype, shape] =
+              item.second.cast<std::tuple<std::uint64_t, std::uint64_t, std::string, std::vector<std::uint64_t>>>();
+          const auto dt = st::parse_dtype(dtype);
+          if (!dt) bad_layout(name, "unknown dtype");
+          // The bytes of that dtype and shape, which the header parser and the slicer gave the tensor.
+          constexpr auto most = static_cast<unsigned __int128>(1) << 70;
+          unsigned __int128 bits = st::bits_of(*dt);
+          for (std::uint64_t d : shape) {
+            if (d != 0 && bits > most / d) bad_layout(name, "shape too large");
+            bits *= d;
+          }
+          if (bits % 8 != 0 || bits / 8 != size) bad_layout(name, "its byte count does not match its dtype and shape");
+          if (offset > nbytes || size > nbytes - offset) bad_layout(name, "its bytes lie outside the allocation");
+          void* at = reinterpret_cast<std::uint8_t*>(ptr) + offset;
+          const gdskit::buffer_view v = device < 0 ? gdskit::buffer_view::host(at, size)
+                                                   : gdskit::buffer_view{at, size, gdskit::memory_kind::device, device};
+          out[item.first] = py::cast(tensor_handle::make(keep, v, *dt, shape));
+        }
+        return out;
+      },
+      py::arg("ptr"), py::arg("nbytes"), py::arg("device"), py::arg("owner"), py::arg("layout"),
+      "{name: Tensor} viewing the bytes of an allocation (ptr, nbytes on device, -1 for host memory; `owner` is "
+      "kept alive by the tensors) laid out as tensor_layout gave them. EINVAL for a layout that does not fit.");
+
   py::class_<tensor_handle>(m, "Tensor", "A loaded tensor; exports through DLPack (__dlpack__).")
       .def("__dlpack__", [](const tensor_handle& t, py::object /*stream*/, py::kwargs) { return t.to_capsule(); },
            py::arg("stream") = py::none())

@@ -1,5 +1,6 @@
 // What each safetensors dtype is called in torch and numpy, and the shapes those frameworks see: the one table
-// the package reads (loads, safe_open, saves, gdskit.load/save of bytes).
+// the package reads (loads, safe_open, saves, gdskit.load/save of bytes); and which torch dtype holds each
+// numpy type (row gathers of .npy files and raw row files).
 #include <cerrno>
 #include <string>
 
@@ -7,6 +8,7 @@
 
 #include "bindings.hpp"
 #include "gdskit/error.hpp"
+#include "gdskit/gather.hpp"
 
 namespace gdskit::python {
 namespace {
@@ -41,6 +43,27 @@ constexpr framework_names k_names[] = {
     {st::dtype::F6_E2M3, nullptr, "uint8", false},
     {st::dtype::F6_E3M2, nullptr, "uint8", false},
 };
+
+// numpy's plain numeric types that torch holds, by kind and item size: the dtype of a row gather's result.
+struct npy_torch_name {
+  char kind;
+  std::size_t itemsize;
+  const char* torch;
+};
+constexpr npy_torch_name k_npy_torch[] = {
+    {'b', 1, "bool"},     {'u', 1, "uint8"},    {'i', 1, "int8"},      {'i', 2, "int16"},
+    {'i', 4, "int32"},    {'i', 8, "int64"},    {'f', 2, "float16"},   {'f', 4, "float32"},
+    {'f', 8, "float64"},  {'c', 8, "complex64"}, {'c', 16, "complex128"},
+};
+
+// torch's name for values of numpy type `t`, or nullptr: torch holds them only in this machine's (little-endian)
+// byte order, which one-byte types do not have.
+const char* torch_name_of(const gdskit::npy_type& t) {
+  if (t.byte_order == '>' && t.itemsize > 1) return nullptr;
+  for (const auto& n : k_npy_torch)
+    if (n.kind == t.kind && n.itemsize == t.itemsize) return n.torch;
+  return nullptr;
+}
 
 st::dtype known(const std::string& dtype) {
   const auto t = st::parse_dtype(dtype);
@@ -97,6 +120,26 @@ void register_dtypes(py::module_& m) {
       },
       "{safetensors dtype: (bits, bytes per framework element, torch name or None, numpy name, whether the numpy "
       "name is the type itself rather than its raw bits)}.");
+  m.def(
+      "npy_type",
+      [](const std::string& descr) -> py::object {
+        const auto t = gdskit::parse_npy_type(descr);
+        if (!t || !t->numeric()) return py::none();
+        const char* torch = torch_name_of(*t);
+        return py::make_tuple(descr, t->itemsize, torch != nullptr ? py::object(py::str(torch)) : py::object(py::none()));
+      },
+      py::arg("descr"),
+      "(descr, item size, torch's dtype name or None) for a numpy type string of a plain numeric type (bool, "
+      "integers, floats, complex: '<f4', '|u1', '>i8'); None for anything else.");
+  m.def(
+      "npy_descr_of_torch",
+      [](const std::string& name) -> py::object {
+        for (const auto& n : k_npy_torch) {
+          if (name == n.torch) return py::str(fmt::format("{}{}{}", n.itemsize == 1 ? '|' : '<', n.kind, n.itemsize));
+        }
+        return py::none();
+      },
+      py::arg("name"), "numpy's type string for torch's dtype `name` ('float32' -> '<f4'), or None when numpy has none.");
   m.def(
       "element_shape",
       [](const std::string& dtype, const std::vector<std::uint64_t>& shape) { return element_shape(known(dtype), shape); },

@@ -1,6 +1,8 @@
 // gdskit._gdskit's half of gdskit.kv: the block store and its futures. Keys are converted here (bytes or int,
 // checked); rows arrive as (address, device) pairs that the facade (gdskit/kv/__init__.py) took from tensors
-// and arrays it checked. Every call releases the GIL while the store works.
+// and arrays it checked. Every call releases the GIL while the store works. The store's errors go through the
+// module's one translator (errors.cpp): EINVAL is gdskit.InvalidArgumentError (a ValueError and an OSError),
+// as from a load or a save.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include "path_caster.hpp"
@@ -20,18 +22,6 @@ namespace py = pybind11;
 namespace kv = gdskit::kv;
 
 namespace {
-
-// Runs f; a bad argument found by the store (EINVAL naming no file) becomes ValueError, as Python has it. Other
-// errors keep their errno (OSError subclasses, by the module's translator).
-template <class F>
-auto translated(F&& f) {
-  try {
-    return f();
-  } catch (const gdskit::error& e) {
-    if (e.code() == std::errc::invalid_argument && e.path().empty()) throw py::value_error(e.what());
-    throw;
-  }
-}
 
 // One key: bytes (1..32 of them) or an integer (bool excluded; numpy integers accepted through __index__).
 kv::key key_of(py::handle h, std::size_t i) {
@@ -144,14 +134,14 @@ struct store_object {
   kv::block_store store;
   mutable std::shared_mutex mutex;
 
+  // Errors leave as gdskit::error, which the module's one translator (errors.cpp) turns into the Python
+  // exception every other binding raises for the same errno.
   template <class F>
   auto call(F&& f) const {
-    return translated([&] {
-      py::gil_scoped_release unlocked;
-      std::shared_lock lock(mutex);
-      if (!store.is_open()) throw gdskit::error(gdskit::errno_code(EBADF), "block store: the store is closed");
-      return f(const_cast<kv::block_store&>(store));
-    });
+    py::gil_scoped_release unlocked;
+    std::shared_lock lock(mutex);
+    if (!store.is_open()) throw gdskit::error(gdskit::errno_code(EBADF), "block store: the store is closed");
+    return f(const_cast<kv::block_store&>(store));
   }
 };
 
@@ -204,7 +194,7 @@ py::dict stats_dict(const kv::store_stats& s) {
 
 void add_kv_bindings(py::module_& m) {
   m.def("kv_capacity_for", [](std::uint64_t blocks, std::size_t block_bytes, std::size_t paths) {
-          return translated([&] { return kv::capacity_for(blocks, block_bytes, paths); });
+          return kv::capacity_for(blocks, block_bytes, paths);
         }, py::arg("blocks"), py::arg("block_bytes"), py::arg("paths") = 1,
         "The capacity_bytes a block store needs for `blocks` blocks of block_bytes over `paths` paths.");
   py::class_<future_object, std::shared_ptr<future_object>>(m, "KVFuture", "A submitted block store operation.")
@@ -258,11 +248,10 @@ void add_kv_bindings(py::module_& m) {
              o.deadline = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(deadline_s));
              o.preallocate = preallocate;
              auto s = std::make_shared<store_object>();
-             translated([&] {
+             {
                py::gil_scoped_release unlocked;
                s->store = kv::block_store(o);
-               return 0;
-             });
+             }
              return s;
            }),
            py::arg("paths"), py::arg("capacity_bytes"), py::arg("block_bytes"), py::arg("namespace"),

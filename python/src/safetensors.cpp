@@ -168,11 +168,12 @@ void register_safetensors(py::module_& m) {
         }
         t.end_bytes = numel * st::bits_of(*dt) / 8;
         const auto p = st::plan_slice(t, st::slice_spec{rank, world, dim});
-        return py::make_tuple(p.first_offset, p.segment_bytes, p.stride_bytes, p.segments);
+        return py::make_tuple(p.first_offset, p.segment_bytes, p.stride_bytes, p.segments, p.row_bytes);
       },
       py::arg("dtype"), py::arg("shape"), py::arg("dim"), py::arg("rank"), py::arg("world"),
       "The byte ranges a load reads for rank `rank` of `world` of a tensor split along `dim`, relative to its "
-      "first byte: (first offset, bytes per segment, distance between segments, segments).");
+      "first byte: (first offset, bytes per segment, distance between segments, segments, bytes of one index of "
+      "`dim`).");
 
   // Distributed save (gdskit/distributed.py): the single-process save's shard plan, file names and index.
   m.def(

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bindings.hpp"
+#include "formats/memory_overlap.hpp"
 #include "gdskit/error.hpp"
 
 namespace gdskit::python {
@@ -66,6 +67,34 @@ py::dict save_stats_dict(const st::save_stats& s) {
   return d;
 }
 
+// A tensor of a save as the shared-memory check takes it: (name, space, address, itemsize, shape, strides).
+// Torch strides count elements, numpy strides bytes (the `exact` flag of refuse_shared says which).
+using shared_entry = std::tuple<std::string, std::string, std::uintptr_t, std::size_t, std::vector<std::uint64_t>,
+                                std::vector<std::int64_t>>;
+
+// RuntimeError naming the groups (a list of sets of names, between `before` and `after`) when any tensors share
+// memory.
+void refuse_shared(const std::vector<shared_entry>& entries, bool exact, const char* before, const char* after) {
+  std::vector<formats::memory_layout> layouts;
+  layouts.reserve(entries.size());
+  for (const auto& [name, space, address, itemsize, shape, strides] : entries) {
+    formats::memory_layout l{space, address, itemsize, shape, strides, exact};
+    // Torch strides are in elements.
+    if (!exact)
+      for (auto& s : l.strides_bytes) s *= static_cast<std::int64_t>(itemsize);
+    layouts.push_back(std::move(l));
+  }
+  const auto groups = formats::shared_memory_groups(layouts);
+  if (groups.empty()) return;
+  py::list failing;
+  for (const auto& g : groups) {
+    py::set names;
+    for (std::size_t i : g) names.add(py::str(std::get<0>(entries[i])));
+    failing.append(names);
+  }
+  throw std::runtime_error(before + py::repr(failing).cast<std::string>() + after);
+}
+
 // Whether `fd` has bytes to read, without reading them (they are the facade's to pass on).
 bool readable(int fd) {
   pollfd p{fd, POLLIN, 0};
@@ -120,6 +149,23 @@ void register_save(py::module_& m) {
       },
       py::arg("tensors"), py::arg("metadata"),
       "The bytes of the safetensors file a save of these tensors writes (what safetensors.torch.save returns).");
+
+  m.def(
+      "check_shared_memory",
+      [](const std::vector<shared_entry>& tensors, const std::vector<shared_entry>& arrays) {
+        // Torch tensors: within one storage, memory from first to last element (the safetensors rule); numpy
+        // arrays: their bytes exactly (interleaved strided views share nothing).
+        refuse_shared(tensors, false,
+                      "Some tensors share memory, this will lead to duplicate memory on disk and potential "
+                      "differences when loading them again: ",
+                      ". Save one tensor per storage (clone the others) instead.");
+        refuse_shared(arrays, true, "Some arrays share memory: ", ". Save one array per buffer (copy the others).");
+      },
+      py::arg("tensors"), py::arg("arrays"),
+      "Raises RuntimeError naming the groups of tensors whose memory overlaps. tensors: torch tensors as [(name, "
+      "storage, address, itemsize, shape, strides in elements)], compared within one storage (a key) from first to "
+      "last element; arrays: numpy arrays as [(name, address, itemsize, shape, strides in bytes)], compared byte "
+      "for byte. Sorted by address: n log n for tensors in memory of their own.");
 
   m.def(
       "parse_shard_size",

@@ -2,8 +2,10 @@
 // slice needs are read, in one batch, straight into the destination (host or GPU memory).
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -256,9 +258,96 @@ std::vector<dim_pick> checked_picks(const std::vector<std::uint64_t>& shape,
   return out;
 }
 
+// One dimension of a Python index, numpy's rules: an int picks one entry (negative counts from the end) and
+// drops the dimension; a slice picks a range with a positive step.
+struct index_pick {
+  dim_pick pick;
+  bool keep = true;
+};
+
+index_pick pick_of(py::handle item, std::size_t dim, std::uint64_t n) {
+  if (PySlice_Check(item.ptr())) {
+    Py_ssize_t start = 0, stop = 0, step = 0;
+    if (PySlice_Unpack(item.ptr(), &start, &stop, &step) != 0) throw py::error_already_set();
+    if (n > static_cast<std::uint64_t>(PY_SSIZE_T_MAX)) throw py::value_error("dimension too large to slice");
+    const Py_ssize_t count = PySlice_AdjustIndices(static_cast<Py_ssize_t>(n), &start, &stop, step);
+    if (step <= 0) throw py::value_error(fmt::format("slice step must be positive, not {}", step));
+    return {{static_cast<std::uint64_t>(start), static_cast<std::uint64_t>(count), static_cast<std::uint64_t>(step)},
+            true};
+  }
+  if (PyBool_Check(item.ptr()) || !PyIndex_Check(item.ptr())) {
+    throw py::type_error(fmt::format("index {} of dimension {}: only ints, slices and ... are supported",
+                                     py::repr(item).cast<std::string>(), dim));
+  }
+  py::int_ value = py::reinterpret_steal<py::int_>(PyNumber_Index(item.ptr()));
+  if (!value) throw py::error_already_set();
+  int overflow = 0;
+  const long long i = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+  if (i == -1 && PyErr_Occurred() != nullptr) throw py::error_already_set();
+  const auto signed_n = static_cast<long long>(std::min<std::uint64_t>(n, LLONG_MAX));
+  if (overflow != 0 || i < -signed_n || i >= signed_n) {
+    throw py::index_error(fmt::format("index {} is out of bounds for dimension {} with size {}",
+                                      py::str(value).cast<std::string>(), dim, n));
+  }
+  return {{static_cast<std::uint64_t>(i < 0 ? i + signed_n : i), 1, 1}, false};
+}
+
+// The picks of `index` (an int, a slice, ... or a tuple of them) on a tensor of `shape`: one per dimension, the
+// dimensions after the given ones taken whole, one ... standing for as many whole dimensions as needed.
+std::vector<index_pick> picks_of_index(py::handle index, const std::vector<std::uint64_t>& shape) {
+  if (PyList_Check(index.ptr())) {
+    throw py::type_error("lists are not supported as slice indices: use ints, slices and ...");
+  }
+  std::vector<py::handle> items;
+  if (PyTuple_Check(index.ptr())) {
+    for (py::handle h : py::reinterpret_borrow<py::tuple>(index)) items.push_back(h);
+  } else {
+    items.push_back(index);
+  }
+  const auto ellipsis = std::count_if(items.begin(), items.end(), [](py::handle h) { return h.ptr() == Py_Ellipsis; });
+  if (ellipsis > 1) throw py::index_error("an index can only have a single ellipsis ('...')");
+  std::vector<std::optional<py::handle>> full;  // nullopt: the whole dimension
+  for (py::handle h : items) {
+    if (h.ptr() != Py_Ellipsis) {
+      full.emplace_back(h);
+      continue;
+    }
+    const std::size_t given = items.size() - 1;
+    for (std::size_t k = given; k < shape.size(); ++k) full.emplace_back(std::nullopt);
+  }
+  if (full.size() > shape.size()) {
+    throw py::index_error(fmt::format("too many indices for tensor of dimension {}", shape.size()));
+  }
+  full.resize(shape.size());
+  std::vector<index_pick> out;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    out.push_back(full[d] ? pick_of(*full[d], d, shape[d]) : index_pick{{0, shape[d], 1}, true});
+  }
+  return out;
+}
+
 }  // namespace
 
 void register_slices(py::module_& m) {
+  m.def(
+      "slice_picks",
+      [](py::handle index, const std::vector<std::uint64_t>& shape, std::uint64_t elem) {
+        const auto picks = picks_of_index(index, shape);
+        std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>> out;
+        std::vector<std::uint64_t> kept;
+        std::uint64_t nbytes = elem;
+        for (const auto& p : picks) {
+          out.emplace_back(p.pick.start, p.pick.count, p.pick.step);
+          if (p.keep) kept.push_back(p.pick.count);
+          nbytes *= p.pick.count;  // at most the tensor's own bytes, which the header parser bounded
+        }
+        return py::make_tuple(out, kept, nbytes);
+      },
+      py::arg("index"), py::arg("shape"), py::arg("elem"),
+      "What safe_open(...).get_slice(name)[index] reads, numpy's indexing rules applied to `index` (ints, "
+      "slices with a positive step, one ...) on a tensor of element shape `shape`, `elem` bytes per element: "
+      "([(start, count, step)] per dimension as read_slice takes them, the result's shape, its bytes). "
+      "IndexError, TypeError or ValueError for an index it cannot take.");
   m.attr("SLICE_MEMORY_BYTES") = k_default_staging_bytes;
   m.def(
       "read_slice",

@@ -183,6 +183,28 @@ def test_bad_stores_are_refused_with_clear_errors():
         expect(OSError, lambda: s.lookup([1]), errno_is=errno.EBADF)
 
 
+def test_errors_take_the_modules_exception_types():
+    """The store's errors leave through the compiled module's one translator: an errno gives the same Python
+    exception type here as in a load, a save or a file (EINVAL: gdskit.InvalidArgumentError, a ValueError and an
+    OSError)."""
+    elsewhere = expect(ValueError, lambda: gdskit._gdskit.slice_plan("F32", [4], 0, 2, 1))  # rank 2 of 1
+    assert type(elsewhere) is gdskit.InvalidArgumentError and elsewhere.errno == errno.EINVAL, repr(elsewhere)
+    with tempfile.TemporaryDirectory() as d:
+        for make in (lambda: new_store(os.path.join(d, "s"), capacity_bytes=BLOCK),
+                     lambda: new_store([os.path.join(d, "a"), os.path.join(d, "a")]),
+                     lambda: gdskit._gdskit.kv_capacity_for(1, 0, 1)):
+            e = expect(ValueError, make)
+            assert type(e) is type(elsewhere), f"{type(e).__name__} where a load raises {type(elsewhere).__name__}: {e}"
+            assert isinstance(e, OSError) and e.errno == errno.EINVAL, repr(e)
+        # Any other errno: the OSError subclass Python picks for it, in both.
+        f = os.path.join(d, "afile")
+        open(f, "w").close()
+        store_error = expect(OSError, lambda: new_store(os.path.join(f, "s")), errno_is=errno.ENOTDIR)
+        load_error = expect(OSError, lambda: gdskit.load_safetensors_raw(os.path.join(f, "m.safetensors")),
+                            errno_is=errno.ENOTDIR)
+        assert type(store_error) is type(load_error) is NotADirectoryError, (type(store_error), type(load_error))
+
+
 def test_reopen_keeps_blocks_and_reads_only_the_checkpoint():
     with tempfile.TemporaryDirectory() as d:
         keys = list(range(50))

@@ -129,5 +129,35 @@ def test_cut_file_is_an_error_not_a_short_slice():
             assert e.filename == p and "ended" in str(e), e
 
 
+def test_index_rules_are_the_compiled_modules():
+    """What an index may hold (ints, slices with a positive step, one ...), and the errors for the rest, come
+    from the compiled module (slice_picks): the same types and words numpy's users expect."""
+    from gdskit import _gdskit
+
+    picks = _gdskit.slice_picks
+    assert picks((1, slice(None, None, 2)), [3, 5], 4) == ([(1, 1, 1), (0, 3, 2)], [3], 12)
+    assert picks((Ellipsis, -1), [2, 3, 4], 2) == ([(0, 2, 1), (0, 3, 1), (3, 1, 1)], [2, 3], 12)
+    assert picks(Ellipsis, [], 8) == ([], [], 8)
+    assert picks(slice(5, 1), [4], 1)[1:] == ([0], 0)
+    assert picks(slice(-100, 100), [4], 1) == ([(0, 4, 1)], [4], 4)
+    big = 2 ** 70
+    cases = [([0], TypeError, "lists are not supported"),
+             ((Ellipsis, Ellipsis), IndexError, "single ellipsis"),
+             ((0, 0, 0), IndexError, "too many indices for tensor of dimension 2"),
+             ((True,), TypeError, "only ints, slices and ..."),
+             ((1.0,), TypeError, "only ints, slices and ..."),
+             ((slice(None, None, -1),), ValueError, "slice step must be positive, not -1"),
+             ((slice(None, None, 0),), ValueError, "zero"),
+             ((3,), IndexError, "index 3 is out of bounds for dimension 0 with size 3"),
+             ((-4,), IndexError, "index -4 is out of bounds"),
+             ((big,), IndexError, f"index {big} is out of bounds"),
+             ((0, slice("a", None)), TypeError, "")]
+    for index, kind, words in cases:
+        e = error_of(kind, lambda: picks(index, [3, 5], 4))
+        assert words in str(e), (index, str(e))
+    if np is not None:
+        assert picks((np.int64(2), np.int32(-1)), [3, 5], 4)[0] == [(2, 1, 1), (4, 1, 1)]
+
+
 if __name__ == "__main__":
     run_as_script(globals())

@@ -1,5 +1,4 @@
 // Reporters: the gdsio line, gdskit's fields, JSON, CSV, the sweep table and verdicts, the gnuplot chart.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.hpp"
+#include "tools/programs.hpp"
 #include "tools/signal_cleanup.hpp"
 #include "gdskit/settings.hpp"
 
@@ -236,17 +236,9 @@ std::string plot_precheck(const std::filesystem::path& png) {
   const std::filesystem::path dir = png.parent_path().empty() ? std::filesystem::path(".") : png.parent_path();
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) return fmt::format("folder {} does not exist", dir.string());
-  const char* path = std::getenv("PATH");
-  std::string_view rest = path != nullptr ? path : "";
-  while (true) {
-    const auto colon = rest.find(':');
-    const std::string_view d = rest.substr(0, colon);
-    const std::filesystem::path candidate = std::filesystem::path(d.empty() ? "." : std::string(d)) / "gnuplot";
-    if (::access(candidate.c_str(), X_OK) == 0) return {};
-    if (colon == std::string_view::npos) break;
-    rest.remove_prefix(colon + 1);
-  }
-  return "gnuplot is not on PATH (Debian: apt-get install gnuplot-nox); drop --plot, or use --csv and draw elsewhere";
+  if (tools::find_program("gnuplot")) return {};
+  return fmt::format("gnuplot is not in {} (Debian: apt-get install gnuplot-nox); drop --plot, or use --csv and "
+                     "draw elsewhere", tools::searched_dirs());
 }
 
 std::string plot_sweep(const std::vector<sweep_row>& rows, const std::filesystem::path& png) {
@@ -286,18 +278,16 @@ std::string plot_sweep(const std::vector<sweep_row>& rows, const std::filesystem
       << "set key left top\nset yrange [0:*]\n"
       << "plot " << plot_cmd << "\n";
   }
-  pid_t pid = ::fork();
-  if (pid < 0) return std::string("fork: ") + std::strerror(errno);
-  if (pid == 0) {
-    ::execlp("gnuplot", "gnuplot", script.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  const auto gnuplot = tools::find_program("gnuplot");
+  std::error_code run_ec = std::make_error_code(std::errc::no_such_file_or_directory);
+  if (gnuplot) {
+    run_ec = tools::run_program(*gnuplot, {script.string()}, -1, tools::stderr_mode::discard,
+                                [](const char*, std::size_t) { return std::error_code{}; });
   }
   std::filesystem::remove_all(dir, ec);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 127) return "gnuplot not found (Debian: apt-get install gnuplot-nox)";
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "gnuplot failed to draw the chart";
+  if (!gnuplot) return fmt::format("gnuplot not found in {} (Debian: apt-get install gnuplot-nox)", tools::searched_dirs());
+  if (run_ec == std::errc::io_error) return "gnuplot failed to draw the chart";
+  if (run_ec) return fmt::format("gnuplot could not be run: {}", run_ec.message());
   return {};
 }
 

@@ -2,10 +2,7 @@
 // staging folder (no archive library is available on the target machines); --root ARCHIVE reads one back
 // into a private folder through gzip and tar_reader, which checks every header before its member is written.
 #include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
@@ -13,76 +10,17 @@
 #include <cstdlib>
 #include <functional>
 
+#include "tools/programs.hpp"
 #include "tools/shell_text.hpp"
 #include "doctor/doctor.hpp"
 #include "doctor/tar_reader.hpp"
 #include "posix/syscalls.hpp"
 
-extern char** environ;
 
 namespace gdskit::doctor {
 namespace fs = std::filesystem;
 
 namespace {
-
-// A program by absolute path: never looked up in $PATH, never given a name it could read as an option or a
-// remote host.
-const char* program_path(const char* name) {
-  static const char* const dirs[] = {"/usr/bin/", "/bin/"};
-  static thread_local std::string found;
-  for (const char* d : dirs) {
-    found = std::string(d) + name;
-    if (::access(found.c_str(), X_OK) == 0) return found.c_str();
-  }
-  found = std::string("/usr/bin/") + name;
-  return found.c_str();
-}
-
-// Runs `program` with `args`, stdin from `stdin_fd` (or /dev/null when -1), passing what it writes on stdout to
-// `on_chunk` (which may stop the run by returning an error). Returns the first error: on_chunk's, a failed
-// start, or EIO when the program exits non-zero.
-std::error_code run_program(const char* program, const std::vector<std::string>& args, int stdin_fd,
-                            const std::function<std::error_code(const char*, std::size_t)>& on_chunk) {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return {errno, std::generic_category()};
-  posix::unique_fd rd(fds[0]), wr(fds[1]);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  if (stdin_fd >= 0) posix_spawn_file_actions_adddup2(&fa, stdin_fd, STDIN_FILENO);
-  else posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, wr.get(), STDOUT_FILENO);
-  // The program's own complaints would only repeat what the returned error and `why` say.
-  posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
-  std::vector<std::string> argv_s{program};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  const int rc = ::posix_spawn(&pid, program, &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) return {rc, std::generic_category()};
-  wr.reset();
-  std::error_code first;
-  std::array<char, 65536> buf{};
-  for (;;) {
-    const ssize_t n = ::read(rd.get(), buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    if (auto ec = on_chunk(buf.data(), static_cast<std::size_t>(n))) {
-      first = ec;
-      ::kill(pid, SIGTERM);
-      break;
-    }
-  }
-  rd.reset();
-  int st = 0;
-  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  if (first) return first;
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return std::make_error_code(std::errc::io_error);
-  return {};
-}
 
 // Creates or replaces `p` with `data` through the syscall seam, so a full disk reads ENOSPC.
 std::error_code write_file(const fs::path& p, std::string_view data) {
@@ -161,9 +99,16 @@ std::error_code write_capture(const system_root& root, const std::string& path, 
     return std::make_error_code(std::errc::invalid_argument);
   }
   std::uint64_t offset = 0;
-  const char* tar = program_path("tar");
-  ec = run_program(tar, {"-czf", "-", "-C", fs::absolute(stage.path()).string(), "."}, -1,
-                   [&](const char* data, std::size_t n) {
+  const auto tar_path = tools::find_program("tar");
+  if (!tar_path) {
+    fd.reset();
+    ::unlink(out.c_str());
+    why = "tar not found in " + tools::searched_dirs();
+    return std::make_error_code(std::errc::no_such_file_or_directory);
+  }
+  const std::string tar = tar_path->string();
+  ec = tools::run_program(*tar_path, {"-czf", "-", "-C", fs::absolute(stage.path()).string(), "."}, -1,
+                          tools::stderr_mode::discard, [&](const char* data, std::size_t n) {
     std::error_code wec;
     posix::pwrite_full(fd.get(), data, n, offset, wec);
     offset += n;
@@ -264,7 +209,13 @@ std::error_code extract_capture(const fs::path& archive, const fs::path& dest, s
   unpack_sink sink(dest);
   if (!sink.ok()) return why = "the private folder could not be opened", std::error_code(errno, std::generic_category());
   tar_reader reader(sink, limits);
-  ec = run_program(program_path("gzip"), {"-dc"}, in.get(), [&](const char* d, std::size_t n) -> std::error_code {
+  const auto gzip = tools::find_program("gzip");
+  if (!gzip) {
+    why = "gzip not found in " + tools::searched_dirs();
+    return std::make_error_code(std::errc::no_such_file_or_directory);
+  }
+  ec = tools::run_program(*gzip, {"-dc"}, in.get(), tools::stderr_mode::discard,
+                          [&](const char* d, std::size_t n) -> std::error_code {
     if (auto e = reader.feed({d, n})) return e;
     // Whatever follows the end of the archive is not read (and cannot fill the disk).
     if (reader.done()) return std::make_error_code(std::errc::operation_canceled);

@@ -134,6 +134,7 @@ report diagnose(system_root& root, const std::string& path, std::optional<probe_
   r.path = path;
   root.record("commands/doctor-path.txt", path + "\n");
   r.layers = run_checks(root, path);
+  r.programs_not_found = root.programs_not_found();
   if (!root.capped().empty() && !r.layers.empty()) {
     // A file cut at its size limit was judged on its first bytes only: say so, next to the logs.
     check c{"inputs.capped", "Files cut at the size limit", status::warn, impact::none,

@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "posix/bounded_read.hpp"
+#include "tools/programs.hpp"
 #include "doctor/probe.hpp"
 #include "gdskit/buffer.hpp"
 #include "shim/cufile.hpp"
@@ -45,25 +46,23 @@ std::string tail(const std::string& s, std::size_t n) { return s.size() <= n ? s
 
 // dmesg, or nullopt with a note (restricted buffer: EPERM for non-root with kernel.dmesg_restrict=1).
 std::optional<std::string> read_dmesg(std::string& note) {
-  FILE* p = ::popen("dmesg 2>&1", "r");
-  if (p == nullptr) {
-    note = fmt::format("dmesg could not be run: {}", std::strerror(errno));
+  const auto dmesg = tools::find_program("dmesg");
+  if (!dmesg) {
+    note = "dmesg not found in " + tools::searched_dirs();
     return std::nullopt;
   }
-  std::string out;
-  char buf[65536];
-  std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) {
-    if (out.size() < (16u << 20)) out.append(buf, n);
+  auto out = tools::run_captured(*dmesg, {}, 16u << 20);
+  if (out.error && out.error != std::errc::io_error) {
+    note = fmt::format("dmesg could not be run: {}", out.error.message());
+    return std::nullopt;
   }
-  const int status = ::pclose(p);
-  if (status != 0) {
-    note = out.find("not permitted") != std::string::npos
+  if (out.error) {
+    note = out.text.find("not permitted") != std::string::npos
                ? "dmesg not readable (EPERM: kernel.dmesg_restrict=1); run as root to see nvidia_p2p/nvidia-fs lines"
-               : "dmesg failed: " + tail(out, 200);
+               : "dmesg failed: " + tail(out.text, 200);
     return std::nullopt;
   }
-  return out;
+  return std::move(out.text);
 }
 
 std::optional<nvfs_counters> read_nvfs() {

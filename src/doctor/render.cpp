@@ -64,6 +64,17 @@ std::vector<const check*> no_gpu_checks(const report& r) {
   return out;
 }
 
+// "programs not found: nvidia-smi (searched ...); ..." or "" when every program was found.
+std::string programs_line(const report& r) {
+  if (r.programs_not_found.empty()) return {};
+  std::string out = "programs not found (PATH is not searched): ";
+  for (std::size_t i = 0; i < r.programs_not_found.size(); ++i) {
+    const auto& m = r.programs_not_found[i];
+    out += fmt::format("{}{} (searched {})", i ? "; " : "", printable(m.name), printable(m.searched));
+  }
+  return out + "\n";
+}
+
 }  // namespace
 
 std::string render_text(const report& r, bool colour, bool all_layers) {
@@ -89,6 +100,7 @@ std::string render_text(const report& r, bool colour, bool all_layers) {
     out += fmt::format("root {}  path {}; `gdskit doctor --all` shows the {} other layers\n", safe(r.root), safe(r.path),
                        others);
     if (r.probe) out += fmt::format("live probe: not run ({})\n", safe(r.probe->skipped_reason));
+    out += programs_line(r);
     return out;
   }
   const char* bold = colour ? "\x1b[1m" : "";
@@ -117,6 +129,7 @@ std::string render_text(const report& r, bool colour, bool all_layers) {
     }
   }
   if (r.probe && !r.probe->ran) out += fmt::format("\nlive probe: not run ({})\n", safe(r.probe->skipped_reason));
+  if (!r.programs_not_found.empty()) out += "\n" + programs_line(r);
   return out;
 }
 
@@ -169,6 +182,8 @@ std::string render_json(const report& r) {
              {"cufile_log_lines", p.cufile_log_lines},
              {"notes", p.notes}};
   }
+  json missing = json::array();
+  for (const auto& m : r.programs_not_found) missing.push_back({{"name", m.name}, {"searched", m.searched}});
   json j = {{"schema", "gdskit.doctor/1"},
             {"verdict",
              {{"kind", to_string(r.result.kind)},
@@ -180,7 +195,8 @@ std::string render_json(const report& r) {
             {"root", r.root},
             {"path", r.path},
             {"layers", layers},
-            {"probe", probe}};
+            {"probe", probe},
+            {"programs_not_found", missing}};
   return json_text(j) + "\n";
 }
 

@@ -66,6 +66,9 @@ struct report {
   std::vector<layer> layers;
   std::optional<probe_results> probe;
   verdict result;
+  /// Programs the live checks would have run but found in none of the system folders (PATH is not searched):
+  /// the evidence they give is missing, and the checks that need it say so.
+  std::vector<system_root::missing_program> programs_not_found;
 };
 
 /// Applies the verdict rules: static layers decide what is possible; a probe, when present, decides what

@@ -10,6 +10,7 @@
 #include <system_error>
 #include <vector>
 
+#include "posix/in_root.hpp"
 #include "posix/syscalls.hpp"
 
 namespace gdskit::doctor {
@@ -65,11 +66,21 @@ class system_root {
   read_result real_path(const std::string& rel);
   /// Output of a command by capture name ("dmesg", "uname", "iommu_groups", "run-udev-data", "ulimit-l",
   /// "nvidia-smi-q", "ls-sys-bus-pci-devices", "cufile-log", "doctor-path"): live, the doctor produces it
-  /// itself (running the program where needed); capture, root/commands/<name>.txt.
+  /// itself (running the program where needed, found by absolute path: programs_not_found()); capture,
+  /// root/commands/<name>.txt.
   read_result command(const std::string& name);
 
   /// Files (relative to the root) whose reading stopped at a size limit, in the order met.
   const std::vector<std::string>& capped() const noexcept { return capped_; }
+
+  /// A program the live doctor would have run but did not find (programs are run by absolute path from the
+  /// system folders, tools::find_program; $PATH is never searched), and where it was looked for.
+  struct missing_program {
+    std::string name;
+    std::string searched;
+  };
+  /// The programs not found so far, in the order met.
+  const std::vector<missing_program>& programs_not_found() const noexcept { return not_found_; }
 
   /// Most bytes grep() scans, and the longest line it keeps.
   static constexpr std::size_t max_scan_bytes = 256u << 20;
@@ -82,23 +93,19 @@ class system_root {
 
  private:
   std::filesystem::path abs(const std::string& rel) const;
-  // A captured file opened inside the root (open_in_root); on failure sets `failed` and returns no fd.
-  posix::unique_fd open_file(const std::string& rel, read_result& failed) const;
   read_result live_command(const std::string& name);
+  // Runs `program` found in the system folders; records it in not_found_ when it is not there.
+  read_result run_found(const char* program, const std::vector<std::string>& args);
 
   std::filesystem::path root_;
   bool live_;
+  // Captured roots read through open_in_root: no link can lead a read outside the root.
+  posix::root_files files_;
+  std::vector<missing_program> not_found_;
   std::map<std::string, std::string> recorded_;
   std::vector<std::string> capped_;
   void note_capped(const std::string& rel);
 };
-
-/// Opens `rel` under the folder `root` as the captured machine would see it: every component is resolved
-/// inside `root` (".." stops at it), symbolic links are followed only while they stay inside (a relative target
-/// that climbs above `root`, or any absolute target, is refused with EACCES and `why` saying so), at most 40 of
-/// them. The last component is opened with `flags` | O_NOFOLLOW | O_CLOEXEC. Returns no fd with `ec` set on failure.
-posix::unique_fd open_in_root(const std::filesystem::path& root, const std::string& rel, int flags, std::error_code& ec,
-                              std::string& why);
 
 /// Splits text into lines (no trailing '\n'; a final line without newline is kept).
 std::vector<std::string> split_lines(const std::string& text);

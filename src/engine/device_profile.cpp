@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <new>
@@ -24,7 +23,9 @@
 #include "common/json_text.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
+#include "engine/planner.hpp"
 #include "posix/atomic_publish.hpp"
+#include "posix/in_root.hpp"
 #include "posix/syscalls.hpp"
 
 namespace gdskit::engine {
@@ -32,27 +33,16 @@ namespace {
 
 // A sysfs attribute as one printable line: trimmed, control characters dropped, at most 128 characters (these
 // strings end up in file names' hashes, JSON and terminals).
-std::string sysfs_attr(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::string line;
-  if (!in || !std::getline(in, line)) return {};
+std::string sysfs_attr(const posix::root_files& root, const std::string& rel) {
+  const std::string text = root.read(rel, 4096).text.value_or("");
   std::string out;
-  for (char c : line) {
+  for (char c : std::string_view(text).substr(0, text.find('\n'))) {
     if (static_cast<unsigned char>(c) >= 0x20 && static_cast<unsigned char>(c) < 0x7f) out += c;
     if (out.size() >= 128) break;
   }
   while (!out.empty() && out.back() == ' ') out.pop_back();
   while (!out.empty() && out.front() == ' ') out.erase(out.begin());
   return out;
-}
-
-std::string whole_disk(const std::filesystem::path& root, dev_t dev) {
-  std::error_code ec;
-  std::filesystem::path target =
-      std::filesystem::canonical(root / "sys/dev/block" / fmt::format("{}:{}", major(dev), minor(dev)), ec);
-  if (ec) return {};
-  if (std::filesystem::exists(target / "partition", ec)) target = target.parent_path();
-  return target.filename().string();
 }
 
 std::uint64_t fnv1a(std::string_view s) {
@@ -93,23 +83,25 @@ std::string read_shape(const nlohmann::json& j, const char* what, io_shape& out,
 
 }  // namespace
 
-device_identity identify_device(const std::filesystem::path& root, dev_t dev) {
+device_identity identify_device(const std::filesystem::path& root_dir, dev_t dev) {
   device_identity id;
   if (major(dev) == 0) {
     id.key = fmt::format("dev={}:{}", major(dev), minor(dev));
     return id;
   }
-  id.block = whole_disk(root, dev);
+  // A root other than / is a captured one: every read resolves inside it.
+  const posix::root_files root(root_dir);
+  id.block = whole_disk_of(root, dev);
   if (!id.block.empty()) {
-    const std::filesystem::path b = root / "sys/block" / id.block;
-    std::string wwid = sysfs_attr(b / "wwid");
-    if (wwid.empty()) wwid = sysfs_attr(b / "device/wwid");
+    const std::string b = "sys/block/" + id.block;
+    std::string wwid = sysfs_attr(root, b + "/wwid");
+    if (wwid.empty()) wwid = sysfs_attr(root, b + "/device/wwid");
     if (!wwid.empty()) {
       id.key = "wwid=" + wwid;
       return id;
     }
-    const std::string model = sysfs_attr(b / "device/model");
-    const std::string serial = sysfs_attr(b / "device/serial");
+    const std::string model = sysfs_attr(root, b + "/device/model");
+    const std::string serial = sysfs_attr(root, b + "/device/serial");
     if (!model.empty() && !serial.empty()) {
       id.key = fmt::format("model={} serial={}", model, serial);
       return id;

@@ -2,6 +2,7 @@
 
 #include <sys/sysmacros.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
@@ -11,20 +12,16 @@
 #include <nlohmann/json.hpp>
 
 #include "posix/bounded_read.hpp"
+#include "posix/in_root.hpp"
 
 namespace gdskit::engine {
 namespace {
 
-bool path_exists(const std::filesystem::path& p) {
-  std::error_code ec;
-  return std::filesystem::exists(p, ec);
-}
-
 // Which of `symbols` /proc/kallsyms (or a captured copy) names, as a bit per symbol. Bounded like the doctor's
 // scan: a device or FIFO in a captured root is not read, an endless file stops at the limit.
-unsigned kallsyms_has(const std::filesystem::path& p, std::initializer_list<const char*> symbols) {
+unsigned kallsyms_has(const posix::root_files& root, std::initializer_list<const char*> symbols) {
   unsigned found = 0;
-  (void)scan_lines_bounded(p, 256u << 20, 4096, [&](std::string_view line) {
+  (void)root.scan_lines("proc/kallsyms", 256u << 20, 4096, [&](std::string_view line) {
     unsigned bit = 1;
     for (const char* s : symbols) {
       // kallsyms lines end with the symbol name, optionally followed by "\t[module]".
@@ -43,32 +40,32 @@ unsigned kallsyms_has(const std::filesystem::path& p, std::initializer_list<cons
 // The live system's kallsyms holds a few hundred thousand lines (tens of milliseconds to scan), and every file
 // opened for a GPU read asks; the answer only changes when the NVMe module is swapped, so it is kept a while.
 // Bit 0: the NVMe nvfs hook (either version); bit 1: PCI P2PDMA in the kernel.
-unsigned kernel_symbols(const std::filesystem::path& root) {
-  auto scan = [](const std::filesystem::path& p) {
+unsigned kernel_symbols(const posix::root_files& root) {
+  auto scan = [&] {
     const unsigned bits =
-        kallsyms_has(p, {"nvme_v1_register_nvfs_dma_ops", "nvme_v2_register_nvfs_dma_ops", "p2pdma_pgmap_ops"});
+        kallsyms_has(root, {"nvme_v1_register_nvfs_dma_ops", "nvme_v2_register_nvfs_dma_ops", "p2pdma_pgmap_ops"});
     return ((bits & 3u) != 0 ? 1u : 0u) | ((bits & 4u) != 0 ? 2u : 0u);
   };
-  if (root != "/") return scan(root / "proc/kallsyms");
+  if (!root.live()) return scan();
   static std::mutex mutex;
   static std::optional<unsigned> cached;
   static std::chrono::steady_clock::time_point when;
   std::lock_guard lock(mutex);
   const auto now = std::chrono::steady_clock::now();
   if (!cached || now - when > std::chrono::seconds(30)) {
-    cached = scan("/proc/kallsyms");
+    cached = scan();
     when = now;
   }
   return *cached;
 }
 
-bool cufile_json_requests_p2pdma(const std::filesystem::path& root) {
-  if (const char* env = std::getenv("CUFILE_USE_PCIP2PDMA"); env != nullptr && root == "/") {
+bool cufile_json_requests_p2pdma(const posix::root_files& root) {
+  if (const char* env = std::getenv("CUFILE_USE_PCIP2PDMA"); env != nullptr && root.live()) {
     return std::string_view(env) == "true" || std::string_view(env) == "1";
   }
-  std::filesystem::path json = root / "etc/cufile.json";
-  if (const char* env = std::getenv("CUFILE_ENV_PATH_JSON"); env != nullptr && root == "/") json = env;
-  auto text = read_bounded(json, 1 << 20);
+  // This process's own setting names a file of the live machine; a captured root has its etc/cufile.json.
+  const char* env = root.live() ? std::getenv("CUFILE_ENV_PATH_JSON") : nullptr;
+  auto text = env != nullptr ? read_bounded(env, 1 << 20) : root.read("etc/cufile.json", 1 << 20);
   if (!text.ok()) return false;
   auto j = nlohmann::json::parse(*text.text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
   if (!j.is_object()) return false;
@@ -80,47 +77,63 @@ bool cufile_json_requests_p2pdma(const std::filesystem::path& root) {
   return false;
 }
 
-std::string read_line(const std::filesystem::path& p) {
-  std::string text = read_bounded(p, 64 * 1024).text.value_or("");
+std::string read_line(const posix::root_files& root, const std::string& rel) {
+  std::string text = root.read(rel, 64 * 1024).text.value_or("");
   if (auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
   return text;
 }
 
-// The whole-disk name of the block device holding `dev`. A live sysfs resolves /sys/dev/block/M:m (partitions
-// to their parent); a captured root may only have /sys/block/<disk>[/<part>]/dev, which is searched instead.
-std::string block_device_of(const std::filesystem::path& root, dev_t dev) {
+std::string last_component(std::string_view p) {
+  const auto slash = p.rfind('/');
+  return std::string(slash == std::string_view::npos ? p : p.substr(slash + 1));
+}
+
+}  // namespace
+
+std::string whole_disk_of(const posix::root_files& root, dev_t dev) {
+  auto target = root.resolve(fmt::format("sys/dev/block/{}:{}", major(dev), minor(dev)));
+  if (!target || target->empty()) return {};
+  // A partition's folder sits in its disk's.
+  if (root.exists(*target + "/partition")) {
+    const auto slash = target->rfind('/');
+    target->resize(slash == std::string::npos ? 0 : slash);
+  }
+  return last_component(*target);
+}
+
+std::string block_device_of(const posix::root_files& root, dev_t dev) {
   if (major(dev) == 0) return {};  // tmpfs, overlay and other virtual file systems
+  if (std::string disk = whole_disk_of(root, dev); !disk.empty()) return disk;
+  // A captured root may only have /sys/block/<disk>[/<part>]/dev, which is searched instead.
   const std::string want = fmt::format("{}:{}", major(dev), minor(dev));
   std::error_code ec;
-  std::filesystem::path target = std::filesystem::canonical(root / "sys/dev/block" / want, ec);
-  if (!ec) {
-    if (path_exists(target / "partition")) target = target.parent_path();
-    return target.filename().string();
-  }
-  for (const auto& disk : std::filesystem::directory_iterator(root / "sys/block", ec)) {
-    if (read_line(disk.path() / "dev") == want) return disk.path().filename().string();
+  auto disks = root.list("sys/block", ec, 4096);
+  std::sort(disks.begin(), disks.end());
+  for (const auto& disk : disks) {
+    const std::string dir = "sys/block/" + disk;
+    if (read_line(root, dir + "/dev") == want) return disk;
     std::error_code ec2;
-    for (const auto& part : std::filesystem::directory_iterator(disk.path(), ec2)) {
-      if (part.is_directory(ec2) && read_line(part.path() / "dev") == want) return disk.path().filename().string();
+    for (const auto& part : root.list(dir, ec2, 4096)) {
+      if (read_line(root, dir + "/" + part + "/dev") == want) return disk;
     }
   }
   return {};
 }
 
-}  // namespace
-
-system_facts gather_facts(const std::filesystem::path& root, dev_t dev, const std::string& fs_type) {
+system_facts gather_facts(const std::filesystem::path& root_dir, dev_t dev, const std::string& fs_type) {
+  // "/" is this machine; any other folder a captured root, whose every read is resolved inside it.
+  const posix::root_files root(root_dir);
   system_facts f;
   f.fs_type = fs_type;
-  if (auto ver = read_bounded(root / "proc/driver/nvidia-fs/version", 64 * 1024); ver.ok()) {
+  if (auto ver = root.read("proc/driver/nvidia-fs/version", 64 * 1024); ver.ok()) {
     f.nvidia_fs_loaded = true;
     f.nvidia_fs_version = ver.text->substr(0, ver.text->find('\n'));
   }
-  const std::string nv = read_line(root / "proc/driver/nvidia/version");
+  const std::string nv = read_line(root, "proc/driver/nvidia/version");
   f.p2pdma.open_module = nv.find("Open Kernel Module") != std::string::npos;
   if (auto v = driver_version_in(nv)) f.p2pdma.driver_major = v->major;
   // "RegistryDwords: "..."" in the driver's parameter list.
-  const std::string params = read_bounded(root / "proc/driver/nvidia/params", 1 << 20).text.value_or("");
+  const std::string params = root.read("proc/driver/nvidia/params", 1 << 20).text.value_or("");
   for (std::size_t pos = 0; pos < params.size();) {
     auto nl = params.find('\n', pos);
     if (nl == std::string::npos) nl = params.size();
@@ -129,9 +142,8 @@ system_facts gather_facts(const std::filesystem::path& root, dev_t dev, const st
     pos = nl + 1;
   }
   f.p2pdma.use_pci_p2pdma = cufile_json_requests_p2pdma(root);
-  std::error_code ec;
-  f.run_udev = std::filesystem::is_directory(root / "run/udev", ec);
-  if (major(dev) != 0) f.udev_entry = path_exists(root / fmt::format("run/udev/data/b{}:{}", major(dev), minor(dev)));
+  f.run_udev = root.is_directory("run/udev");
+  if (major(dev) != 0) f.udev_entry = root.exists(fmt::format("run/udev/data/b{}:{}", major(dev), minor(dev)));
   f.block_device = block_device_of(root, dev);
   f.on_nvme = f.block_device.rfind("nvme", 0) == 0;
   // Reading kallsyms costs the first GPU transfer of a process tens of milliseconds (150k lines on the H200

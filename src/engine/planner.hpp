@@ -10,6 +10,7 @@
 #include "gdskit/buffer.hpp"
 #include "gdskit/path.hpp"
 #include "engine/route_facts.hpp"
+#include "posix/in_root.hpp"
 #include "gdskit/settings.hpp"
 
 namespace gdskit::engine {
@@ -33,8 +34,17 @@ struct system_facts {
   std::string fs_type;             ///< "ext4", "tmpfs", ...
 };
 
-/// Reads the facts for a file on device `dev` (st_dev) with file system `fs_type` under `root`.
+/// Reads the facts for a file on device `dev` (st_dev) with file system `fs_type` under `root`: "/" is this
+/// machine; any other folder is a captured root, read through posix::root_files (every path resolved inside
+/// it, links that leave it refused).
 system_facts gather_facts(const std::filesystem::path& root, dev_t dev, const std::string& fs_type);
+
+/// The whole-disk name of the block device `dev` ("nvme0n1" for a partition of it) from root's
+/// sys/dev/block/<major>:<minor> link, or "" when it cannot be resolved.
+std::string whole_disk_of(const posix::root_files& root, dev_t dev);
+/// whole_disk_of, or for a captured root that only has sys/block/<disk>[/<part>]/dev, the disk whose dev file
+/// names `dev`; "" when not a block device.
+std::string block_device_of(const posix::root_files& root, dev_t dev);
 
 /// What the process can load.
 struct runtime_facts {

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -98,25 +99,38 @@ class dict_reader {
 };
 
 std::size_t itemsize_of(const file_handle& f, const std::string& descr) {
-  if (descr.size() < 2 || std::string_view("<>|=").find(descr[0]) == std::string_view::npos) {
-    bad(f, "dtype '" + safetensors::printable_name(descr.substr(0, 32)) + "' is not a simple numpy type");
-  }
-  const char kind = descr[1];
-  if (std::string_view("biufcSV").find(kind) == std::string_view::npos) {
-    bad(f, fmt::format("dtype kind '{}' is not supported (bool, integers, floats, complex, bytes)",
-                       safetensors::printable_name(std::string_view(&kind, 1))));
-  }
-  const std::string digits = descr.substr(2);
-  if (digits.empty() || digits.size() > 9 ||
-      !std::all_of(digits.begin(), digits.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; })) {
-    bad(f, "dtype '" + safetensors::printable_name(descr.substr(0, 32)) + "' has no item size");
-  }
-  const std::size_t n = std::stoul(digits);
-  if (n == 0) bad(f, "dtype has item size 0");
-  return n;
+  std::string why;
+  const auto t = parse_npy_type(descr, &why);
+  if (!t) bad(f, why);
+  return t->itemsize;
 }
 
 }  // namespace
+
+std::optional<npy_type> parse_npy_type(std::string_view descr, std::string* why) {
+  auto refuse = [&](std::string text) -> std::optional<npy_type> {
+    if (why != nullptr) *why = std::move(text);
+    return std::nullopt;
+  };
+  const std::string shown(descr.substr(0, 32));
+  if (descr.size() < 2 || std::string_view("<>|=").find(descr[0]) == std::string_view::npos) {
+    return refuse("dtype '" + safetensors::printable_name(shown) + "' is not a simple numpy type");
+  }
+  const char kind = descr[1];
+  if (std::string_view("biufcSV").find(kind) == std::string_view::npos) {
+    return refuse(fmt::format("dtype kind '{}' is not supported (bool, integers, floats, complex, bytes)",
+                              safetensors::printable_name(std::string_view(&kind, 1))));
+  }
+  const std::string_view digits = descr.substr(2);
+  if (digits.empty() || digits.size() > 9 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; })) {
+    return refuse("dtype '" + safetensors::printable_name(shown) + "' has no item size");
+  }
+  std::size_t n = 0;
+  for (char c : digits) n = n * 10 + static_cast<std::size_t>(c - '0');
+  if (n == 0) return refuse("dtype has item size 0");
+  return npy_type{descr[0], kind, n};
+}
 
 row_layout npy_header::rows() const {
   row_layout r;

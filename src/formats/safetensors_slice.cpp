@@ -50,6 +50,7 @@ slice_plan plan_slice(const tensor_info& t, const std::optional<slice_spec>& sli
                         "bytes", printable_name(t.name), to_string(t.dtype), slice->dim, inner));
   }
   const std::uint64_t row_bytes = inner * bits / 8;
+  p.row_bytes = row_bytes;
   if (outer == 0 || row_bytes == 0 || count == 0) {
     p.segment_bytes = 0;
     p.segments = 1;

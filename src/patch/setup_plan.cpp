@@ -3,7 +3,7 @@
 
 #include <fmt/format.h>
 
-#include "posix/bounded_read.hpp"
+#include "posix/in_root.hpp"
 #include "tools/shell_text.hpp"
 #include "gdskit/error.hpp"
 #include "patch/patch.hpp"
@@ -11,10 +11,6 @@
 namespace gdskit::patch {
 namespace fs = std::filesystem;
 namespace {
-
-std::string read_small(const fs::path& p, std::size_t limit = 1 << 20) {
-  return read_bounded(p, limit).text.value_or("");
-}
 
 std::string first_line(std::string s) {
   if (auto nl = s.find('\n'); nl != std::string::npos) s.resize(nl);
@@ -24,15 +20,18 @@ std::string first_line(std::string s) {
 
 }  // namespace
 
-system_facts read_system_facts(const fs::path& root) {
+system_facts read_system_facts(const fs::path& root_dir) {
+  // A root other than / is a captured one: every read resolves inside it.
+  const posix::root_files root(root_dir);
+  auto read_small = [&](std::string_view rel) { return root.read(rel, 1 << 20).text.value_or(""); };
   system_facts f;
-  f.kernel_release = first_line(read_small(root / "proc/sys/kernel/osrelease"));
-  f.loaded_driver_version = first_line(read_small(root / "sys/module/nvidia/version"));
-  const std::string drv = read_small(root / "proc/driver/nvidia/version");
+  f.kernel_release = first_line(read_small("proc/sys/kernel/osrelease"));
+  f.loaded_driver_version = first_line(read_small("sys/module/nvidia/version"));
+  const std::string drv = read_small("proc/driver/nvidia/version");
   f.open_module = drv.find("Open Kernel Module") != std::string::npos;
-  f.nvidia_fs_loaded = fs::exists(root / "sys/module/nvidia_fs");
+  f.nvidia_fs_loaded = root.exists("sys/module/nvidia_fs");
   // kallsyms is large; scanning it line by line keeps memory flat, and the scan is bounded like the doctor's.
-  auto scan = scan_lines_bounded(root / "proc/kallsyms", 256u << 20, 4096, [&](std::string_view line) {
+  auto scan = root.scan_lines("proc/kallsyms", 256u << 20, 4096, [&](std::string_view line) {
     if (!f.nvfs_symbol.empty()) return;
     for (std::string_view sym : {"nvme_v2_register_nvfs_dma_ops", "nvme_v1_register_nvfs_dma_ops"}) {
       const auto at = line.rfind(sym);
@@ -43,7 +42,7 @@ system_facts read_system_facts(const fs::path& root) {
     }
   });
   (void)scan;  // unreadable or not a regular file: no hook known, which the plan handles
-  std::istringstream os(read_small(root / "etc/os-release"));
+  std::istringstream os(read_small("etc/os-release"));
   for (std::string line; std::getline(os, line);) {
     if (line.rfind("ID=", 0) == 0) {
       f.distro_id = line.substr(3);

@@ -58,11 +58,16 @@ interrupt SIGINT 130 "$work/gdskit-verify.*" verify --host -D "$work" --sizes "$
 interrupt SIGTERM 143 "$work/v.dat" verify --host -f "$work/v.dat" --sizes "$(printf '16M,%.0s' {1..200})16M"
 [ ! -e "$work/v.dat" ] || fail "verify left its file behind after SIGTERM"
 # bench --plot: the chart's data and script, in a private temporary folder, go while gnuplot still draws.
-mkdir -p "$work/bin" "$work/tmp"
-printf '#!/bin/sh\nexec sleep 3\n' >"$work/bin/gnuplot"
-chmod +x "$work/bin/gnuplot"
-head -c 65536 /dev/zero >"$work/plotdata"
-PATH="$work/bin:$PATH" TMPDIR="$work/tmp" interrupt SIGINT 130 "$work/tmp/gdskit-plot-*/plot.gp" \
-  bench -f "$work/plotdata" -s 64K -i 4K --sweep threads=1 --plot "$work/chart.png" --quiet
-[ -z "$(ls -A "$work/tmp")" ] || fail "bench --plot left its temporary files behind: $(ls -R "$work/tmp")"
+# gnuplot is the system's (PATH is not searched); the chart is a FIFO nobody reads yet, so it waits there.
+if [ -x /usr/bin/gnuplot ] || [ -x /bin/gnuplot ] || [ -x /usr/sbin/gnuplot ] || [ -x /sbin/gnuplot ]; then
+  mkdir -p "$work/tmp"
+  mkfifo "$work/chart.png"
+  head -c 65536 /dev/zero >"$work/plotdata"
+  TMPDIR="$work/tmp" interrupt SIGINT 130 "$work/tmp/gdskit-plot-*/plot.gp" \
+    bench -f "$work/plotdata" -s 64K -i 4K --sweep threads=1 --plot "$work/chart.png" --quiet
+  timeout 10 cat "$work/chart.png" >/dev/null  # lets gnuplot finish
+  [ -z "$(ls -A "$work/tmp")" ] || fail "bench --plot left its temporary files behind: $(ls -R "$work/tmp")"
+else
+  echo "bench --plot interruption not checked: no gnuplot in the system folders"
+fi
 echo "ok"

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <system_error>
@@ -15,6 +16,7 @@
 #include "bench/bench.hpp"
 #include "gdskit/error.hpp"
 #include "test_support.hpp"
+#include "tools/programs.hpp"
 
 namespace gb = gdskit::bench;
 namespace fs = std::filesystem;
@@ -188,16 +190,17 @@ TEST(BenchRun, CsvAndSweepOnHost) {
   EXPECT_NE(s.out.find("verdict host io 64.00 KiB: host memory"), std::string::npos) << s.out;
   // A sweep point that does not fit the file is refused before anything runs.
   EXPECT_EQ(run({"-f", f, "-s", "256K", "-i", "64K", "--sweep", "threads=1,8"}).rc, 2);
-  // --plot into a missing folder, or without gnuplot on PATH: refused before the sweep, not after it.
+  // --plot into a missing folder, or without gnuplot in the system folders: refused before the sweep, not
+  // after it.
   auto nofolder = run({"-f", f, "-s", "256K", "-i", "64K", "--sweep", "threads=1,2", "--plot", (dir / "no/x.png").string()});
   EXPECT_EQ(nofolder.rc, 2);
   EXPECT_NE(nofolder.err.find("does not exist"), std::string::npos) << nofolder.err;
-  const std::string saved = std::getenv("PATH") != nullptr ? std::getenv("PATH") : "";
-  ::setenv("PATH", dir.path().c_str(), 1);
+  std::optional<gdskit::tools::program_dirs_for_testing> no_programs;
+  no_programs.emplace(std::vector<std::string>{dir.path().string()});
   auto nognuplot = run({"-f", f, "-s", "256K", "-i", "64K", "--sweep", "threads=1,2", "--plot", (dir / "x.png").string()});
-  ::setenv("PATH", saved.c_str(), 1);
+  no_programs.reset();
   EXPECT_EQ(nognuplot.rc, 2);
-  EXPECT_NE(nognuplot.err.find("gnuplot is not on PATH"), std::string::npos) << nognuplot.err;
+  EXPECT_NE(nognuplot.err.find("gnuplot is not in " + dir.path().string()), std::string::npos) << nognuplot.err;
   EXPECT_EQ(nognuplot.out.find("verdict"), std::string::npos) << "the sweep ran before the refusal";
 }
 

@@ -71,6 +71,25 @@ TEST(device_profile, identity_prefers_wwid_then_model_and_serial_then_numbers) {
   EXPECT_EQ(identify_device(t.path(), makedev(0, 42)).key, "dev=0:42");
 }
 
+TEST(device_profile, identity_never_reads_through_links_that_leave_the_root) {
+  const std::string marker = "MARKER-OUTSIDE-THE-ROOT";
+  temp_dir t;
+  const fs::path root = fake_root(t, false, false);
+  test::write_text(t.path() / "outside/wwid", marker + "\n");
+  test::write_text(t.path() / "outside/serial", marker + "\n");
+  const fs::path disk = root / "sys/devices/pci0000:00/block/sda";
+  fs::create_symlink(t.path() / "outside/wwid", disk / "wwid");
+  fs::create_symlink("../../../../../../../outside/serial", disk / "device/serial");
+  auto id = identify_device(root, makedev(8, 1));
+  EXPECT_EQ(id.block, "sda");
+  EXPECT_EQ(id.key.find(marker), std::string::npos) << id.key;
+  EXPECT_EQ(id.key, "dev=8:1 sda");
+  // A device link that leaves the root names no disk.
+  fs::remove(root / "sys/dev/block/8:1");
+  fs::create_directory_symlink(t.path() / "outside", root / "sys/dev/block/8:1");
+  EXPECT_EQ(identify_device(root, makedev(8, 1)).block, "");
+}
+
 TEST(device_profile, saved_profile_loads_back) {
   temp_dir t;
   device_identity id{"nvme0n1", "wwid=eui.1234"};

@@ -52,6 +52,29 @@ TEST(patch_setup, PlanForCapturedSystem) {
   EXPECT_NE(render_plan(make_setup_plan(no_hook, o), no_hook).find("Install a kernel"), std::string::npos);
 }
 
+TEST(patch_setup, CapturedRootLinksThatLeaveItAreNotFollowed) {
+  const std::string marker = "MARKER-OUTSIDE-THE-ROOT";
+  gdskit::test::temp_dir t;
+  const fs::path root = t.path() / "root";
+  fs::create_directories(root / "proc/sys/kernel");
+  fs::create_directories(root / "sys/module/nvidia");
+  gdskit::test::write_text(t.path() / "outside/release", marker + "\n");
+  gdskit::test::write_text(t.path() / "outside/kallsyms", "0000000000000000 T nvme_v1_register_nvfs_dma_ops\t[nvme]\n");
+  fs::create_directories(t.path() / "outside/nvidia_fs");
+  fs::create_symlink(t.path() / "outside/release", root / "proc/sys/kernel/osrelease");
+  fs::create_symlink("../../../../outside/release", root / "sys/module/nvidia/version");
+  fs::create_symlink("../../outside/kallsyms", root / "proc/kallsyms");
+  fs::create_directory_symlink("../../../outside/nvidia_fs", root / "sys/module/nvidia_fs");
+  const auto sys = read_system_facts(root);
+  EXPECT_EQ(sys.kernel_release, "");
+  EXPECT_EQ(sys.loaded_driver_version, "");
+  EXPECT_EQ(sys.nvfs_symbol, "");
+  EXPECT_FALSE(sys.nvidia_fs_loaded);
+  plan_options o;
+  o.src = "/opt/ogkm";
+  EXPECT_EQ(render_plan(make_setup_plan(sys, o), sys).find(marker), std::string::npos);
+}
+
 TEST(patch_setup, ExecuteAsksAndStopsAtFirstFailure) {
   std::vector<plan_step> steps{{"a", "", "true", "", false}, {"b", "", "false", "", false},
                                {"c", "", "true", "", false}};

@@ -91,6 +91,52 @@ TEST(planner, synthetic_root_with_nvfs_and_nvme_goes_gds) {
   EXPECT_EQ(gather_facts(root.path(), makedev(259, 2), "xfs").block_device, "nvme0n1");
 }
 
+TEST(planner, links_that_leave_a_captured_root_are_not_followed) {
+  // Every file the planner reads is a link out of the root, to files that would make a direct route (and put
+  // a marker into its reasons): none is read, and the marker never reaches a decision.
+  const std::string marker = "MARKER-OUTSIDE-THE-ROOT";
+  test::temp_dir t;
+  const auto outside = t.path() / "outside";
+  test::write_text(outside / "nvfs-version", "version: " + marker + "\n");
+  test::write_text(outside / "kallsyms", "0000000000000000 T nvme_v1_register_nvfs_dma_ops\t[nvme]\n");
+  test::write_text(outside / "cufile.json", "{ \"properties\": { \"use_pci_p2pdma\": true } }\n");
+  test::write_text(outside / "udev/b259:0", "E:ID_FS_USAGE=filesystem\n");
+  test::write_text(outside / ("block/" + marker) / "dev", "259:0\n");
+  const auto root = t.path() / "root";
+  for (const char* d : {"proc/driver/nvidia-fs", "etc", "run/udev/data", "sys/dev/block", "sys/block"})
+    std::filesystem::create_directories(root / d);
+  // Absolute links, and relative ones that climb above the root.
+  std::filesystem::create_symlink(outside / "nvfs-version", root / "proc/driver/nvidia-fs/version");
+  std::filesystem::create_symlink("../outside/kallsyms", root / "proc/kallsyms");
+  std::filesystem::create_symlink("../../outside/cufile.json", root / "etc/cufile.json");
+  std::filesystem::create_symlink(outside / "udev/b259:0", root / "run/udev/data/b259:0");
+  std::filesystem::create_directory_symlink(outside / "block" / marker, root / "sys/dev/block/259:0");
+  std::filesystem::create_directory_symlink("../../../outside/block/" + marker, root / "sys/block/nvme0n1");
+  const system_facts f = gather_facts(root, makedev(259, 0), "ext4");
+  EXPECT_FALSE(f.nvidia_fs_loaded);
+  EXPECT_EQ(f.nvidia_fs_version.find(marker), std::string::npos);
+  EXPECT_FALSE(f.p2pdma.use_pci_p2pdma);
+  EXPECT_FALSE(f.udev_entry);
+  EXPECT_EQ(f.block_device, "");
+  EXPECT_FALSE(f.on_nvme);
+  for (auto mode : {path_mode::automatic, path_mode::gds, path_mode::staged}) {
+    const path_decision d = decide(f, gpu_and_cufile(), memory_kind::device, mode);
+    EXPECT_EQ(d.summary().find(marker), std::string::npos) << d.summary();
+  }
+  EXPECT_NE(decide(f, gpu_and_cufile(), memory_kind::device, path_mode::automatic).path, data_path::gds);
+  // The same files inside the root, reached by links that stay inside it, are read.
+  test::write_text(root / "in/nvfs-version", "version: 2.28.4\n");
+  std::filesystem::remove(root / "proc/driver/nvidia-fs/version");
+  std::filesystem::create_symlink("../../../in/nvfs-version", root / "proc/driver/nvidia-fs/version");
+  test::write_text(root / "sys/devices/pci0000:00/nvme0n1/dev", "259:0\n");
+  std::filesystem::remove(root / "sys/dev/block/259:0");
+  std::filesystem::create_directory_symlink("../../devices/pci0000:00/nvme0n1", root / "sys/dev/block/259:0");
+  const system_facts inside = gather_facts(root, makedev(259, 0), "ext4");
+  EXPECT_TRUE(inside.nvidia_fs_loaded);
+  EXPECT_EQ(inside.nvidia_fs_version, "version: 2.28.4");
+  EXPECT_EQ(inside.block_device, "nvme0n1");
+}
+
 TEST(planner, modes_and_buffers) {
   system_facts none;
   none.fs_type = "tmpfs";

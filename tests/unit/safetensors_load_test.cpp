@@ -251,6 +251,12 @@ TEST(SafetensorsLoad, SlicePlanReadsOnlyNeededRanges) {
   EXPECT_EQ(p1.first_offset, 4u * 4);
   EXPECT_EQ(p1.stride_bytes, 16u * 4);
   EXPECT_EQ(p1.shape, (std::vector<std::uint64_t>{8, 4}));
+  // One index of the split dimension: a row of 16 floats, a column's single float; nothing when not split.
+  EXPECT_EQ(p0.row_bytes, 16u * 4);
+  EXPECT_EQ(p1.row_bytes, 4u);
+  EXPECT_EQ(st::plan_slice(t, st::slice_spec{0, 1, 0}).row_bytes, 16u * 4);
+  EXPECT_EQ(st::plan_slice(t, std::nullopt).row_bytes, 0u);
+  EXPECT_EQ(st::plan_slice(t, st::slice_spec{0, 2, 2}).row_bytes, 0u);
   // Packed F4: a slice must fall on byte boundaries.
   t.dtype = st::dtype::F4;
   t.shape = {4, 2};
