@@ -6,13 +6,16 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "common/json_text.hpp"
-#include "tools/progress.hpp"
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "commands.hpp"
+#include "common/json_text.hpp"
+#include "common/printable.hpp"
+#include "engine/device_profile.hpp"
+#include "tools/path_line.hpp"
+#include "tools/progress.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/safetensors.hpp"
 
@@ -24,6 +27,7 @@ struct load_flags {
   std::string device = "cpu";
   bool checksum = false;
   bool json = false;
+  bool verbose = false;        // -v: the plan's every reason
   std::vector<std::string> only;
   std::optional<unsigned> rank;
   std::optional<unsigned> world;
@@ -71,20 +75,50 @@ struct save_result {
 
 // Writes the loaded tensors to f.save: one file, or a sharded folder when --max-shard-size is given or the
 // target is a folder.
+// Whether --save writes a sharded checkpoint (a folder) rather than one file.
+bool sharded_save(const load_flags& f) {
+  std::error_code ec;
+  return !f.max_shard_size.empty() || std::filesystem::is_directory(f.save, ec) || f.save.ends_with('/');
+}
+
+// A failed --save, said with the flag that fixes it where there is one. Returns the exit code.
+int save_failed(const gdskit::error& e) {
+  if (e.code() == std::errc::file_exists) {
+    fmt::print(stderr, "gdskit load: --save \"{}\": exists; --force replaces it\n", printable(e.path()));
+    return exit_usage;
+  }
+  if ((e.code() == std::errc::no_such_file_or_directory || e.code() == std::errc::not_a_directory) &&
+      !e.detail().empty()) {
+    // The folder is named in the detail ("its folder out does not exist"): said once, with the fix.
+    fmt::print(stderr, "gdskit load: --save \"{}\": {} (create the folder first)\n", printable(e.path()),
+               e.detail());
+    return exit_usage;
+  }
+  fmt::print(stderr, "gdskit load: {}\n", e.what());
+  return e.code() == std::errc::operation_canceled && interrupted ? 128 + interrupted.load() : exit_code_for(e);
+}
+
+// What can be known of the --save target before the model is read: its flags, its folder, an existing file
+// without --force. Throws gdskit::error.
+void check_save_flags(const load_flags& f) {
+  namespace st = gdskit::safetensors;
+  if (!f.max_shard_size.empty() && !st::parse_shard_size(f.max_shard_size)) {
+    throw gdskit::error(errno_code(EINVAL), fmt::format("--max-shard-size \"{}\": give bytes or 5GB, 500MB, 2GiB",
+                                                        printable(f.max_shard_size)));
+  }
+  // A sharded save creates its folder and names its files from what it loaded: checked when it writes.
+  if (!sharded_save(f)) st::check_save_target(f.save, f.force);
+}
+
 save_result run_save(const load_flags& f, const gdskit::safetensors::model& m) {
   namespace st = gdskit::safetensors;
   st::save_options so;
   so.overwrite = f.force;
   so.config = default_settings();
   so.cancelled = [] { return interrupted.load() != 0; };
-  std::error_code ec;
   save_result r;
-  r.sharded = !f.max_shard_size.empty() || std::filesystem::is_directory(f.save, ec) || f.save.ends_with('/');
-  if (!f.max_shard_size.empty()) {
-    auto n = st::parse_shard_size(f.max_shard_size);
-    if (!n) throw gdskit::error(errno_code(EINVAL), fmt::format("--max-shard-size \"{}\": give bytes or 5GB, 500MB, 2GiB", f.max_shard_size));
-    so.max_shard_bytes = *n;
-  }
+  r.sharded = sharded_save(f);
+  if (!f.max_shard_size.empty()) so.max_shard_bytes = *st::parse_shard_size(f.max_shard_size);
   std::vector<st::save_tensor> tensors;
   tensors.reserve(m.tensors().size());
   for (const auto& t : m.tensors()) tensors.push_back({t.name, t.dtype, t.shape, t.data, {}});
@@ -117,7 +151,7 @@ int run_load(const load_flags& f) {
       o.device = std::stoi(d, &used);
       if (used != d.size() || o.device < 0) throw std::invalid_argument(d);
     } catch (const std::exception&) {
-      fmt::print(stderr, "gdskit load: --device takes cpu, N or cuda:N, not \"{}\"\n", f.device);
+      fmt::print(stderr, "gdskit load: --device takes cpu, N or cuda:N, not \"{}\"\n", printable(f.device));
       return 2;
     }
   }
@@ -130,6 +164,22 @@ int run_load(const load_flags& f) {
     o.slice = st::slice_spec{*f.rank, *f.world, f.split_dim};
   }
   o.config = default_settings();
+  if (o.device >= 0) {
+    // Said before any file is read, with what to do instead.
+    if (std::string why; !gpu_available(&why)) {
+      fmt::print(stderr, "gdskit load: --device {}: no usable GPU: {}; --device cpu loads into host memory\n",
+                 printable(f.device), why);
+      return exit_usage;
+    }
+  }
+  if (!f.save.empty()) {
+    // A save that cannot happen is refused before the whole model is read.
+    try {
+      check_save_flags(f);
+    } catch (const gdskit::error& e) {
+      return save_failed(e);
+    }
+  }
 
   st::model m;
   try {
@@ -144,8 +194,7 @@ int run_load(const load_flags& f) {
     try {
       saved = run_save(f, m);
     } catch (const gdskit::error& e) {
-      fmt::print(stderr, "gdskit load: save: {}\n", e.what());
-      return e.code() == std::errc::operation_canceled && interrupted ? 128 + interrupted.load() : exit_code_for(e);
+      return save_failed(e);
     }
   }
   std::vector<std::string> sums;
@@ -205,12 +254,12 @@ int run_load(const load_flags& f) {
       "header and allocation work behind reads)\n",
       m.tensors().size(), format_size(s.tensor_bytes), s.files, s.seconds, s.gib_per_s(), s.read_requests,
       s.header_seconds, s.overlapped_seconds);
-  fmt::print("path: {}\n", s.path.summary());
+  fmt::print("path: {}\n", tools::path_line(to_string(s.path.path), s.path.reasons, f.verbose));
   if (saved) {
     const auto& v = saved->stats;
     fmt::print("saved {} to {} ({} file(s){}) in {:.3f} s: {:.2f} GiB/s (syncs {:.3f} s)\n", format_size(v.tensor_bytes),
                f.save, v.files, v.written.size() > v.files ? " + index" : "", v.seconds, v.gib_per_s(), v.sync_seconds);
-    fmt::print("save path: {}\n", v.path.summary());
+    fmt::print("save path: {}\n", tools::path_line(to_string(v.path.path), v.path.reasons, f.verbose));
   }
   return 0;
 }
@@ -247,7 +296,14 @@ void add_load_command(CLI::App& app) {
                          "with --save: progress on stderr even when it is not a terminal");
   cmd->add_flag_callback("--no-progress", [flags] { flags->progress = false; },
                          "with --save: no progress (the default when stderr is not a terminal or with --json)");
-  cmd->callback([flags] { exit_code() = run_load(*flags); });
+  cmd->add_flag("-v,--verbose", flags->verbose, "every reason of the plan (the path line names the first)");
+  cmd->callback([flags] {
+    exit_code() = run_load(*flags);
+    // Loads and saves may remember the shape their transfers converged to (GDSKIT_LEARN): said in one line.
+    if (const std::string learned = engine::take_learned_notice(); !learned.empty()) {
+      fmt::print(stderr, "{}\n", learned);
+    }
+  });
 }
 
 }  // namespace gdskit::cli

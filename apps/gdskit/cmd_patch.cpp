@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "commands.hpp"
+#include "tools/session_once.hpp"
 #include "tools/shell_text.hpp"
 #include "patch/patch.hpp"
 #include "patch/report.hpp"
@@ -55,13 +56,24 @@ bool src_ok(const std::string& src, std::string_view cmd) {
   return true;
 }
 
+// The note on what the patch does not prove: in every --help, and in text output once per terminal session
+// (tools/session_once.hpp), so that it is read without burying every later report; never in --json.
+void print_note(std::FILE* to) {
+  if (tools::first_in_session("patch-note")) fmt::print(to, "\n{}", patch::honesty_note());
+}
+
+std::string help_footer() {
+  return fmt::format("{}(Outside --help this note is printed once per terminal session: docs/patch.md.)\n\n{}",
+                     patch::honesty_note(), exit_code_footer());
+}
+
 void finish(const patch::tree_report& r, const patch_flags& f, std::string_view op) {
   if (f.json) {
     fmt::print("{}", patch::render_json(r));
   } else {
     fmt::print("{}", patch::render_text(r, op));
     if (op == "diff" && !r.refused) fmt::print("\n{}", r.diff.empty() ? "(no change: already applied)\n" : r.diff);
-    fmt::print("\n{}", patch::honesty_note());
+    print_note(stdout);
   }
   exit_code() = r.refused ? 1 : 0;
 }
@@ -103,6 +115,7 @@ void add_patch_command(CLI::App& app) {
       // Plain diff on stdout so it can be piped to `patch -p1`; the report goes to stderr.
       fmt::print(stderr, "{}", patch::render_text(r, "diff"));
       fmt::print("{}", r.diff);
+      print_note(stderr);
       exit_code() = 0;
       return;
     }
@@ -154,8 +167,10 @@ void add_patch_command(CLI::App& app) {
     fmt::print("{}", r.modprobe_conf);
     fmt::print(stderr, "driver {} ({})\n", v.text, from);
     for (const auto& n : r.notes) fmt::print(stderr, "note: {}\n", n);
-    fmt::print(stderr, "\n{}", patch::honesty_note());
+    print_note(stderr);
   });
+  cmd->footer(help_footer());
+  for (CLI::App* sub : cmd->get_subcommands({})) sub->footer(help_footer());
 }
 
 }  // namespace gdskit::cli

@@ -1,11 +1,16 @@
 #include <unistd.h>
 
+#include <cstdio>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
 #include "common/json_text.hpp"
+#include "engine/device_profile.hpp"
+#include "tools/path_line.hpp"
 #include "tools/progress.hpp"
+#include "tools/shell_text.hpp"
 #include "gdskit/buffer.hpp"
 #include "gdskit/error.hpp"
 #include "tools/verify.hpp"
@@ -24,6 +29,8 @@ void add_verify_command(CLI::App& app) {
     bool keep = false;
     bool json = false;
     bool host = false;
+    bool learn = false;
+    bool verbose = false;
     bool progress = false, no_progress = false;
   };
   auto o = std::make_shared<opts>();
@@ -44,6 +51,10 @@ void add_verify_command(CLI::App& app) {
   cmd->add_flag("--host", o->host, "Verify host memory (the file path without a GPU)");
   cmd->add_flag("--keep", o->keep, "Keep the test file");
   cmd->add_flag("--json", o->json, "One JSON document on stdout");
+  cmd->add_flag("-v,--verbose", o->verbose, "Every reason of the plan (the path line names the first)");
+  cmd->add_flag("--learn", o->learn,
+                "Start from the shapes earlier loads learned, and remember the one this run converges to (off: a "
+                "verification is reproducible and changes nothing for later runs)");
   auto* on = cmd->add_flag("--progress", o->progress, "Progress on stderr even when it is not a terminal");
   cmd->add_flag("--no-progress", o->no_progress, "No progress (the default when stderr is not a terminal or with --json)")
       ->excludes(on);
@@ -72,11 +83,20 @@ void add_verify_command(CLI::App& app) {
     if (!mode || *mode == path_mode::host) throw CLI::ValidationError("--mode", "expected auto, gds, staged or compat");
     v.config = default_settings();
     v.config.mode = *mode;
+    v.config.learn = o->learn;
     v.seed = o->seed;
     v.file_offset = o->offset;
     v.keep_file = o->keep;
     std::string note;
     if (o->host || o->device == "cpu") {
+      if (*mode != path_mode::automatic) {
+        // Host memory always takes the host path: a GPU path asked for here would silently not be tested.
+        fmt::print(stderr, "gdskit verify: -x {} moves GPU memory, but {} verifies host memory (the host path); "
+                           "drop -x, or give a GPU with -d N\n",
+                   to_string(*mode), o->host ? "--host" : "-d cpu");
+        exit_code() = exit_usage;
+        return;
+      }
       v.device = -1;
       note = "verifying host memory (--host)";
     } else {
@@ -98,9 +118,27 @@ void add_verify_command(CLI::App& app) {
         throw CLI::ValidationError("--device", fmt::format("GPU {} does not exist ({} visible)", v.device, gpu_count()));
       }
     }
+    // The folder the test file goes in, named as the user gave it: the file's own name is ours.
+    {
+      const bool named = !o->file.empty();
+      const std::filesystem::path given(o->file);
+      const std::string folder = !named ? o->dir : given.has_parent_path() ? given.parent_path().string() : ".";
+      if (auto ec = check_folder_argument(folder)) {
+        fmt::print(stderr, "gdskit verify: {} {}: {}{}\n", named ? "-f" : "-D", printable(named ? o->file : o->dir),
+                   named ? fmt::format("its folder {} ", printable(folder)) : std::string(),
+                   folder_argument_problem(ec));
+        exit_code() = exit_usage;
+        return;
+      }
+    }
     v.file = o->file.empty() ? std::filesystem::path(o->dir) / fmt::format("gdskit-verify.{}.dat", ::getpid())
                              : std::filesystem::path(o->file);
-    if (!note.empty() && !o->json) fmt::print("note: {}\n", note);
+    // Each line is flushed as it is printed: a run stopped by a signal (SIGTERM exits at once) keeps in a file
+    // the lines of the sizes it finished.
+    if (!note.empty() && !o->json) {
+      fmt::print("note: {}\n", note);
+      std::fflush(stdout);
+    }
     nlohmann::json out = {{"file", v.file.string()}, {"device", v.device}, {"note", note}, {"results", nlohmann::json::array()}};
     std::optional<bool> progress_flag;
     if (o->progress || o->no_progress) progress_flag = o->progress;
@@ -111,7 +149,8 @@ void add_verify_command(CLI::App& app) {
     v.on_bytes = [&progress](std::uint64_t n) { progress.advance(n); };
     bool all_ok = true, mismatch = false;
     std::string last_summary;
-    auto results = tools::run_verify(v, [&](const tools::verify_result& r) {
+    std::vector<tools::verify_result> results;
+    auto report = [&](const tools::verify_result& r) {
       progress.clear();  // the result line goes where the progress line was; the next report redraws it
       all_ok = all_ok && r.ok;
       mismatch = mismatch || r.first_mismatch >= 0;
@@ -121,16 +160,32 @@ void add_verify_command(CLI::App& app) {
                                   {"first_mismatch", r.first_mismatch}, {"error", r.error}});
         return;
       }
-      // The path and its reasons once, and again only when they change.
-      if (r.path.summary() != last_summary) {
-        last_summary = r.path.summary();
-        fmt::print("path: {}\n", last_summary);
+      // The path line once, and again only when it changes (with -v: when any reason does).
+      if (std::string line = tools::path_line(to_string(r.path.path), r.path.reasons, o->verbose);
+          line != last_summary) {
+        fmt::print("path: {}\n", line);
+        last_summary = std::move(line);
       }
       fmt::print("{:>12}  {:<4}  write {:7.2f} GiB/s  read {:7.2f} GiB/s  ({})\n", format_size(r.nbytes),
                  r.ok ? "ok" : "FAIL", r.write_gib_s, r.read_gib_s, to_string(r.path.path));
       if (r.first_mismatch >= 0) fmt::print("              first differing byte at offset {}\n", r.first_mismatch);
       if (!r.error.empty()) fmt::print("              {}\n", r.error);
-    });
+      std::fflush(stdout);
+    };
+    try {
+      results = tools::run_verify(v, report);
+    } catch (const gdskit::error& e) {
+      // The test file could not be made (it exists, the folder refuses it): nothing was verified.
+      progress.finish();
+      if (e.code() == std::errc::file_exists) {
+        fmt::print(stderr, "gdskit verify: {} exists; verify creates its test file and removes it afterwards: "
+                           "give -f a name that does not exist\n", printable(v.file.string()));
+      } else {
+        fmt::print(stderr, "gdskit verify: {}\n", e.what());
+      }
+      exit_code() = exit_code_for(e);
+      return;
+    }
     progress.finish();
     if (o->json) {
       out["ok"] = all_ok;
@@ -144,6 +199,9 @@ void add_verify_command(CLI::App& app) {
         fmt::print("FAIL: {} of {} size{} verified byte for byte; the others failed (above)\n", passed,
                    results.size(), results.size() == 1 ? "" : "s");
       }
+    }
+    if (const std::string learned = engine::take_learned_notice(); !learned.empty()) {
+      fmt::print(stderr, "{}\n", learned);
     }
     // A byte that differs is the verification saying no; a transfer that failed is a run failure.
     exit_code() = all_ok ? exit_ok : mismatch ? exit_said_no : exit_run_failed;

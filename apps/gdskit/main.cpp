@@ -84,30 +84,55 @@ std::vector<std::string> flag_names(const CLI::App& app) {
   return out;
 }
 
-// "unknown command 'docter'; did you mean 'doctor'?" for the first word that is not a subcommand.
+// "gdskit: unknown command 'docter'; did you mean 'doctor'?" for the first word that is not a subcommand where one
+// is required: at the top, and below commands that only group others ("gdskit patch chek").
 bool unknown_command(const CLI::App& app, int argc, char** argv) {
-  std::vector<std::string> names;
-  for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+  const CLI::App* where = &app;
+  std::string who = "gdskit";
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
-    if (a.starts_with("-")) continue;  // gdskit's own flags take no value
-    if (std::find(names.begin(), names.end(), a) != names.end()) return false;
+    if (a.starts_with("-")) continue;  // the flags of commands that group others take no value
+    std::vector<std::string> names;
+    const CLI::App* next = nullptr;
+    for (const CLI::App* sub : where->get_subcommands({})) {
+      names.push_back(sub->get_name());
+      if (sub->get_name() == a) next = sub;
+    }
+    if (next != nullptr) {
+      if (next->get_require_subcommand_min() == 0) return false;  // its words are its own
+      where = next;
+      who += " " + next->get_name();
+      continue;
+    }
     const std::string near = closest(a, names);
-    fmt::print(stderr, "gdskit: unknown command '{}'{}\n", printable(a),
-               near.empty() ? std::string(" (gdskit --help lists them)") : fmt::format("; did you mean '{}'?", near));
+    fmt::print(stderr, "{}: unknown command '{}'{}\n", who, printable(a),
+               near.empty() ? fmt::format(" ({} --help lists them)", who) : fmt::format("; did you mean '{}'?", near));
     return true;
   }
   return false;
 }
 
-// After CLI11 found arguments nobody takes: name the first and the flag nearest to it.
-void unknown_argument(CLI::App& app) {
+// "gdskit patch check": the command's name with those of the commands above it.
+std::string full_name(const CLI::App& app) {
+  std::string name = app.get_name();
+  for (const CLI::App* up = app.get_parent(); up != nullptr; up = up->get_parent()) name = up->get_name() + " " + name;
+  return name;
+}
+
+// The innermost subcommand the command line reached.
+CLI::App& innermost(CLI::App& app) {
   CLI::App* where = &app;
   for (auto subs = app.get_subcommands(); !subs.empty(); subs = where->get_subcommands()) where = subs.back();
+  return *where;
+}
+
+// After CLI11 found arguments nobody takes: name the first and the flag nearest to it.
+void unknown_argument(CLI::App& app) {
+  CLI::App* where = &innermost(app);
   std::vector<std::string> left = app.remaining(true);
   if (left.empty()) return;
   std::string arg = left.front();
-  const std::string who = where == &app ? "gdskit" : "gdskit " + where->get_name();
+  const std::string who = full_name(*where);
   if (!arg.starts_with("-")) {
     fmt::print(stderr, "{}: unexpected argument '{}' ({} --help lists what it takes)\n", who, printable(arg), who);
     return;
@@ -151,7 +176,8 @@ int main(int argc, char** argv) {
   const std::string version = std::string("gdskit ") + GDSKIT_VERSION_STRING;
   app.set_version_flag("-V,--version", version, "Print the version and exit");
   for (CLI::App* sub : app.get_subcommands({})) {
-    sub->footer(exit_code_footer());
+    // A subcommand with a footer of its own (patch: its note) keeps it; it ends with the table too.
+    if (sub->get_footer().empty()) sub->footer(exit_code_footer());
     sub->set_version_flag("--version", version, "Print the version and exit");
   }
   app.footer(exit_code_footer());
@@ -162,9 +188,12 @@ int main(int argc, char** argv) {
     unknown_argument(app);
     return exit_usage;
   } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    // CLI11 uses 0 for --help; usage errors are 2 like other Unix tools.
-    return rc == 0 ? exit_ok : exit_usage;
+    // --help and --version are CLI11's "errors" of exit code 0: it prints them.
+    if (e.get_exit_code() == 0) return app.exit(e) == 0 ? exit_ok : exit_usage;
+    // A flag missing, repeated or out of range: named with the command it belongs to, and where to look.
+    const std::string who = full_name(innermost(app));
+    fmt::print(stderr, "{}: {} ({} --help lists the flags)\n", who, gdskit::printable(e.what()), who);
+    return exit_usage;
   } catch (const std::exception& e) {
     fmt::print(stderr, "gdskit: {}\n", gdskit::printable(e.what()));
     return exit_code_for(e);

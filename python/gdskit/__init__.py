@@ -31,7 +31,7 @@ from ._devices import device_name as _device_name
 from ._devices import parse_device as _parse_device
 from ._file import File, IOFuture
 from ._safetensors import SafetensorError, load_file, safe_open
-from ._settings import settings
+from ._settings import _say_learned, settings
 
 __version__ = _gdskit.__version__
 Tensor = _gdskit.Tensor
@@ -56,8 +56,11 @@ def load_safetensors_raw(path, device="cpu", *, only=None, rank=None, world=None
 
 def _load_raw(path, index: int, only, rank, world, split_dim, allocate):
     callback = None if allocate is None else _checked_allocate(allocate, index)
-    return _gdskit.load(_path(path), index, _names(only), _count(rank, "rank"), _count(world, "world"),
-                        _count(split_dim, "split_dim"), callback)
+    try:
+        return _gdskit.load(_path(path), index, _names(only), _count(rank, "rank"), _count(world, "world"),
+                            _count(split_dim, "split_dim"), callback)
+    finally:
+        _say_learned()
 
 
 def _checked_allocate(allocate, device: int):

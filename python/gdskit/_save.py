@@ -16,6 +16,7 @@ import threading
 
 from . import _frameworks
 from . import _gdskit
+from ._settings import _say_learned
 
 __all__ = ["save_file", "save_sharded", "last_save_stats", "save", "load"]
 
@@ -202,7 +203,18 @@ def _interruptible(save):
     """save(signal_fd) on this thread, stopped by a signal (Ctrl-C): the compiled save watches `signal_fd`, which
     Python's signal handling writes to, stops between pieces (publishing nothing) and runs the handler, whose
     exception (KeyboardInterrupt) propagates. A signal whose handler raises nothing (a SIGCHLD handler, say)
-    only restarts the save. Off the main thread, where Python runs no handlers, the save is not watched."""
+    only restarts the save. Off the main thread, where Python runs no handlers, the save is not watched.
+    Afterwards a shape the save learned is said in one line (GDSKIT_LEARN)."""
+    try:
+        return _watched(save)
+    except FileExistsError as e:
+        # The engine says overwrite was not set; here that is a keyword argument.
+        raise FileExistsError(e.errno, "save: exists; overwrite=True replaces it", e.filename) from None
+    finally:
+        _say_learned()
+
+
+def _watched(save):
     if threading.current_thread() is not threading.main_thread():
         return save(-1)
     r, w = os.pipe()

@@ -16,9 +16,19 @@ The `with` block changes them for every thread while it runs. docs/settings.md h
 
 from __future__ import annotations
 
+import sys
+
 from . import _gdskit
 
 __all__ = ["Settings", "settings"]
+
+
+def _say_learned():
+    """Prints, on stderr, the one line that says a load or save remembered a device's shape in the profile folder
+    (GDSKIT_LEARN; `gdskit tune --show` lists it, `gdskit tune --forget` drops it), when it did."""
+    line = _gdskit.take_learned_notice()
+    if line:
+        print(line, file=sys.stderr, flush=True)
 
 
 class Settings:

@@ -630,7 +630,7 @@ def save_sharded(tensors, folder, max_shard_size="5GB", metadata=None, overwrite
                 mine.append(os.path.join(folder, "model.safetensors.index.json"))
             for p in mine:
                 if os.path.lexists(p):
-                    raise FileExistsError(_errno.EEXIST, f"{p} exists; pass overwrite=True to replace it", p)
+                    raise FileExistsError(_errno.EEXIST, "exists; overwrite=True replaces it", p)
     except Exception as e:  # noqa: BLE001
         err = e
     try:

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "bindings.hpp"
+#include "common/printable.hpp"
 #include "gdskit/error.hpp"
 
 namespace gdskit::python {
@@ -34,7 +35,8 @@ py::handle os_and_value_error(py::module_& m, const char* name, const char* doc)
 std::string message_without_path(const gdskit::error& e) {
   std::string what = e.what();
   if (e.path().empty()) return what;
-  const std::string token = " \"" + e.path() + "\"";
+  // As format_what() quotes it: escaped, so a path with a newline or a quote is found too.
+  const std::string token = " \"" + gdskit::printable(e.path()) + "\"";
   const auto at = what.find(token);
   if (at != std::string::npos) what.erase(at, token.size());
   return what;

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "bindings.hpp"
+#include "engine/device_profile.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
 
@@ -83,6 +84,9 @@ void register_settings(py::module_& m) {
       py::arg("name"));
   m.def("settings_save", &gdskit::save_settings);
   m.def("settings_restore", &gdskit::restore_settings, py::arg("state"));
+  m.def("take_learned_notice", &gdskit::engine::take_learned_notice,
+        "The line that says which device shapes were learned (written to the profile folder) since the last "
+        "call; empty when none were.");
 }
 
 }  // namespace gdskit::python

@@ -71,6 +71,7 @@ def test_existing_file_with_overwrite_false():
         gdskit.save_file({"a": np.zeros(3)}, p)
         e = error_of(Exception, lambda: gdskit.save_file({"a": np.ones(3)}, p, overwrite=False))
         assert isinstance(e, FileExistsError), e
+        assert "overwrite=True replaces it" in str(e), str(e)  # the fix, in Python's words
         _says_it_once(e, p)
 
 
@@ -84,7 +85,8 @@ def test_malformed_files_say_what_they_are():
         _write(cut, {"a": {"dtype": "F16", "shape": [0], "data_offsets": [40, 40]},
                      "b": {"dtype": "F32", "shape": [10], "data_offsets": [0, 40]}}, bytes(32))
         for path, words, absent in ((junk, "not a safetensors file", "exceeds"),
-                                    (cut, 'truncated or its header is wrong: tensor "b"', 'tensor "a"')):
+                                    (cut, f'truncated: expected {os.path.getsize(cut) + 8} bytes, the file has '
+                                     f'{os.path.getsize(cut)} (tensor "b"', 'tensor "a"')):
             for call in (lambda: gdskit.header(path), lambda: gdskit.load_safetensors_raw(path),
                          lambda: gdskit.safe_open(path, "np")):
                 e = error_of(Exception, call)
@@ -104,6 +106,12 @@ def test_missing_files_name_the_path_once():
         e = error_of(Exception, lambda: gdskit.File(d, "rb"))
         assert isinstance(e, IsADirectoryError)
         _says_it_once(e, d)
+        # A name with a newline and a quote: the message shows it escaped, and only as the filename.
+        odd = os.path.join(d, 'new\nline "q".safetensors')
+        for call in (lambda: gdskit.load_safetensors_raw(odd), lambda: gdskit.File(odd)):
+            e = error_of(Exception, call)
+            assert isinstance(e, FileNotFoundError) and e.filename == odd, e
+            assert str(e).count("line") == 1, str(e)
 
 
 def test_one_exception_type_per_errno_on_load_and_save():
@@ -158,6 +166,45 @@ def test_save_reasons_speak_of_writes():
         reasons = gdskit.last_save_stats()["reasons"]
         assert reasons and not [r for r in reasons if re.search(r"\breads\b", r)], reasons
         assert [r for r in reasons if "O_DIRECT writes go through bounce buffers" in r], reasons
+
+
+def test_loads_and_saves_say_what_they_learned_in_one_line():
+    """A shape the engine wrote to the profile folder during a load or a save (GDSKIT_LEARN) is said on stderr in
+    the engine's one line, once; nothing is printed when nothing was learned."""
+    import contextlib
+    import io
+    line = "learned: host reads depth 8 x 1.00 MiB on vda (gdskit tune --forget vda drops it)"
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "m.safetensors")
+        _write(p, {"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}}, bytes(4))
+        real = gdskit._gdskit.take_learned_notice
+        assert isinstance(real(), str)
+        pending = []
+        gdskit._gdskit.take_learned_notice = lambda: pending.pop() if pending else ""
+        try:
+            calls = [lambda: gdskit.load_safetensors_raw(p)]
+            if _has("torch"):
+                calls.append(lambda: gdskit.load_file(p))
+            if np is not None:
+                calls.append(lambda: gdskit.save_file({"a": np.zeros(4, np.uint8)}, os.path.join(d, "o.safetensors")))
+            for call in calls:
+                for learned in (True, False):
+                    pending[:] = [line] if learned else []
+                    err = io.StringIO()
+                    with contextlib.redirect_stderr(err):
+                        call()
+                    assert err.getvalue() == (line + "\n" if learned else ""), (call, err.getvalue())
+                    assert not pending, "the notice was not asked for"
+        finally:
+            gdskit._gdskit.take_learned_notice = real
+
+
+def _has(module):
+    try:
+        __import__(module)
+        return True
+    except ImportError:
+        return False
 
 
 if __name__ == "__main__":

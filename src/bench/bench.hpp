@@ -97,6 +97,10 @@ struct run_options {
   bool json = false;          ///< --json
   bool csv = false;           ///< --csv
   bool quiet = false;         ///< --quiet: no progress line
+  bool verbose = false;       ///< -v: every reason of the path, not the first
+  /// --learn: start from the shapes earlier loads learned and remember the one the run converges to. Off, a
+  /// benchmark neither reads nor writes learned profiles: it is reproducible and changes no later run.
+  bool learn = false;
   /// --progress / --no-progress; unset: progress only when stderr is a terminal and the output is a table.
   std::optional<bool> progress;
   std::filesystem::path plot; ///< --plot FILE.png
@@ -256,8 +260,9 @@ scaling_verdict judge_scaling(std::vector<curve_point> curve, std::optional<doub
 /// Reporters.
 /// gdsio's result line: "IoType: READ XferType: CPUONLY Threads: 4 DataSetSize: .../...(KiB) IOSize: ..."
 std::string gdsio_line(const job_result& r);
-/// gdskit's fields after the gdsio line (indented "key: value" lines).
-std::string detail_lines(const job_result& r);
+/// gdskit's fields after the gdsio line (indented "key: value" lines); the path with its first reason, or with
+/// `verbose` every reason.
+std::string detail_lines(const job_result& r, bool verbose = false);
 /// Stable JSON for one result (keys: tests/fixtures/bench/result_keys.txt).
 nlohmann::json to_json(const job_result& r);
 std::string csv_header();

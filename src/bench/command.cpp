@@ -10,6 +10,7 @@
 #include "common/json_text.hpp"
 
 #include "bench/bench.hpp"
+#include "engine/device_profile.hpp"
 #include "tools/progress.hpp"
 #include "tools/shell_text.hpp"
 #include "gdskit/error.hpp"
@@ -69,7 +70,7 @@ int run_single(const request& req, std::ostream& out, std::ostream& err, const h
   } else {
     for (const auto& r : results) {
       if (many) out << fmt::format("job {}:\n", r.job.name);
-      out << gdsio_line(r) << "\n" << detail_lines(r);
+      out << gdsio_line(r) << "\n" << detail_lines(r, req.options.verbose);
     }
     if (many) out << "total of " << results.size() << " concurrent jobs:\n" << gdsio_line(total) << "\n";
   }
@@ -168,7 +169,12 @@ int run_command(const std::function<request()>& make_request, std::ostream& out,
     } catch (const gdskit::error& e) {
       throw usage_error(e.what());
     }
-    return req.sweep ? run_sweep(req, out, err, h) : run_single(req, out, err, h);
+    // A benchmark measures this run alone: shapes learned by earlier runs neither start it nor are written by
+    // it (GDSKIT_LEARN included) unless --learn asks for both.
+    set_setting("learn", req.options.learn ? "on" : "off");
+    const int rc = req.sweep ? run_sweep(req, out, err, h) : run_single(req, out, err, h);
+    if (const std::string learned = engine::take_learned_notice(); !learned.empty()) err << learned << "\n";
+    return rc;
   } catch (const usage_error& e) {
     err << "gdskit bench: " << printable(e.what()) << "\n";
     return 2;

@@ -1079,6 +1079,8 @@ int run_kv(const std::function<kv_options()>& make_options, std::ostream& out, s
     return 2;
   }
   try {
+    // A benchmark changes no later run: it neither starts from learned shapes nor writes them.
+    set_setting("learn", "off");
     if (!o.crash_child_progress.empty()) return crash_child(o);
     if (o.gpu >= 0) {
       std::string why;

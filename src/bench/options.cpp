@@ -464,6 +464,9 @@ std::function<request()> add_flags(CLI::App& cmd) {
   cmd.add_flag("--progress", v->progress, "progress on stderr even when it is not a terminal")->group(g);
   cmd.add_flag("--no-progress", v->no_progress, "no progress (the default when stderr is not a terminal, or with --json/--csv)")->group(g);
   cmd.add_flag("-q,--quiet", v->options.quiet, "no progress")->group(g);
+  cmd.add_flag("-v,--verbose", v->options.verbose, "every reason of the path (the path line names the first)")->group(g);
+  cmd.add_flag("--learn", v->options.learn, "start from the shapes earlier loads learned and remember the one this run "
+               "converges to (off: a benchmark is reproducible and changes no later run)")->group(g);
   cmd.add_option("jobfile", v->positional, "gdsio-style job file ([global] and [jobN] sections)")->type_name("JOBFILE");
   return [v] { return finish(*v); };
 }

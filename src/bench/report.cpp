@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.hpp"
+#include "tools/path_line.hpp"
 #include "tools/programs.hpp"
 #include "tools/signal_cleanup.hpp"
 #include "gdskit/settings.hpp"
@@ -62,9 +63,10 @@ std::string gdsio_line(const job_result& r) {
       r.job.io.label(), r.gib_per_s(), r.latency.avg_us, r.ops, r.seconds);
 }
 
-std::string detail_lines(const job_result& r) {
+std::string detail_lines(const job_result& r, bool verbose) {
   std::string s;
-  s += fmt::format("  path:        {} (asked -x {}): {}\n", r.path_ran, asked(r.job), join(r.reasons, "; "));
+  s += fmt::format("  path:        {} (asked -x {}): {}\n", r.path_ran, asked(r.job),
+                   tools::reasons_text(r.reasons, verbose));
   s += fmt::format("  latency:     p50 {:.1f} us, p99 {:.1f} us, p999 {:.1f} us, max {:.1f} us\n", r.latency.p50_us,
                    r.latency.p99_us, r.latency.p999_us, r.latency.max_us);
   s += fmt::format("  cpu:         {:.3f} CPU-s per GiB (user {:.3f} s + sys {:.3f} s)\n", r.cpu_s_per_gib(),

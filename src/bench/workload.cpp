@@ -394,6 +394,7 @@ void prepare(job_state& s, const run_options& opt) {
   if (j.xfer.page_cache || j.no_direct) r.reasons.push_back(j.xfer.page_cache ? "gdsio 4: through the page cache" : "-O 1: page cache");
   if (j.numa_node) r.reasons.push_back(fmt::format("workers on NUMA node {} (-n)", *j.numa_node));
   if (!j.xfer.note.empty()) r.reasons.push_back(fmt::format("gdsio -x {}: {}", j.xfer.gdsio_number, j.xfer.note));
+  if (opt.learn) r.reasons.push_back("--learn: transfers start from learned shapes and remember the ones they converge to");
   r.requested_bytes = j.size_bytes * j.threads;
   r.residency_before = residency(s.files, &r.residency_note);
   if (opt.cold) {

@@ -15,12 +15,14 @@
 #include <mutex>
 #include <new>
 #include <optional>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "common/json_bounded.hpp"
 #include "common/json_text.hpp"
+#include "common/printable.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
 #include "engine/planner.hpp"
@@ -465,6 +467,126 @@ learned_result learned_profile_for_device(dev_t dev) {
   return learned_entry(dev).result;
 }
 
+namespace {
+
+// What remember_learned() wrote and no command has said yet (take_learned_writes()), bounded.
+std::mutex writes_mutex;
+std::vector<learned_write> unsaid_writes;
+constexpr std::size_t k_unsaid_max = 64;
+
+void note_write(const device_identity& id, const std::string& key, const io_shape& shape) {
+  std::lock_guard lock(writes_mutex);
+  if (unsaid_writes.size() >= k_unsaid_max) unsaid_writes.erase(unsaid_writes.begin());
+  unsaid_writes.push_back({id.block.empty() ? id.key : id.block, key, shape});
+}
+
+}  // namespace
+
+std::vector<learned_write> take_learned_writes() noexcept {
+  std::lock_guard lock(writes_mutex);
+  return std::exchange(unsaid_writes, {});
+}
+
+std::string learned_notice(const std::vector<learned_write>& writes) {
+  // One line, however many shapes: grouped by device in the order they were written; a key written twice
+  // shows its last shape.
+  std::vector<std::pair<std::string, std::vector<std::pair<std::string, io_shape>>>> by_device;
+  for (const auto& w : writes) {
+    auto d = std::find_if(by_device.begin(), by_device.end(), [&](const auto& e) { return e.first == w.device; });
+    if (d == by_device.end()) d = by_device.insert(by_device.end(), {w.device, {}});
+    auto k = std::find_if(d->second.begin(), d->second.end(), [&](const auto& e) { return e.first == w.key; });
+    if (k == d->second.end()) {
+      d->second.emplace_back(w.key, w.shape);
+    } else {
+      k->second = w.shape;
+    }
+  }
+  std::string out;
+  for (const auto& [device, shapes] : by_device) {
+    std::string what;
+    for (const auto& [key, shape] : shapes) {
+      std::string name = key;  // "host-read" -> "host reads"
+      if (auto dash = name.find('-'); dash != std::string::npos) name[dash] = ' ';
+      what += fmt::format("{}{}s depth {} x {}", what.empty() ? "" : ", ", name, shape.depth,
+                          format_size(shape.request_bytes));
+    }
+    const std::string dev = printable(device);
+    // A name with a space (an identity key) is quoted for the shell.
+    std::string arg = dev;
+    if (dev.find_first_of(" '\"$`\\") != std::string::npos) {
+      arg = "'";
+      for (char c : dev) arg += c == '\'' ? std::string("'\\''") : std::string(1, c);
+      arg += "'";
+    }
+    out += fmt::format("{}{} on {} (gdskit tune --forget {} drops it)", out.empty() ? "learned: " : "; ", what, dev,
+                       arg);
+  }
+  return out;
+}
+
+std::string take_learned_notice() { return learned_notice(take_learned_writes()); }
+
+namespace {
+
+// The device a profile file names, escaped for the terminal: its "device" object, else empty.
+device_identity file_identity(std::string_view text) {
+  device_identity id;
+  std::string why;
+  std::optional<nlohmann::json> j;
+  try {
+    j = parse_json_bounded<nlohmann::json>(text, k_profile_max_json_depth, why);
+  } catch (...) {
+    return id;
+  }
+  if (!j || !j->is_object()) return id;
+  auto dev = j->find("device");
+  if (dev == j->end() || !dev->is_object()) return id;
+  auto text_of = [&](const char* name) {
+    auto v = dev->find(name);
+    return v != dev->end() && v->is_string() ? v->get<std::string>() : std::string();
+  };
+  id.key = text_of("key");
+  id.block = text_of("block");
+  return id;
+}
+
+}  // namespace
+
+std::vector<stored_profile> list_profiles(const std::filesystem::path& dir) {
+  std::vector<stored_profile> out;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const bool learned = name.starts_with("learned-");
+    if (!(learned || name.starts_with("profile-")) || !name.ends_with(".json")) continue;
+    stored_profile p;
+    p.file = it->path();
+    p.learned = learned;
+    std::string why;
+    const auto text = read_profile_text(p.file, why);
+    if (!text) {
+      p.reason = (learned ? "learned profile " : "profile ") + (why.empty() ? std::string("gone") : why);
+      out.push_back(std::move(p));
+      continue;
+    }
+    // Checked against the device the file names: whether that device is in this machine is not asked.
+    const device_identity id = file_identity(*text);
+    if (learned) {
+      learned_result r = parse_learned(*text, id);
+      p.shapes = std::move(r.learned);
+      p.reason = std::move(r.reason);
+    } else {
+      profile_result r = parse_profile(*text, id);
+      p.tuned = std::move(r.profile);
+      p.reason = std::move(r.reason);
+    }
+    p.device = {printable(id.block.substr(0, 128)), printable(id.key.substr(0, 256))};
+    out.push_back(std::move(p));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.file < b.file; });
+  return out;
+}
+
 bool remember_learned(dev_t dev, const std::string& key, learned_shape shape) noexcept {
   try {
     std::lock_guard lock(learned_mutex);
@@ -478,6 +600,7 @@ bool remember_learned(dev_t dev, const std::string& key, learned_shape shape) no
     if (shape.updated.empty()) shape.updated = utc_now_iso();
     p.shapes[key] = shape;
     save_learned(dir, p);
+    note_write(e.id, key, shape.shape);
     if (!e.result.learned) e.result.learned = learned_profile{e.id, {}};
     e.result.learned->shapes[key] = std::move(shape);
     e.result.reason.clear();

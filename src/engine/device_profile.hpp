@@ -139,4 +139,35 @@ learned_result learned_profile_for_device(dev_t dev);
 /// processes wrote are kept) and into this process's copy. False when it could not be written. Never throws.
 bool remember_learned(dev_t dev, const std::string& key, learned_shape shape) noexcept;
 
+/// One learned shape this process wrote (remember_learned), for the line a command prints about it.
+struct learned_write {
+  std::string device;  ///< the device's block name, else its identity key
+  std::string key;     ///< learned_key()
+  io_shape shape;
+};
+/// The learned shapes written since the last call, oldest first (the last 64). Thread-safe, never throws.
+std::vector<learned_write> take_learned_writes() noexcept;
+/// One line that says what was learned and how to drop it: "learned: host reads depth 8 x 1.00 MiB on nvme0n1
+/// (gdskit tune --forget nvme0n1 drops it)". Device names are escaped. Empty when `writes` is.
+std::string learned_notice(const std::vector<learned_write>& writes);
+/// learned_notice(take_learned_writes()): what a command prints after its transfers (empty: nothing written).
+std::string take_learned_notice();
+
+// The profile folder as `gdskit tune --show` and `--forget` see it.
+
+/// One profile file of the folder: a tuned profile (profile-*.json) or learned shapes (learned-*.json).
+struct stored_profile {
+  std::filesystem::path file;
+  bool learned = false;
+  device_identity device;                ///< as the file names it (escaped); empty when unreadable
+  std::optional<device_profile> tuned;   ///< a usable tuned profile
+  std::optional<learned_profile> shapes; ///< usable learned shapes
+  std::string reason;                    ///< why the file is not used (empty when it is)
+};
+
+/// Every profile-*.json and learned-*.json file in `dir`, sorted by file name, each checked as load_profile()
+/// and load_learned() check it (against the device the file itself names). Nothing when `dir` does not exist.
+/// Never throws.
+std::vector<stored_profile> list_profiles(const std::filesystem::path& dir);
+
 }  // namespace gdskit::engine

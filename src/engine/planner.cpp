@@ -223,7 +223,7 @@ path_decision decide(const system_facts& sys, const runtime_facts& rt, memory_ki
       break;
   }
   for (auto& r : why_not) d.reasons.push_back(r);
-  if (!rt.direct_ok) d.reasons.push_back(rt.direct_reason + ": staged reads use the page cache");
+  if (!rt.direct_ok) d.reasons.push_back(rt.direct_reason + ": staged transfers go through the page cache");
   return d;
 }
 

@@ -40,6 +40,14 @@ constexpr const char* not_safetensors =
   throw error(errno_code(EBADMSG), "safetensors header", source, -1, 0, what);
 }
 
+// The smallest safetensors file: the 8-byte length and "{}".
+constexpr std::uint64_t k_min_file_bytes = 10;
+
+[[noreturn]] void too_short(std::string_view source, std::uint64_t file_nbytes) {
+  bad(source, fmt::format("not a safetensors file: {} bytes, fewer than an 8-byte header length and a JSON object",
+                          file_nbytes));
+}
+
 // Returns the offset of the first byte that is a control character or not well-formed UTF-8, or npos.
 std::size_t invalid_utf8_at(const unsigned char* s, std::size_t n) {
   std::size_t i = 0;
@@ -175,9 +183,7 @@ const tensor_info* header::find(std::string_view name) const noexcept {
 
 header parse_header(const void* bytes, std::size_t nbytes, std::uint64_t file_nbytes, std::string_view source) {
   const auto* p = static_cast<const unsigned char*>(bytes);
-  if (nbytes < 8 || file_nbytes < 8) {
-    bad(source, fmt::format("file is {} bytes: too short for the 8-byte header length", file_nbytes));
-  }
+  if (nbytes < 8 || file_nbytes < k_min_file_bytes) too_short(source, file_nbytes);
   std::uint64_t json_len = 0;
   for (int i = 7; i >= 0; --i) json_len = (json_len << 8) | p[i];  // little-endian
   // Every safetensors file's JSON starts with '{': a file whose ninth byte is anything else is another kind of
@@ -306,9 +312,14 @@ header parse_header(const void* bytes, std::size_t nbytes, std::uint64_t file_nb
     }
   }
   if (furthest != nullptr && furthest->end_bytes > data_nbytes) {
-    bad(source, fmt::format("the file is truncated or its header is wrong: tensor \"{}\" data_offsets [{}, {}] end "
-                            "past the {}-byte data section", printable_name(furthest->name), furthest->begin_bytes,
-                            furthest->end_bytes, data_nbytes));
+    // Offsets come from the file: the sum can pass 2^64.
+    std::uint64_t expected = 0;
+    const bool past_2_64 = __builtin_add_overflow(h.data_offset_bytes, furthest->end_bytes, &expected);
+    bad(source, fmt::format("file is truncated: expected {} bytes, the file has {} (tensor \"{}\" data_offsets "
+                            "[{}, {}] end past its {}-byte data section)",
+                            past_2_64 ? std::string("more than 2^64") : std::to_string(expected), file_nbytes,
+                            printable_name(furthest->name),
+                            furthest->begin_bytes, furthest->end_bytes, data_nbytes));
   }
   // Empty tensors own no bytes, so only non-empty ones can overlap.
   const tensor_info* prev = nullptr;
@@ -328,9 +339,7 @@ header read_header(const file_handle& file) {
   const std::string source = file.path().string();
   // The length and the first byte of the JSON: enough to tell another kind of file from a damaged one.
   unsigned char len_bytes[9] = {};
-  if (size < 8) {
-    bad(source, fmt::format("file is {} bytes: too short for the 8-byte header length", size));
-  }
+  if (size < k_min_file_bytes) too_short(source, size);
   const std::size_t head = size > 8 ? 9 : 8;
   file.read_exact(len_bytes, head, 0);
   std::uint64_t json_len = 0;

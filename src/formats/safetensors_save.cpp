@@ -427,7 +427,7 @@ void check_save_target(const std::filesystem::path& path, bool overwrite) {
   }
   if (::lstat(path.c_str(), &st) != 0) return;  // a new name
   if (S_ISDIR(st.st_mode)) throw error(errno_code(EISDIR), "save", path.string(), -1, 0, "a folder, not a file");
-  if (!overwrite) throw error(errno_code(EEXIST), "save", path.string(), -1, 0, "exists, and replacing it was not asked for");
+  if (!overwrite) throw error(errno_code(EEXIST), "save", path.string(), -1, 0, "overwrite not set");
 }
 
 save_stats save(const std::filesystem::path& path, const std::vector<save_tensor>& tensors,
@@ -546,12 +546,12 @@ save_stats save_sharded(const std::filesystem::path& folder, const std::vector<s
     std::error_code ec;
     for (const auto& t : targets) {
       if (std::filesystem::symlink_status(t, ec).type() != std::filesystem::file_type::not_found) {
-        throw error(errno_code(EEXIST), "create", t.string(), -1, 0, "exists, and replacing it was not asked for");
+        throw error(errno_code(EEXIST), "create", t.string(), -1, 0, "overwrite not set");
       }
     }
     // One shard has no index, but an index left in the folder would still name the old checkpoint: it counts.
     if (std::filesystem::symlink_status(index, ec).type() != std::filesystem::file_type::not_found) {
-      throw error(errno_code(EEXIST), "create", index.string(), -1, 0, "exists, and replacing it was not asked for");
+      throw error(errno_code(EEXIST), "create", index.string(), -1, 0, "overwrite not set");
     }
   }
   std::error_code ec;

@@ -45,7 +45,7 @@ int rename_noreplace(const char* from, const char* to) {
 atomic_publish::atomic_publish(std::filesystem::path target, bool overwrite)
     : target_(std::move(target)), overwrite_(overwrite) {
   if (!overwrite_ && exists_no_follow(target_)) {
-    throw error(errno_code(EEXIST), "create", target_.string(), -1, 0, "exists; pass overwrite to replace it");
+    throw error(errno_code(EEXIST), "create", target_.string(), -1, 0, "overwrite not set");
   }
   temp_ = folder_of(target_) / fmt::format("{}.gdskit-tmp.{}", target_.filename().string(), random_suffix());
 }

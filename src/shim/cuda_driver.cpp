@@ -35,8 +35,7 @@ loaded load() {
   loaded out;
   void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
-    const char* e = ::dlerror();
-    out.reason = fmt::format("libcuda.so.1 not found (no NVIDIA driver): {}", e != nullptr ? e : "dlopen failed");
+    out.reason = dlopen_failure("libcuda.so.1", " (no NVIDIA driver)");
     return out;
   }
   cuda_api& a = out.api;
@@ -102,6 +101,17 @@ const loaded& state() {
 }
 
 }  // namespace
+
+std::string dlopen_failure(const char* library, const char* when_missing) {
+  const char* e = ::dlerror();
+  const std::string_view text = e != nullptr ? e : "";
+  // glibc: "<name>: cannot open shared object file: No such file or directory" when the search found nothing.
+  if (text.empty() || (text.find("cannot open shared object file") != std::string_view::npos &&
+                       text.ends_with("No such file or directory"))) {
+    return fmt::format("{} not found{}", library, when_missing);
+  }
+  return fmt::format("{} could not be loaded: {}", library, text);
+}
 
 const cuda_api* cuda(std::string* reason) {
   const loaded& s = state();

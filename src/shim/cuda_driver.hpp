@@ -106,7 +106,12 @@ struct cuda_api {
   CUresult (*cuMemHostGetDevicePointer)(CUdeviceptr*, void*, unsigned);
 };
 
-/// The loaded driver API, or nullptr with `reason` set ("libcuda.so.1 not found: ...", "cuInit: ...").
+/// Why dlopen of `library` just failed, said once: "<library> not found<when_missing>" when the loader found no
+/// such file, else "<library> could not be loaded: <the loader's text>". Call right after the failed dlopen.
+std::string dlopen_failure(const char* library, const char* when_missing = "");
+
+/// The loaded driver API, or nullptr with `reason` set ("libcuda.so.1 not found (no NVIDIA driver)",
+/// "cuInit: ...").
 /// Loads and calls cuInit(0) once per process; thread-safe.
 const cuda_api* cuda(std::string* reason = nullptr);
 

@@ -73,8 +73,7 @@ loaded load() {
   }
   void* lib = ::dlopen("libcufile.so.0", RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
-    const char* e = ::dlerror();
-    out.reason = fmt::format("libcufile.so.0 not found: {}", e != nullptr ? e : "dlopen failed");
+    out.reason = dlopen_failure("libcufile.so.0");
     return out;
   }
   if (!bind_all(lib, out.api, &out.reason)) return out;
@@ -114,8 +113,8 @@ int cufile_version() { return state().version; }
 bool load_cufile_at(const char* path, cufile_api& api, std::string* reason) {
   void* lib = ::dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
-    const char* e = ::dlerror();
-    if (reason != nullptr) *reason = fmt::format("{} not loaded: {}", path, e != nullptr ? e : "dlopen failed");
+    const std::string why = dlopen_failure(path);
+    if (reason != nullptr) *reason = why;
     return false;
   }
   api = cufile_api{};

@@ -15,7 +15,7 @@ for extra in "-b" "-R" "-J" "-m 0" "-F -I 1" "-O 1"; do
     <<<"$out" || fail "bench $extra: no gdsio line: $out"
 done
 if [ -n "$(cat /sys/devices/system/node/node0/cpulist 2>/dev/null)" ]; then
-  out=$("$gdskit" bench "${run[@]}" -n 0 2>&1) || fail "bench -n 0 exited $?: $out"
+  out=$("$gdskit" bench "${run[@]}" -n 0 -v 2>&1) || fail "bench -n 0 exited $?: $out"
   grep -q 'NUMA node 0' <<<"$out" || fail "bench -n 0 does not say where the workers ran: $out"
 fi
 

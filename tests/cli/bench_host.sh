@@ -8,7 +8,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/gdskit-bench-cli.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
-out=$("$gdskit" bench -f "$work/data" -s 2M -i 256K -w 4 -I 1 -V -k 3 --quiet) || fail "write run: $out"
+out=$("$gdskit" bench -f "$work/data" -s 2M -i 256K -w 4 -I 1 -V -k 3 --quiet -v) || fail "write run: $out"
 grep -q '^IoType: WRITE XferType: CPUONLY Threads: 4 DataSetSize: 8192/8192(KiB) IOSize: 256(KiB) Throughput: ' <<<"$out" \
   || fail "gdsio line: $out"
 grep -q 'created: *'"$work/data" <<<"$out" || fail "creation not reported: $out"
@@ -17,7 +17,7 @@ grep -q 'verify: *OK' <<<"$out" || fail "verify not reported: $out"
 grep -q 'sized to 8.00 MiB first (ftruncate)' <<<"$out" || fail "sizing not reported: $out"
 [ "$(stat -c %s "$work/data")" -eq 8388608 ] || fail "size of the created file: $(stat -c %s "$work/data")"
 
-out=$("$gdskit" bench -f "$work/data" -s 2M -i 256K -w 4 -I 0 -V -k 3 --cold --quiet) || fail "read run: $out"
+out=$("$gdskit" bench -f "$work/data" -s 2M -i 256K -w 4 -I 0 -V -k 3 --cold --quiet -v) || fail "read run: $out"
 grep -q '^IoType: READ' <<<"$out" || fail "read line: $out"
 grep -q 'path: *host' <<<"$out" || fail "path: $out"
 grep -q 'p50 .* p99 .* p999' <<<"$out" || fail "percentiles: $out"
@@ -33,7 +33,7 @@ PY
 
 # The batched host type: each worker submits -B ranges to the batch core at once; written and read back byte for
 # byte (sequential and random offsets, odd -B, variable sizes), the routes and the batch size reported.
-out=$("$gdskit" bench -f "$work/batch" -s 3M -i 4K:64K:4K -w 3 -I 3 -x host-batch -B 7 -V -k 9 --quiet) \
+out=$("$gdskit" bench -f "$work/batch" -s 3M -i 4K:64K:4K -w 3 -I 3 -x host-batch -B 7 -V -k 9 --quiet -v) \
   || fail "batched random write: $out"
 grep -q '^IoType: RANDWRITE XferType: CPU_BATCH Threads: 3 ' <<<"$out" || fail "batched gdsio line: $out"
 grep -q 'verify: *OK' <<<"$out" || fail "batched write not verified: $out"

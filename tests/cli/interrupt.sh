@@ -57,6 +57,33 @@ interrupt SIGINT 130 "$work/gdskit-verify.*" verify --host -D "$work" --sizes "$
 [ -z "$(ls "$work" | grep gdskit-verify)" ] || fail "verify left its file behind after SIGINT: $(ls "$work")"
 interrupt SIGTERM 143 "$work/v.dat" verify --host -f "$work/v.dat" --sizes "$(printf '16M,%.0s' {1..200})16M"
 [ ! -e "$work/v.dat" ] || fail "verify left its file behind after SIGTERM"
+# verify writing to a file: the lines of the sizes it finished are in the file after SIGTERM (each is flushed
+# as it is printed; the signal ends the process at once).
+python3 - "$gdskit" "$work" <<'PY' || fail "verify output after SIGTERM"
+import os, signal, subprocess, sys, time
+gdskit, work = sys.argv[1:]
+out = os.path.join(work, "verify.out")
+with open(out, "w") as f:
+    p = subprocess.Popen([gdskit, "verify", "--host", "-f", os.path.join(work, "t.dat"), "--sizes",
+                          "4K," + ",".join(["16M"] * 400)], stdout=f, stderr=subprocess.DEVNULL)
+deadline = time.time() + 60
+while "  ok  " not in open(out).read():
+    if p.poll() is not None or time.time() > deadline:
+        sys.exit(f"no result line reached the file before the run ended ({p.returncode}): {open(out).read()!r}")
+    time.sleep(0.02)
+p.send_signal(signal.SIGTERM)
+rc = p.wait(timeout=60)
+text = open(out).read()
+if rc != 143:
+    sys.exit(f"exit status {rc} after SIGTERM, want 143")
+lines = text.splitlines()
+# Whole lines only: a buffer written out when it filled would end inside a line.
+if not lines or not lines[0].startswith("note: ") or not any("4.00 KiB  ok" in l for l in lines) or \
+        not text.endswith("\n"):
+    sys.exit(f"finished lines lost: {text!r}")
+PY
+[ ! -e "$work/t.dat" ] || fail "verify left its file behind after SIGTERM"
+
 # bench --plot: the chart's data and script, in a private temporary folder, go while gnuplot still draws.
 # gnuplot is the system's (PATH is not searched); the chart is a FIFO nobody reads yet, so it waits there.
 if [ -x /usr/bin/gnuplot ] || [ -x /bin/gnuplot ] || [ -x /usr/sbin/gnuplot ] || [ -x /sbin/gnuplot ]; then

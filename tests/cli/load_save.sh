@@ -37,7 +37,9 @@ grep -q '^saved .* GiB/s' <<<"$out" || fail "no save rate: $out"
 grep -q '^loaded .* GiB/s' <<<"$out" || fail "no load rate: $out"
 
 "$gdskit" load "$work/in.safetensors" --save "$work/out.safetensors" >/dev/null 2>"$work/err" && fail "replaced without --force"
-grep -q 'File exists' "$work/err" || fail "EEXIST not reported: $(cat "$work/err")"
+# Said with the flag that replaces it, and exit 2 (bad input).
+grep -q -- '--save "'"$work"'/out.safetensors": exists; --force replaces it' "$work/err" || fail "EEXIST: $(cat "$work/err")"
+expect 2 load "$work/in.safetensors" --save "$work/out.safetensors"
 "$gdskit" load "$work/in.safetensors" --save "$work/out.safetensors" --force >/dev/null || fail "--force"
 cmp "$work/in.safetensors" "$work/out.safetensors" || fail "--force wrote other bytes"
 

@@ -158,6 +158,7 @@ TEST(learned_profile, a_converged_shape_is_remembered_once_and_only_when_learnin
     converge(s, off, env.dev, io_dir::write);
   }
   EXPECT_FALSE(fs::exists(env.learned_file())) << "GDSKIT_LEARN=off wrote a learned profile";
+  EXPECT_TRUE(take_learned_writes().empty()) << "nothing written, nothing to say";
 
   // The learning run uses another direction, so that its controller is a fresh one.
   settings on;
@@ -174,6 +175,16 @@ TEST(learned_profile, a_converged_shape_is_remembered_once_and_only_when_learnin
   EXPECT_GT(got.gib_per_s, 0);
   EXPECT_FALSE(got.updated.empty());
   EXPECT_EQ(r.learned->shapes.count("host-write"), 0u);
+  // What was written is said once, in the one line a command prints after its transfers.
+  const auto writes = take_learned_writes();
+  ASSERT_EQ(writes.size(), 1u);
+  EXPECT_EQ(writes[0].key, "host-read");
+  EXPECT_EQ(writes[0].shape, got.shape);
+  const std::string line = learned_notice(writes);
+  EXPECT_EQ(line.rfind("learned: host reads depth ", 0), 0u) << line;
+  EXPECT_NE(line.find("gdskit tune --forget "), std::string::npos) << line;
+  EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+  EXPECT_TRUE(take_learned_notice().empty()) << "said twice";
 
   // Another transfer that ends at the same shape and rate does not write again.
   const auto before = fs::last_write_time(env.learned_file());
@@ -183,6 +194,24 @@ TEST(learned_profile, a_converged_shape_is_remembered_once_and_only_when_learnin
     s.start(std::size_t{1} << 40);
   }
   EXPECT_EQ(fs::last_write_time(env.learned_file()), before);
+  EXPECT_TRUE(take_learned_writes().empty());
+}
+
+// However many shapes a command wrote, it says so in one line, per device, with the command that drops them.
+TEST(learned_profile, the_notice_is_one_line_per_command) {
+  EXPECT_EQ(learned_notice({}), "");
+  const std::string one = learned_notice({{"nvme0n1", "host-read", {8, kMiB}}});
+  EXPECT_EQ(one, "learned: host reads depth 8 x 1.00 MiB on nvme0n1 (gdskit tune --forget nvme0n1 drops it)");
+  // A key written twice shows its last shape; a second device follows in the same line; a device without a
+  // block name is named by its identity, quoted for the shell and escaped for the terminal.
+  const std::string many = learned_notice({{"vda", "host-read", {2, 4 * kMiB}},
+                                           {"vda", "staged-write", {4, 8 * kMiB}},
+                                           {"vda", "host-read", {4, 4 * kMiB}},
+                                           {"dev=7:3 loop\x1b", "host-write", {1, kMiB}}});
+  EXPECT_EQ(many,
+            "learned: host reads depth 4 x 4.00 MiB, staged writes depth 4 x 8.00 MiB on vda (gdskit tune --forget "
+            "vda drops it); host writes depth 1 x 1.00 MiB on dev=7:3 loop\\x1b (gdskit tune --forget "
+            "'dev=7:3 loop\\x1b' drops it)");
 }
 
 // A shape found while a setting pinned the depth or the request size is that setting's answer, not the

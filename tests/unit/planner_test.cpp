@@ -149,6 +149,8 @@ TEST(planner, modes_and_buffers) {
   EXPECT_EQ(staged.path, data_path::staged);
   EXPECT_TRUE(has_reason(staged, "file system tmpfs"));
   EXPECT_TRUE(has_reason(staged, "tmpfs refuses O_DIRECT"));
+  // The plan serves a save as well as a load: its reasons name no one direction.
+  for (const auto& r : staged.reasons) EXPECT_EQ(r.find("reads"), std::string::npos) << r;
   auto forced = decide(none, rt, memory_kind::device, path_mode::gds);
   EXPECT_EQ(forced.path, data_path::gds);
   EXPECT_FALSE(forced.direct_possible);  // gds only because it was forced: bench -x gds refuses this

@@ -225,6 +225,22 @@ TEST(SafetensorsHeader, AnotherKindOfFileIsNotASafetensorsFile) {
       }
     }
   }
+  // Files too short to hold a length and a JSON object are not safetensors files either, whatever the eight
+  // bytes they have would read as.
+  for (const std::string& tiny : {std::string("12345678"), std::string("123456789"), std::string("abc")}) {
+    SCOPED_TRACE(tiny);
+    gdskit::test::write_file(dir / "tiny.bin", std::vector<std::uint8_t>(tiny.begin(), tiny.end()));
+    try {
+      st::read_header(dir / "tiny.bin");
+      FAIL() << "parsed";
+    } catch (const gdskit::error& e) {
+      EXPECT_EQ(e.code().value(), EBADMSG);
+      EXPECT_NE(std::string(e.what()).find("not a safetensors file"), std::string::npos) << e.what();
+      // No length read from the bytes ("12345678" is 4050765991979987505 as one) is quoted or measured.
+      EXPECT_EQ(std::string(e.what()).find("405076"), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find("exceeds"), std::string::npos) << e.what();
+    }
+  }
   // A safetensors file whose length field is damaged still says so: its JSON does begin with '{'.
   try {
     parse(make_file("{}", 0, true, 4096));
@@ -239,13 +255,17 @@ TEST(SafetensorsHeader, TruncatedFileNamesTheTensorThatReachesFurthest) {
   // "a" is empty and sorts first by name; "b" holds the 40 bytes the data section lacks.
   const std::string json = R"({"a":{"dtype":"F16","shape":[0],"data_offsets":[40,40]},)"
                            R"("b":{"dtype":"F32","shape":[10],"data_offsets":[0,40]}})";
+  const auto cut = make_file(json, 32);
   try {
-    parse(make_file(json, 32));
+    parse(cut);
     FAIL();
   } catch (const gdskit::error& e) {
     EXPECT_EQ(e.code().value(), EBADMSG);
     const std::string what = e.what();
-    EXPECT_NE(what.find("truncated"), std::string::npos) << what;
+    // What the header asks for against what the file has: 8 bytes missing.
+    const std::string counts = "truncated: expected " + std::to_string(cut.size() + 8) + " bytes, the file has " +
+                               std::to_string(cut.size());
+    EXPECT_NE(what.find(counts), std::string::npos) << what;
     EXPECT_NE(what.find("tensor \"b\""), std::string::npos) << what;
     EXPECT_EQ(what.find("tensor \"a\""), std::string::npos) << what;
   }
