@@ -81,17 +81,19 @@ bool sharded_save(const load_flags& f) {
   return !f.max_shard_size.empty() || std::filesystem::is_directory(f.save, ec) || f.save.ends_with('/');
 }
 
-// A failed --save, said with the flag that fixes it where there is one. Returns the exit code.
-int save_failed(const gdskit::error& e) {
-  if (e.code() == std::errc::file_exists) {
+// A failed --save, said with the flag that fixes it where there is one (`before`: refused before the load;
+// later a missing file is something that changed under the save, not a folder to create). Returns the exit
+// code.
+int save_failed(const gdskit::error& e, bool before) {
+  if (before && e.code() == std::errc::file_exists) {
     fmt::print(stderr, "gdskit load: --save \"{}\": exists; --force replaces it\n", printable(e.path()));
     return exit_usage;
   }
-  if ((e.code() == std::errc::no_such_file_or_directory || e.code() == std::errc::not_a_directory) &&
+  if (before && (e.code() == std::errc::no_such_file_or_directory || e.code() == std::errc::not_a_directory) &&
       !e.detail().empty()) {
     // The folder is named in the detail ("its folder out does not exist"): said once, with the fix.
     fmt::print(stderr, "gdskit load: --save \"{}\": {} (create the folder first)\n", printable(e.path()),
-               e.detail());
+               printable(e.detail()));
     return exit_usage;
   }
   fmt::print(stderr, "gdskit load: {}\n", e.what());
@@ -177,7 +179,7 @@ int run_load(const load_flags& f) {
     try {
       check_save_flags(f);
     } catch (const gdskit::error& e) {
-      return save_failed(e);
+      return save_failed(e, true);
     }
   }
 
@@ -194,7 +196,7 @@ int run_load(const load_flags& f) {
     try {
       saved = run_save(f, m);
     } catch (const gdskit::error& e) {
-      return save_failed(e);
+      return save_failed(e, false);
     }
   }
   std::vector<std::string> sums;

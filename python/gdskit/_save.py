@@ -208,7 +208,10 @@ def _interruptible(save):
     try:
         return _watched(save)
     except FileExistsError as e:
-        # The engine says overwrite was not set; here that is a keyword argument.
+        # Where the engine says overwrite was not set, that is a keyword argument here; any other EEXIST is
+        # said as it came.
+        if "overwrite not set" not in str(e):
+            raise
         raise FileExistsError(e.errno, "save: exists; overwrite=True replaces it", e.filename) from None
     finally:
         _say_learned()

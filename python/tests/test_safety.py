@@ -131,7 +131,8 @@ def test_numpy_shared_memory_check_is_n_log_n():
     t0 = time.monotonic()
     _check_shared(arrays)
     took = time.monotonic() - t0
-    assert took < 0.5, f"checking 20,000 arrays took {took:.2f} s"
+    # A bound far from both: quadratic would take minutes; a loaded or sanitized run stays well under it.
+    assert took < 3.0, f"checking 20,000 arrays took {took:.2f} s"
     # ... and still finds what shares memory, at any distance in the dict.
     base = np.zeros(100, dtype=np.uint8)
     big = dict(arrays, first=base[:10], last=base[5:20])

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <string_view>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -511,9 +513,13 @@ std::string learned_notice(const std::vector<learned_write>& writes) {
                           format_size(shape.request_bytes));
     }
     const std::string dev = printable(device);
-    // A name with a space (an identity key) is quoted for the shell.
+    // Quoted for the shell unless every character is one the shell takes as it is (an identity key may hold
+    // anything a device reports).
     std::string arg = dev;
-    if (dev.find_first_of(" '\"$`\\") != std::string::npos) {
+    const bool plain = !dev.empty() && std::all_of(dev.begin(), dev.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) != 0 || std::string_view("_.:=+,@%/-").find(c) != std::string_view::npos;
+    });
+    if (!plain) {
       arg = "'";
       for (char c : dev) arg += c == '\'' ? std::string("'\\''") : std::string(1, c);
       arg += "'";

@@ -53,7 +53,8 @@ const syscall_table& sys() noexcept;
 const syscall_table& real_syscalls() noexcept;
 
 /// Installs `table` for its lifetime and restores the previous one (tests only). Installed tables are kept
-/// for the life of the process: work that outlives the scope may still be calling through one.
+/// for the life of the process: work that outlives the scope may still be calling through one (what its
+/// functions capture must then outlive that work too). Scopes nest: the last one made is the first to end.
 class scoped_syscalls {
  public:
   explicit scoped_syscalls(syscall_table table);

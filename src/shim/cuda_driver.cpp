@@ -106,7 +106,9 @@ std::string dlopen_failure(const char* library, const char* when_missing) {
   const char* e = ::dlerror();
   const std::string_view text = e != nullptr ? e : "";
   // glibc: "<name>: cannot open shared object file: No such file or directory" when the search found nothing.
-  if (text.empty() || (text.find("cannot open shared object file") != std::string_view::npos &&
+  // A library that was found but needs one that is missing names that one first: that is not "not found".
+  if (text.empty() || (text.starts_with(std::string(library) + ":") &&
+                       text.find("cannot open shared object file") != std::string_view::npos &&
                        text.ends_with("No such file or directory"))) {
     return fmt::format("{} not found{}", library, when_missing);
   }

@@ -72,6 +72,11 @@ bool first_in_session(std::string_view what) noexcept {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     if (ec) return true;
+    // Only a real folder of this user's (not a link, not another user's folder in a shared place that a
+    // variable named) holds markers; anything else and the note is simply said.
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid()) return true;
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && ::chmod(dir.c_str(), 0700) != 0) return true;
     const std::string prefix = fmt::format("{}-", what);
     // Markers of earlier boots name sessions that are gone (the runtime folder is emptied at logout anyway).
     const std::string boot = prefix + boot_prefix();

@@ -43,6 +43,7 @@ class late_copier final : public engine::group_copier {
     if (queued_.empty()) return;
     ++s_.groups;
     s_.copies += static_cast<int>(queued_.size());
+    if (static_cast<int>(queued_.size()) > s_.largest_group) s_.largest_group = static_cast<int>(queued_.size());
     {
       std::lock_guard lock(m_);
       jobs_.push_back({std::move(queued_), token, std::move(done), std::chrono::steady_clock::now() + delay_});

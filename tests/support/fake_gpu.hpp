@@ -21,6 +21,8 @@ struct copier_stats {
   std::atomic<int> live_chunks{0};
   /// Groups flushed and not yet landed, at most, over the copier's life.
   std::atomic<int> most_pending{0};
+  /// Copies in one group, at most.
+  std::atomic<int> largest_group{0};
 };
 
 /// A gpu_backend whose only route is the group copier above; the other routes throw ENOTSUP (cuFile batches

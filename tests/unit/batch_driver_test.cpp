@@ -86,6 +86,31 @@ TEST_F(driver_fixture, device_reads_land_before_they_are_reported_in_few_copy_gr
   fut.wait_released();
 }
 
+// While copies are slow, reads that finished wait in staging for the next group; how many may wait is bounded
+// by the depth (four per request in flight), so staging does not grow with the batch.
+TEST_F(driver_fixture, reads_waiting_for_slow_copies_are_bounded_by_the_depth) {
+  engine::transfer_core core;
+  core.install(make_fake_gpu(stats, 20ms));
+  constexpr std::size_t n = 600, len = 4096, stride = 65536;  // apart: one request, one copy per range
+  const auto data = random_bytes(n * stride, 31);
+  test::write_file(dir / "f", data);
+  file_handle f(dir / "f", open_mode::read);
+  std::vector<std::uint8_t> mem(n * len, 0xEE);
+  std::vector<io_range> ranges;
+  for (std::size_t i = 0; i < n; ++i) ranges.push_back({&f, i * stride + 100, fake_device(mem.data() + i * len, len)});
+  batch_options o;
+  o.queue_depth = 4;
+  batch_future fut = drive(core, io_direction::read, ranges, o);
+  const batch_result& r = fut.get();
+  ASSERT_TRUE(r.ok());
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(0, std::memcmp(mem.data() + i * len, data.data() + i * stride + 100, len)) << i;
+  }
+  EXPECT_LE(stats.largest_group.load(), 16) << "more reads waited in staging than the depth allows";
+  EXPECT_LE(stats.most_pending.load(), 2);
+  fut.wait_released();
+}
+
 TEST_F(driver_fixture, device_writes_read_back_equal) {
   engine::transfer_core core;
   core.install(make_fake_gpu(stats, 1ms));

@@ -212,6 +212,9 @@ TEST(learned_profile, the_notice_is_one_line_per_command) {
             "learned: host reads depth 4 x 4.00 MiB, staged writes depth 4 x 8.00 MiB on vda (gdskit tune --forget "
             "vda drops it); host writes depth 1 x 1.00 MiB on dev=7:3 loop\\x1b (gdskit tune --forget "
             "'dev=7:3 loop\\x1b' drops it)");
+  // Any character the shell would act on is quoted, not only spaces and quotes.
+  EXPECT_NE(learned_notice({{"wwid=a;reboot", "host-read", {8, kMiB}}}).find("--forget 'wwid=a;reboot' drops"),
+            std::string::npos);
 }
 
 // A shape found while a setting pinned the depth or the request size is that setting's answer, not the

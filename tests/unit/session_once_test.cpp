@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <iterator>
 
 #include "test_support.hpp"
 #include "tools/session_once.hpp"
@@ -51,6 +52,20 @@ TEST(session_once, another_session_asks_again) {
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0) << "a new session did not see the note";
   EXPECT_FALSE(first_in_session("note"));
+}
+
+// A marker folder that is a link (planted in a shared place a variable named) is not used: nothing in its
+// target is created or removed, and the note is said every time.
+TEST(session_once, a_linked_marker_folder_is_not_used) {
+  temp_dir t;
+  fs::create_directories(t.path() / "elsewhere");
+  test::write_text(t.path() / "elsewhere" / "note-0-old", "x");
+  fs::create_directory_symlink(t.path() / "elsewhere", t.path() / "gdskit");
+  env_var run("XDG_RUNTIME_DIR", t.path().string());
+  EXPECT_TRUE(first_in_session("note"));
+  EXPECT_TRUE(first_in_session("note"));
+  EXPECT_TRUE(fs::exists(t.path() / "elsewhere" / "note-0-old")) << "a file behind the link was removed";
+  EXPECT_EQ(std::distance(fs::directory_iterator(t.path() / "elsewhere"), fs::directory_iterator{}), 1);
 }
 
 TEST(session_once, without_a_usable_folder_it_is_said_every_time) {
