@@ -133,7 +133,7 @@ struct request {
   bool split = false;        // one of several requests of a range
   bool to_device = false;    // the ranges' memory is GPU memory (copies through the group copier)
   std::vector<delivery> parts;
-  std::vector<std::uint8_t> claimed;  // reads to GPU memory: the parts whose copies were queued under a claim
+  std::vector<std::uint8_t> claimed;  // reads to GPU memory: per part, 3 waiting for its group, 1 copy queued under a claim, 2 decided by the copy callback
   std::vector<std::uint32_t> crcs;     // checksummed reads: each part's CRC32C
   std::uint32_t crc = 0;               // checksummed writes (one range): the CRC32C of the bytes written
   std::error_code ec;
@@ -995,17 +995,19 @@ class driver {
       const delivery& p = r.parts[k];
       const std::size_t n = std::min(p.nbytes, got > p.req_off ? got - p.req_off : 0);
       if (checksummed() && !verified(r, k, n)) continue;
-      if (n == 0 || !claim_part(p.range)) {
-        if (n == 0) part_done(p, 0, r);
+      if (n == 0) {
+        part_done(p, 0, r);
         continue;
       }
-      const auto& mem = b_.ranges[p.range].memory;
       if (r.to_device) {
-        copier_->add(true, r.buf + head + p.req_off, reinterpret_cast<std::uintptr_t>(mem.data) + p.range_off, n);
-        r.claimed[k] = 1;
+        // Claimed, and its copy queued, when its group goes out (flush_copies): until then the deadline may
+        // still decide the range, which a held group would otherwise keep from it.
+        r.claimed[k] = k_awaiting_flush;
         queued = true;
         continue;
       }
+      if (!claim_part(p.range)) continue;
+      const auto& mem = b_.ranges[p.range].memory;
       std::memcpy(static_cast<std::byte*>(mem.data) + p.range_off, r.buf + head + p.req_off, n);
       part_done(p, n, r, true, r.crcs[k]);
     }
@@ -1150,9 +1152,50 @@ class driver {
   static constexpr std::size_t k_copy_groups_inflight = 2;
   static constexpr std::size_t k_copy_hold_per_depth = 4;
 
+  // claimed[k] of a read part waiting in group_ for its group to go out.
+  static constexpr std::uint8_t k_awaiting_flush = 3;
+
+  // Claims the waiting parts of the reads in group_ and queues their copies; reads none of whose parts could
+  // be claimed (the deadline decided them meanwhile) leave the group and give their staging back.
+  void claim_group() {
+    std::vector<request*> kept;
+    kept.reserve(group_.size());
+    for (request* r : group_) {
+      if (r->write) {
+        kept.push_back(r);
+        continue;
+      }
+      const std::size_t head = static_cast<std::size_t>(r->offset - r->io_offset);
+      const std::size_t got = logical_got(*r);
+      bool any = false;
+      for (std::size_t k = 0; k < r->parts.size(); ++k) {
+        if (r->claimed[k] != k_awaiting_flush) continue;
+        const delivery& p = r->parts[k];
+        if (!claim_part(p.range)) {
+          r->claimed[k] = 0;
+          continue;
+        }
+        const std::size_t n = std::min(p.nbytes, got > p.req_off ? got - p.req_off : 0);
+        const auto& mem = b_.ranges[p.range].memory;
+        copier_->add(true, r->buf + head + p.req_off, reinterpret_cast<std::uintptr_t>(mem.data) + p.range_off, n);
+        r->claimed[k] = 1;
+        any = true;
+      }
+      if (any) {
+        kept.push_back(r);
+      } else {
+        --reads_awaiting_copy_;
+        release(*r);
+      }
+    }
+    group_.swap(kept);
+  }
+
   void flush_copies() {
     if (group_.empty()) return;
     if (copies_inflight_ >= k_copy_groups_inflight && !b_.stopping()) return;
+    claim_group();
+    if (group_.empty()) return;
     const std::uint64_t token = next_token_++;
     // The ranges a group fills whole end the moment its copies have landed, not when this thread next looks:
     // it may be held up by other requests (a slow completion, a request it runs itself), and a claimed range
