@@ -1,6 +1,8 @@
 // Random reads of many small ranges, three ways in one run, cold (O_DIRECT; the file dropped from the page cache
 // before each run):
 //   ring     the ceiling: one thread keeping DEPTH O_DIRECT reads in flight on a raw io_uring ring
+//   ring, wide  the same ring with its reads spread over as much destination memory as one batch's ranges
+//            (on a device that copies into memory, destinations out of the CPU's caches cost rate)
 //   batch    gdskit: one calling thread submitting batches of many ranges at queue depth DEPTH, into host memory
 //            and (where a GPU is usable) into GPU memory
 //   workers  gdskit bench's way before batches: DEPTH threads, each reading one range at a time
@@ -68,7 +70,10 @@ std::vector<std::uint64_t> offsets_for(std::uint64_t file_size, std::size_t io, 
   return out;
 }
 
-result raw_ring(const std::filesystem::path& path, std::uint64_t size, std::size_t io, unsigned depth, double seconds) {
+// `footprint`: bytes of destination memory the reads rotate through (0: one slot per request in flight, the
+// classic ceiling whose destinations stay in the CPU's caches).
+result raw_ring(const std::filesystem::path& path, std::uint64_t size, std::size_t io, unsigned depth, double seconds,
+                std::size_t footprint = 0, const char* what = "ring") {
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
   if (fd < 0) {
     std::perror("open O_DIRECT");
@@ -79,14 +84,18 @@ result raw_ring(const std::filesystem::path& path, std::uint64_t size, std::size
     std::fprintf(stderr, "io_uring_queue_init failed\n");
     std::exit(2);
   }
-  std::byte* mem = static_cast<std::byte*>(std::aligned_alloc(4096, io * depth));
+  const std::size_t slots = std::max<std::size_t>(depth, footprint / io);
+  std::byte* mem = static_cast<std::byte*>(std::aligned_alloc(4096, io * slots));
+  std::memset(mem, 0, io * slots);  // touched, as the batch's destinations are
+  std::size_t cursor = 0;
   const auto offs = offsets_for(size, io, 1 << 22, 11);
   std::vector<double> start(depth), lat;
   lat.reserve(1 << 20);
   std::size_t next = 0, bytes = 0, ops = 0;
   auto submit = [&](unsigned slot) {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-    io_uring_prep_read(sqe, fd, mem + slot * io, static_cast<unsigned>(io), offs[next++ % offs.size()]);
+    std::byte* dst = slots == depth ? mem + slot * io : mem + (cursor++ % slots) * io;
+    io_uring_prep_read(sqe, fd, dst, static_cast<unsigned>(io), offs[next++ % offs.size()]);
     io_uring_sqe_set_data64(sqe, slot);
     start[slot] = now_s();
   };
@@ -120,7 +129,7 @@ result raw_ring(const std::filesystem::path& path, std::uint64_t size, std::size
   io_uring_queue_exit(&ring);
   std::free(mem);
   ::close(fd);
-  return summarize("ring", bytes, ops, dt, cpu, lat);
+  return summarize(what, bytes, ops, dt, cpu, lat);
 }
 
 // Batches of `per_batch` ranges, one after another, at queue depth `depth`, into distinct slices of `dst`.
@@ -248,6 +257,11 @@ int main(int argc, char** argv) {
       }
       continue;
     }
+    // The ring again, its reads spread over as much destination memory as a batch's (per_batch ranges): what a
+    // device that copies into memory (a RAM loop device, a virtual disk) gives when the destinations are not in
+    // the CPU's caches.
+    drop_cache(path);
+    const result wide = raw_ring(path, size, io, depth, seconds, per_batch * io, "ring, wide");
     std::vector<std::byte> host(per_batch * io + 4096);
     auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(host.data()) + 4095) / 4096 * 4096);
     drop_cache(path);
@@ -261,13 +275,16 @@ int main(int argc, char** argv) {
       drop_cache(path);
       rs.push_back(workers(path, size, io, depth, seconds, d.view(), "workers gpu"));
     }
+    rs.insert(rs.begin() + 1, wide);
     for (const auto& r : rs) print(r);
     const result& ring = rs[0];
-    for (std::size_t k = 1; k < rs.size(); k += 2) {
+    for (std::size_t k = 2; k < rs.size(); k += 2) {
       const result& b = rs[k];
       const result& w = rs[k + 1];
-      std::printf("  %s: %.3f of the ring's rate, p99.9 %.2fx the ring's, %.3f of the workers' CPU per GiB\n",
-                  b.what.c_str(), b.gib_s / ring.gib_s, b.p999_us / ring.p999_us, b.cpu_s_per_gib / w.cpu_s_per_gib);
+      std::printf("  %s: %.3f of the ring's rate (%.3f of the wide ring's), p99.9 %.2fx the ring's, %.3f of the "
+                  "workers' CPU per GiB\n",
+                  b.what.c_str(), b.gib_s / ring.gib_s, b.gib_s / wide.gib_s, b.p999_us / ring.p999_us,
+                  b.cpu_s_per_gib / w.cpu_s_per_gib);
     }
     if (json != nullptr) {
       for (const auto& r : rs) {
