@@ -116,6 +116,10 @@ struct delivery {
   std::size_t nbytes = 0;
 };
 
+// A read part's copy into GPU memory: not (any more) to be copied, waiting for its group to go out, queued
+// under the range's claim, or decided by the copy callback when it landed.
+enum class copy_state : std::uint8_t { none, awaiting_group, queued, decided_on_landing };
+
 struct request {
   const open_file* file = nullptr;
   bool write = false;
@@ -133,7 +137,7 @@ struct request {
   bool split = false;        // one of several requests of a range
   bool to_device = false;    // the ranges' memory is GPU memory (copies through the group copier)
   std::vector<delivery> parts;
-  std::vector<std::uint8_t> claimed;  // reads to GPU memory: per part, 3 waiting for its group, 1 copy queued under a claim, 2 decided by the copy callback
+  std::vector<copy_state> claimed;     // reads to GPU memory: where each part's copy stands
   std::vector<std::uint32_t> crcs;     // checksummed reads: each part's CRC32C
   std::uint32_t crc = 0;               // checksummed writes (one range): the CRC32C of the bytes written
   std::error_code ec;
@@ -989,7 +993,7 @@ class driver {
     }
     const std::size_t head = static_cast<std::size_t>(r.offset - r.io_offset);
     bool queued = false;
-    r.claimed.assign(r.parts.size(), 0);
+    r.claimed.assign(r.parts.size(), copy_state::none);
     r.crcs.assign(r.parts.size(), 0);
     for (std::size_t k = 0; k < r.parts.size(); ++k) {
       const delivery& p = r.parts[k];
@@ -1002,7 +1006,7 @@ class driver {
       if (r.to_device) {
         // Claimed, and its copy queued, when its group goes out (flush_copies): until then the deadline may
         // still decide the range, which a held group would otherwise keep from it.
-        r.claimed[k] = k_awaiting_flush;
+        r.claimed[k] = copy_state::awaiting_group;
         queued = true;
         continue;
       }
@@ -1152,9 +1156,6 @@ class driver {
   static constexpr std::size_t k_copy_groups_inflight = 2;
   static constexpr std::size_t k_copy_hold_per_depth = 4;
 
-  // claimed[k] of a read part waiting in group_ for its group to go out.
-  static constexpr std::uint8_t k_awaiting_flush = 3;
-
   // Claims the waiting parts of the reads in group_ and queues their copies; reads none of whose parts could
   // be claimed (the deadline decided them meanwhile) leave the group and give their staging back.
   void claim_group() {
@@ -1169,16 +1170,16 @@ class driver {
       const std::size_t got = logical_got(*r);
       bool any = false;
       for (std::size_t k = 0; k < r->parts.size(); ++k) {
-        if (r->claimed[k] != k_awaiting_flush) continue;
+        if (r->claimed[k] != copy_state::awaiting_group) continue;
         const delivery& p = r->parts[k];
         if (!claim_part(p.range)) {
-          r->claimed[k] = 0;
+          r->claimed[k] = copy_state::none;
           continue;
         }
         const std::size_t n = std::min(p.nbytes, got > p.req_off ? got - p.req_off : 0);
         const auto& mem = b_.ranges[p.range].memory;
         copier_->add(true, r->buf + head + p.req_off, reinterpret_cast<std::uintptr_t>(mem.data) + p.range_off, n);
-        r->claimed[k] = 1;
+        r->claimed[k] = copy_state::queued;
         any = true;
       }
       if (any) {
@@ -1206,13 +1207,13 @@ class driver {
       const std::size_t got = logical_got(*r);
       for (std::size_t k = 0; k < r->parts.size(); ++k) {
         const delivery& p = r->parts[k];
-        if (r->claimed[k] != 1 || splits_.count(p.range) != 0) continue;
+        if (r->claimed[k] != copy_state::queued || splits_.count(p.range) != 0) continue;
         const std::size_t n = std::min(p.nbytes, got > p.req_off ? got - p.req_off : 0);
         const std::size_t moved = p.range_off + n;
         std::error_code ec;
         if (moved < b_.ranges[p.range].memory.nbytes && b_.options.exact) ec = errno_code(ENODATA);
         landings.push_back({p.range, moved, ec, r->crcs.empty() ? 0 : r->crcs[k], r->issued});
-        r->claimed[k] = 2;  // decided by the callback
+        r->claimed[k] = copy_state::decided_on_landing;
       }
     }
     groups_.emplace(token, std::move(group_));
@@ -1279,7 +1280,7 @@ class driver {
         const std::size_t got = logical_got(*r);
         for (std::size_t k = 0; k < r->parts.size(); ++k) {
           const delivery& p = r->parts[k];
-          if (r->claimed[k] != 1) continue;  // not claimed, or decided when its copies landed
+          if (r->claimed[k] != copy_state::queued) continue;  // not claimed, or decided when its copies landed
           const std::size_t n = std::min(p.nbytes, got > p.req_off ? got - p.req_off : 0);
           if (ec) {
             part_failed(p, ec, true);
