@@ -31,16 +31,7 @@ echo "fast disk: $fast; virtual disk: $slow" >> "$summary"
 
 # The Python extension, compiled here against this machine's Python and a carried library:
 #   build_ext NAME SOURCE_TREE LIB_DIR OUT_DIR
-build_ext() {
-  local name=$1 tree=$2 lib=$3 dst=$4
-  mkdir -p "$dst"
-  cp -r "$tree/python/gdskit" "$dst/"
-  step "$name" 300 bash -c "g++ -O2 -std=c++20 -shared -fPIC -I$tree/include -I$lib/../include -I$tree/src \
-      -I\$(python3 -c 'import sysconfig;print(sysconfig.get_paths()[\"include\"])') \
-      -I\$(python3 -c 'import pybind11;print(pybind11.get_include())') -DGDSKIT_VERSION_TEXT='\"0.1.0\"' \
-      $tree/python/src/*.cpp $lib/libgdskit.a \$(ls $lib/liburing.a 2>/dev/null) -ldl -lpthread \
-      -o $dst/gdskit/_gdskit\$(python3 -c 'import sysconfig;print(sysconfig.get_config_var(\"EXT_SUFFIX\"))')"
-}
+build_ext() { step "$1" 300 bash scripts/gpu-python-ext.sh "$2" "$3" "$4"; }
 py=/tmp/gdskit-py
 build_ext python_build . "$carry/lib" "$py"
 
@@ -75,6 +66,7 @@ if want gather; then
   TAIL=20 step gather_fast 900 env PYTHONPATH="$py" PYTHONUNBUFFERED=1 python3 scripts/gather-bench.py \
       --file "$fast/emb.npy" --size-gib 8 --row-bytes 4096 --rows 100000 --rounds 3 --ring "$bin/batch_bench" \
       --json "$out/gather_fast.json"
+  rm -f "$fast"/emb.npy*
 fi
 if want seq; then
   # Sequential loads and saves before the batch core (.carry/before: library and sources of that commit) and

@@ -61,33 +61,9 @@ note "fast disk: $fast (RAM loop device); virtual disk: $slow ($(df -h /var/tmp 
 dd if=/dev/zero of="$fast/fill" bs=4M count=$(( (${FAST_GIB:-16} - 1) * 256 )) oflag=direct status=none 2>/dev/null
 rm -f "$fast/fill"
 
-# The Python extension, compiled here against this machine's Python and the carried library (the three
-# binding files at once, then linked).
+# The Python extension, compiled here against this machine's Python and the carried library.
 py=/tmp/gdskit-kv-py
-rm -rf "$py"
-mkdir -p "$py/obj"
-cp -r python/gdskit "$py/"
-build_python() {
-  local inc pyb suffix
-  inc=$(python3 -c 'import sysconfig;print(sysconfig.get_paths()["include"])')
-  pyb=$(python3 -c 'import pybind11;print(pybind11.get_include())' 2>/dev/null || echo /usr/include)
-  suffix=$(python3 -c 'import sysconfig;print(sysconfig.get_config_var("EXT_SUFFIX"))')
-  local pids=()
-  for src in python/src/*.cpp; do
-    g++ -O2 -std=c++20 -fPIC -Iinclude -I"$carry/include" -Isrc -I"$inc" -I"$pyb" -DGDSKIT_VERSION_TEXT='"0.1.0"' \
-        -c "$src" -o "$py/obj/$(basename "$src" .cpp).o" &
-    pids+=($!)
-  done
-  local rc=0
-  for p in "${pids[@]}"; do wait "$p" || rc=1; done
-  [ $rc -eq 0 ] || return 1
-  local uring=()
-  [ -f "$carry/lib/liburing.a" ] && uring=("$carry/lib/liburing.a")
-  g++ -shared "$py"/obj/*.o "$carry/lib/libgdskit.a" "${uring[@]}" -ldl -lpthread -o "$py/gdskit/_gdskit$suffix"
-}
-export -f build_python
-export py carry
-step python_build 240 bash -c build_python
+step python_build 240 bash scripts/gpu-python-ext.sh . "$carry/lib" "$py"
 
 # Tests with a GPU: the store's C++ tests (GPU memory, stream ordering, blocks over 8 MiB, faults through the
 # syscall seam), then the Python ones (CUDA tensors, stream ordering, the adapters' replayed call orders).

@@ -88,13 +88,7 @@ if [ "$what" = python ] || [ "$what" = all ]; then
   # The extension is compiled here against this machine's Python and pybind11, linking the carried library.
   carry=$(cd "$bin/.." && pwd)
   py="$work/py"
-  mkdir -p "$py"
-  cp -r python/gdskit "$py/"
-  step python_build 300 bash -c "g++ -O2 -std=c++20 -shared -fPIC -Iinclude -I$carry/include -Isrc \
-      -I\$(python3 -c 'import sysconfig;print(sysconfig.get_paths()[\"include\"])') \
-      -I\$(python3 -c 'import pybind11;print(pybind11.get_include())') -DGDSKIT_VERSION_TEXT='\"0.1.0\"' \
-      python/src/*.cpp $carry/lib/libgdskit.a \$(ls $carry/lib/liburing.a 2>/dev/null) -ldl -lpthread \
-      -o $py/gdskit/_gdskit\$(python3 -c 'import sysconfig;print(sysconfig.get_config_var(\"EXT_SUFFIX\"))')"
+  step python_build 300 bash scripts/gpu-python-ext.sh . "$carry/lib" "$py"
   TAIL=40 step python_tests 400 env PYTHONPATH="$py" PYTHONUNBUFFERED=1 python3 scripts/gpu-safetensors-test.py --cli "$bin/gdskit" --dir "$work"
   TAIL=40 step python_perf 500 env PYTHONPATH="$py" PYTHONUNBUFFERED=1 python3 scripts/perf-safetensors.py --dir "$work" --size-gib "${ST_SIZE_GIB:-4}" --runs 2 --cli "$bin/gdskit"
 fi
