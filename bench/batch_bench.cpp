@@ -6,6 +6,7 @@
 //   batch    gdskit: one calling thread submitting batches of many ranges at queue depth DEPTH, into host memory
 //            and (where a GPU is usable) into GPU memory
 //   workers  gdskit bench's way before batches: DEPTH threads, each reading one range at a time
+//   batch gpu, engines  the GPU batch with its small pieces copied by the copy engines, not the copy kernel
 // Each prints GiB/s, IOPS, per-range p50/p99/p99.9 latency and CPU-s per GiB, and the batch's ratios against the
 // ring (rate, p99.9) and against the workers (CPU).
 //
@@ -274,13 +275,21 @@ int main(int argc, char** argv) {
       rs.push_back(batches(path, size, io, depth, seconds, d.view(), "batch gpu"));
       drop_cache(path);
       rs.push_back(workers(path, size, io, depth, seconds, d.view(), "workers gpu"));
+      // The same batches with every piece through the copy engines instead of the copy kernel.
+      set_setting("copy_kernel", "off");
+      drop_cache(path);
+      rs.push_back(batches(path, size, io, depth, seconds, d.view(), "batch gpu, engines"));
+      reset_setting("copy_kernel");
     }
     rs.insert(rs.begin() + 1, wide);
     for (const auto& r : rs) print(r);
     const result& ring = rs[0];
-    for (std::size_t k = 2; k < rs.size(); k += 2) {
-      const result& b = rs[k];
-      const result& w = rs[k + 1];
+    const auto row = [&](const char* what) -> const result& {
+      return *std::find_if(rs.begin(), rs.end(), [&](const result& r) { return r.what == what; });
+    };
+    for (const result& b : rs) {
+      if (b.what.rfind("batch", 0) != 0) continue;
+      const result& w = row(b.what.find("gpu") != std::string::npos ? "workers gpu" : "workers host");
       std::printf("  %s: %.3f of the ring's rate (%.3f of the wide ring's), p99.9 %.2fx the ring's, %.3f of the "
                   "workers' CPU per GiB\n",
                   b.what.c_str(), b.gib_s / ring.gib_s, b.gib_s / wide.gib_s, b.p999_us / ring.p999_us,

@@ -58,6 +58,10 @@ struct settings {
   /// profile, beside the one `gdskit tune` writes) so that later processes start from it and hold it until the
   /// device's rate moves. GDSKIT_LEARN=on|off (default on). Off: learned profiles are neither read nor written.
   bool learn = true;
+  /// Whether small pieces between pinned staging and GPU memory (batches of many ranges) are moved by one copy
+  /// kernel per group (on), or by the copy engines one piece at a time (off). GDSKIT_COPY_KERNEL=on|off
+  /// (default on; copy engines are used anyway where the driver cannot load the kernel).
+  bool copy_kernel = true;
   /// True when the matching GDSKIT_* variable was given (from_env) or code set the value on purpose: that value
   /// then wins over the adaptive controller and the profile, which adapt the other coordinate only. In the
   /// process-wide settings they follow the values' sources (set whenever the source is not the default).

@@ -162,6 +162,9 @@ const field k_fields[] = {
     {"staging_slot_bytes", "GDSKIT_STAGING_SLOT_BYTES", setting_kind::bytes,
      "staging slot size for storage (64 KiB..1 GiB, 4 KiB multiple); set, it is the staged request size",
      GDSKIT_BYTES_FIELD(staging_slot_bytes)},
+    {"copy_kernel", "GDSKIT_COPY_KERNEL", setting_kind::on_off,
+     "small pieces between staging and GPU memory: one copy kernel per group (on) or the copy engines (off)",
+     GDSKIT_SWITCH_FIELD(copy_kernel)},
 };
 #undef GDSKIT_COUNT_FIELD
 #undef GDSKIT_BYTES_FIELD

@@ -1,7 +1,10 @@
 #include "gpu/group_copier.hpp"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -10,13 +13,64 @@
 
 #include "common/log.hpp"
 #include "gdskit/error.hpp"
+#include "gdskit/settings.hpp"
+#include "gpu/copy_pieces_ptx.hpp"
 #include "gpu/cuda_raii.hpp"
+#include "posix/anon_memory.hpp"
 #include "shim/cuda_driver.hpp"
 
 namespace gdskit::gpu {
 namespace {
 
 using namespace shim;
+
+// Page-locked host memory mapped into the device's address space: staging that the copy engines and the copy
+// kernel both reach. Throws gdskit::error when the memory cannot be pinned.
+class mapped_chunk {
+ public:
+  mapped_chunk(std::size_t nbytes, int device) : device_(device), nbytes_(nbytes) {
+    const cuda_api& a = cuda_or_throw();
+    gpu::context_guard ctx(device);
+    posix::anon_memory m(nbytes);
+    if (a.cuMemHostRegister(m.data(), m.size(), MEMHOSTREGISTER_PORTABLE | MEMHOSTREGISTER_DEVICEMAP) == CUDA_SUCCESS) {
+      mapped_ = m.size();
+      host_ = static_cast<std::byte*>(m.release());
+    } else {
+      // Some drivers and sandboxes refuse to register (pinned-memory limits): the driver's own allocator then.
+      void* p = nullptr;
+      check_cuda(a.cuMemHostAlloc(&p, nbytes, MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP), "cuMemHostAlloc");
+      host_ = static_cast<std::byte*>(p);
+    }
+    dev_ = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(host_));
+    // With unified addressing the device sees the host address; the driver says so where it can be asked.
+    if (a.cuMemHostGetDevicePointer != nullptr && a.cuMemHostGetDevicePointer(&dev_, host_, 0) != CUDA_SUCCESS) {
+      dev_ = 0;  // not mapped: copy engines only
+    }
+  }
+  ~mapped_chunk() {
+    std::byte* p = host_;
+    if (mapped_ == 0) {
+      gpu::release_in_context(device_, "cuMemFreeHost", [p] { return cuda()->cuMemFreeHost(p); });
+      return;
+    }
+    gpu::release_in_context(device_, "cuMemHostUnregister", [p] { return cuda()->cuMemHostUnregister(p); });
+    ::munmap(p, mapped_);
+  }
+  mapped_chunk(const mapped_chunk&) = delete;
+  mapped_chunk& operator=(const mapped_chunk&) = delete;
+
+  std::byte* host() const noexcept { return host_; }
+  std::size_t size() const noexcept { return nbytes_; }
+  /// The chunk's address as the device sees it; 0 when it is not mapped.
+  CUdeviceptr device_address() const noexcept { return dev_; }
+
+ private:
+  int device_;
+  std::size_t nbytes_;
+  std::byte* host_ = nullptr;
+  std::size_t mapped_ = 0;  // registered anonymous memory (else the driver's allocation)
+  CUdeviceptr dev_ = 0;
+};
 
 // Idle pinned chunks per (device, size), kept for the next batch: registering memory costs about a millisecond
 // per megabyte, far more than the small reads it stages.
@@ -29,7 +83,7 @@ class chunk_pool {
     return *p;
   }
 
-  std::unique_ptr<pinned_buffer> take(int device, std::size_t nbytes) {
+  std::unique_ptr<mapped_chunk> take(int device, std::size_t nbytes) {
     {
       std::lock_guard lock(mutex_);
       auto& v = idle_[{device, nbytes}];
@@ -40,28 +94,60 @@ class chunk_pool {
         return b;
       }
     }
-    return std::make_unique<pinned_buffer>(nbytes, device);
+    return std::make_unique<mapped_chunk>(nbytes, device);
   }
 
-  void give(int device, std::unique_ptr<pinned_buffer> b) noexcept {
+  void give(int device, std::size_t nbytes, std::unique_ptr<mapped_chunk> b) noexcept {
     try {
       std::lock_guard lock(mutex_);
-      if (idle_bytes_ + b->size() > k_idle_cap_bytes) return;  // freed as `b` goes
-      idle_bytes_ += b->size();
-      idle_[{device, b->size()}].push_back(std::move(b));
+      if (idle_bytes_ + nbytes > k_idle_cap_bytes) return;  // freed as `b` goes
+      idle_bytes_ += nbytes;
+      idle_[{device, nbytes}].push_back(std::move(b));
     } catch (...) {
     }
   }
 
  private:
   std::mutex mutex_;
-  std::map<std::pair<int, std::size_t>, std::vector<std::unique_ptr<pinned_buffer>>> idle_;
+  std::map<std::pair<int, std::size_t>, std::vector<std::unique_ptr<mapped_chunk>>> idle_;
   std::size_t idle_bytes_ = 0;
 };
+
+// The copy kernel (kernels/copy_pieces.cu) in `device`'s primary context, compiled from its PTX once per process;
+// nullptr where the driver cannot load it (no kernel entry points, a driver older than the PTX): the copy
+// engines then move every piece. Call with the device's context current.
+CUfunction copy_kernel(const cuda_api& a, int device) {
+  static std::mutex mutex;
+  static std::map<int, CUfunction> loaded;
+  std::lock_guard lock(mutex);
+  if (auto it = loaded.find(device); it != loaded.end()) return it->second;
+  CUfunction f = nullptr;
+  if (a.cuModuleLoadData != nullptr) {
+    CUmodule module = nullptr;  // kept for the process: the function lives in it
+    CUresult r = a.cuModuleLoadData(&module, k_copy_pieces_ptx);
+    if (r == CUDA_SUCCESS) r = a.cuModuleGetFunction(&f, module, "gdskit_copy_pieces");
+    if (r != CUDA_SUCCESS) {
+      f = nullptr;
+      log_warning(fmt::format("GPU {}: the copy kernel could not be loaded ({}); small copies go through the copy engines",
+                           device, cuda_error_name(r)));
+    }
+  }
+  loaded.emplace(device, f);
+  return f;
+}
+
+// One piece for the copy kernel, as kernels/copy_pieces.cu reads it: addresses as the device sees them.
+struct kernel_piece {
+  std::uint64_t src;
+  std::uint64_t dst;
+  std::uint64_t nbytes;
+};
+static_assert(sizeof(kernel_piece) == 24);
 
 struct host_call {
   std::uint64_t token;
   std::function<void(std::uint64_t, std::error_code)> done;
+  std::function<void()> after;  // once `done` returned
 };
 
 void run_host_call(void* p) {
@@ -71,35 +157,62 @@ void run_host_call(void* p) {
   } catch (...) {
     log_warning("batch copy completion: the callback threw");
   }
+  if (c->after) c->after();
 }
 
 class cuda_group_copier final : public engine::group_copier {
  public:
-  explicit cuda_group_copier(int device) : device_(device), stream_(device, CU_STREAM_NON_BLOCKING) {}
+  // Pieces smaller than this go to the copy kernel; larger ones to the copy engines, which move them at the
+  // bus's rate for about a microsecond of CPU each.
+  static constexpr std::size_t k_kernel_piece_bytes = std::size_t{64} << 10;
+  // One table of pieces per launch, in mapped pinned memory the kernel reads.
+  static constexpr std::size_t k_table_bytes = std::size_t{64} << 10;
+  static constexpr std::size_t k_pieces_per_launch = k_table_bytes / sizeof(kernel_piece);
+  static constexpr unsigned k_kernel_threads = 256;
+
+  explicit cuda_group_copier(int device) : device_(device), stream_(device, CU_STREAM_NON_BLOCKING) {
+    if (!default_settings().copy_kernel) return;
+    const cuda_api& a = cuda_or_throw();
+    gpu::context_guard ctx(device);
+    kernel_ = copy_kernel(a, device);
+    if (kernel_ == nullptr) return;
+    try {
+      auto table = chunk_pool::instance().take(device_, k_table_bytes);
+      if (table->device_address() == 0) {
+        kernel_ = nullptr;  // host memory the device cannot address here: copy engines only
+        chunk_pool::instance().give(device_, k_table_bytes, std::move(table));
+        return;
+      }
+      tables_.push_back(std::move(table));
+    } catch (const error&) {
+      kernel_ = nullptr;  // pinning refused: copy engines only
+    }
+  }
 
   ~cuda_group_copier() override {
     drain();
     std::lock_guard lock(mutex_);
-    for (auto& [ptr, b] : chunks_) chunk_pool::instance().give(device_, std::move(b));
+    for (auto& [ptr, b] : chunks_) chunk_pool::instance().give(device_, b->size(), std::move(b));
+    for (auto& t : tables_) chunk_pool::instance().give(device_, k_table_bytes, std::move(t));
   }
 
   int device() const override { return device_; }
 
   std::byte* take_chunk(std::size_t nbytes) override {
-    std::unique_ptr<pinned_buffer> b;
+    std::unique_ptr<mapped_chunk> b;
     try {
       b = chunk_pool::instance().take(device_, nbytes);
     } catch (const error&) {
       return nullptr;  // pinning refused (a limit): the driver works with the chunks it has
     }
-    auto* p = static_cast<std::byte*>(b->data());
+    std::byte* p = b->host();
     std::lock_guard lock(mutex_);
     chunks_.emplace(p, std::move(b));
     return p;
   }
 
-  void give_chunk(std::byte* chunk, std::size_t) noexcept override {
-    std::unique_ptr<pinned_buffer> b;
+  void give_chunk(std::byte* chunk, std::size_t nbytes) noexcept override {
+    std::unique_ptr<mapped_chunk> b;
     {
       std::lock_guard lock(mutex_);
       auto it = chunks_.find(chunk);
@@ -107,10 +220,17 @@ class cuda_group_copier final : public engine::group_copier {
       b = std::move(it->second);
       chunks_.erase(it);
     }
-    chunk_pool::instance().give(device_, std::move(b));
+    chunk_pool::instance().give(device_, nbytes, std::move(b));
   }
 
   void add(bool to_device, std::byte* host, std::uintptr_t device_ptr, std::size_t nbytes) override {
+    if (kernel_ != nullptr && nbytes < k_kernel_piece_bytes) {
+      if (const CUdeviceptr h = device_view(host); h != 0) {
+        const auto d = static_cast<std::uint64_t>(device_ptr);
+        pieces_.push_back(to_device ? kernel_piece{h, d, nbytes} : kernel_piece{d, h, nbytes});
+        return;
+      }
+    }
     auto& q = to_device ? up_ : down_;
     const auto h = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(host));
     q.dst.push_back(to_device ? static_cast<CUdeviceptr>(device_ptr) : h);
@@ -119,21 +239,30 @@ class cuda_group_copier final : public engine::group_copier {
   }
 
   void flush(std::uint64_t token, std::function<void(std::uint64_t, std::error_code)> done) override {
-    if (up_.size.empty() && down_.size.empty()) return;
+    if (up_.size.empty() && down_.size.empty() && pieces_.empty()) return;
     const cuda_api& a = cuda_or_throw();
     std::error_code ec;
+    std::vector<std::unique_ptr<mapped_chunk>> used;  // tables the group's launches read
     try {
-      context_guard ctx(device_);
+      gpu::context_guard ctx(device_);
       issue(a, up_, true);
       issue(a, down_, false);
+      launch_pieces(a, used);
       if (a.cuLaunchHostFunc != nullptr) {
-        auto call = std::make_unique<host_call>(host_call{token, std::move(done)});
+        auto call = std::make_unique<host_call>();
+        call->token = token;
+        call->done = std::move(done);
+        if (!used.empty()) {
+          auto tables = std::make_shared<std::vector<std::unique_ptr<mapped_chunk>>>(std::move(used));
+          call->after = [this, tables] { give_tables(std::move(*tables)); };
+        }
         const CUresult r = a.cuLaunchHostFunc(stream_.get(), run_host_call, call.get());
         if (r == CUDA_SUCCESS) {
           call.release();
           return;
         }
         done = std::move(call->done);
+        if (call->after) call->after();
         ec = cuda_code(r);
       } else {
         // A driver without host functions: wait here (the driver then runs one group at a time).
@@ -144,7 +273,11 @@ class cuda_group_copier final : public engine::group_copier {
       ec = e.code();
       up_.clear();
       down_.clear();
+      pieces_.clear();
     }
+    // What went out before a failure may still be reading or writing staging: it ends before the group does.
+    if (ec) drain();
+    give_tables(std::move(used));
     done(token, ec);
   }
 
@@ -163,6 +296,17 @@ class cuda_group_copier final : public engine::group_copier {
       size.clear();
     }
   };
+
+  // `host` as the device addresses it: inside a mapped chunk of this copier, else 0.
+  CUdeviceptr device_view(std::byte* host) {
+    std::lock_guard lock(mutex_);
+    auto it = chunks_.upper_bound(host);
+    if (it == chunks_.begin()) return 0;
+    --it;
+    const mapped_chunk& c = *it->second;
+    if (host >= it->first + c.size() || c.device_address() == 0) return 0;
+    return c.device_address() + static_cast<CUdeviceptr>(host - it->first);
+  }
 
   // Every queued copy of one direction in one call where the driver has batched copies, else one call each.
   void issue(const cuda_api& a, queue& q, bool to_device) {
@@ -183,11 +327,54 @@ class cuda_group_copier final : public engine::group_copier {
     check_cuda(r, to_device ? "cuMemcpyBatchAsync (host to device)" : "cuMemcpyBatchAsync (device to host)");
   }
 
+  // The kernel's pieces, one launch per table of them; the tables used are added to `used`.
+  void launch_pieces(const cuda_api& a, std::vector<std::unique_ptr<mapped_chunk>>& used) {
+    std::size_t first = 0;
+    while (first < pieces_.size()) {
+      const std::size_t n = std::min(pieces_.size() - first, k_pieces_per_launch);
+      used.push_back(take_table());
+      std::memcpy(used.back()->host(), pieces_.data() + first, n * sizeof(kernel_piece));
+      CUdeviceptr table = used.back()->device_address();
+      unsigned count = static_cast<unsigned>(n);
+      void* params[] = {&table, &count};
+      const CUresult r = a.cuLaunchKernel(kernel_, static_cast<unsigned>(n), 1, 1, k_kernel_threads, 1, 1, 0,
+                                          stream_.get(), params, nullptr);
+      check_cuda(r, "cuLaunchKernel (copy pieces)");
+      first += n;
+    }
+    pieces_.clear();
+  }
+
+  std::unique_ptr<mapped_chunk> take_table() {
+    {
+      std::lock_guard lock(mutex_);
+      if (!tables_.empty()) {
+        auto t = std::move(tables_.back());
+        tables_.pop_back();
+        return t;
+      }
+    }
+    auto t = chunk_pool::instance().take(device_, k_table_bytes);
+    if (t->device_address() == 0) throw error(errno_code(EFAULT), "copy kernel: pinned memory the GPU cannot address");
+    return t;
+  }
+
+  void give_tables(std::vector<std::unique_ptr<mapped_chunk>> tables) noexcept {
+    try {
+      std::lock_guard lock(mutex_);
+      for (auto& t : tables) tables_.push_back(std::move(t));
+    } catch (...) {
+    }
+  }
+
   int device_;
   cuda_stream stream_;
+  CUfunction kernel_ = nullptr;  // the copy kernel, where small pieces go to it
   queue up_, down_;
+  std::vector<kernel_piece> pieces_;
   std::mutex mutex_;
-  std::map<std::byte*, std::unique_ptr<pinned_buffer>> chunks_;
+  std::map<std::byte*, std::unique_ptr<mapped_chunk>> chunks_;
+  std::vector<std::unique_ptr<mapped_chunk>> tables_;  // idle piece tables
 };
 
 }  // namespace

@@ -79,6 +79,13 @@ loaded load() {
   bind(lib, a.cuLaunchHostFunc, {"cuLaunchHostFunc"}, optional_missing);
   bind(lib, a.cuStreamWaitValue32, {"cuStreamWaitValue32_v2"}, optional_missing);
   bind(lib, a.cuMemHostGetDevicePointer, {"cuMemHostGetDevicePointer_v2"}, optional_missing);
+  if (!(bind(lib, a.cuModuleLoadData, {"cuModuleLoadData"}, optional_missing) &&
+        bind(lib, a.cuModuleGetFunction, {"cuModuleGetFunction"}, optional_missing) &&
+        bind(lib, a.cuLaunchKernel, {"cuLaunchKernel"}, optional_missing))) {
+    a.cuModuleLoadData = nullptr;
+    a.cuModuleGetFunction = nullptr;
+    a.cuLaunchKernel = nullptr;
+  }
   CUresult r = a.cuInit(0);
   if (r != CUDA_SUCCESS) {
     const char* name = nullptr;

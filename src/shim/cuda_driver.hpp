@@ -13,15 +13,20 @@ using CUdeviceptr = unsigned long long;
 struct CUctx_st;
 struct CUstream_st;
 struct CUevent_st;
+struct CUmod_st;
+struct CUfunc_st;
 using CUcontext = CUctx_st*;
 using CUstream = CUstream_st*;
 using CUevent = CUevent_st*;
+using CUmodule = CUmod_st*;
+using CUfunction = CUfunc_st*;
 
 inline constexpr CUresult CUDA_SUCCESS = 0;
 inline constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
 inline constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 inline constexpr unsigned MEMHOSTALLOC_PORTABLE = 0x01;
 inline constexpr unsigned MEMHOSTREGISTER_PORTABLE = 0x01;
+inline constexpr unsigned MEMHOSTREGISTER_DEVICEMAP = 0x02;
 inline constexpr unsigned CU_EVENT_BLOCKING_SYNC = 0x1;
 inline constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
 inline constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
@@ -104,6 +109,12 @@ struct cuda_api {
   CUresult (*cuLaunchHostFunc)(CUstream, CUhostFn, void*);
   CUresult (*cuStreamWaitValue32)(CUstream, CUdeviceptr, unsigned value, unsigned flags);
   CUresult (*cuMemHostGetDevicePointer)(CUdeviceptr*, void*, unsigned);
+  // Kernels from PTX (all three, or none bound).
+  CUresult (*cuModuleLoadData)(CUmodule*, const void* image);
+  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char* name);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
+                             unsigned block_y, unsigned block_z, unsigned shared_bytes, CUstream, void** params,
+                             void** extra);
 };
 
 /// Why dlopen of `library` just failed, said once: "<library> not found<when_missing>" when the loader found no

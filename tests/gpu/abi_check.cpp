@@ -90,6 +90,7 @@ static_assert(offsetof(s::CUmemcpyAttributes, flags) == offsetof(CUmemcpyAttribu
 static_assert(s::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM == CU_MEMCPY_SRC_ACCESS_ORDER_STREAM);
 static_assert(s::CU_STREAM_WAIT_VALUE_GEQ == CU_STREAM_WAIT_VALUE_GEQ);
 static_assert(s::CU_MEMHOSTALLOC_DEVICEMAP == CU_MEMHOSTALLOC_DEVICEMAP);
+static_assert(s::MEMHOSTREGISTER_DEVICEMAP == CU_MEMHOSTREGISTER_DEVICEMAP);
 
 int main() {
   std::puts("abi_check: gdskit's cuFile and driver declarations match cuda.h and cufile.h");
