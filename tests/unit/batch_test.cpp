@@ -258,6 +258,34 @@ TEST(crc32c, known_values_and_continuation) {
   }
 }
 
+// Long inputs are summed in three interleaved lanes that are joined afterwards: every length around the lanes'
+// boundaries, from odd starting addresses and continuing from a previous sum, equals a bit-at-a-time sum.
+TEST(crc32c, long_inputs_equal_the_bitwise_definition) {
+  const auto bitwise = [](const std::uint8_t* p, std::size_t n, std::uint32_t crc) {
+    std::uint32_t c = ~crc;
+    for (std::size_t i = 0; i < n; ++i) {
+      c ^= p[i];
+      for (int k = 0; k < 8; ++k) c = (c >> 1) ^ ((c & 1u) != 0 ? 0x82F63B78u : 0u);
+    }
+    return ~c;
+  };
+  const auto d = random_bytes(200'000, 17);
+  std::vector<std::size_t> lengths;
+  for (std::size_t lanes : {1, 2, 3, 4, 6, 7}) {
+    for (std::size_t delta : {0, 1, 7, 8, 9}) {
+      lengths.push_back(lanes * 8192 + delta);
+      lengths.push_back(lanes * 8192 - delta - 1);
+    }
+  }
+  lengths.push_back(d.size() - 3);
+  for (std::size_t n : lengths) {
+    for (std::size_t start : {0, 1, 3}) {
+      EXPECT_EQ(crc32c(d.data() + start, n), bitwise(d.data() + start, n, 0)) << n << " from " << start;
+      EXPECT_EQ(crc32c(d.data() + start, n, 0x1234567u), bitwise(d.data() + start, n, 0x1234567u)) << n;
+    }
+  }
+}
+
 // Reads of a file in the page cache go through it; reads of a cold file go straight to O_DIRECT (the batch asks
 // the cache about a sample of its ranges, not about every request).
 TEST_F(batch_test, cached_files_are_read_through_the_cache_and_cold_files_directly) {
