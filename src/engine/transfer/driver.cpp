@@ -47,8 +47,40 @@ std::uint64_t align_up(std::uint64_t v, std::size_t a) { return (v + a - 1) / a 
 
 // ---- staging memory ----------------------------------------------------------------------------------------
 
+// Idle host staging chunks of the drivers that ended, for the next ones: a batch of a few small ranges (a KV
+// get) would otherwise map, fault in and zero a chunk of 16 MiB for each call, which costs more than its reads.
+class host_chunks {
+ public:
+  static constexpr std::size_t k_idle_cap = 8;  // chunks kept idle, at most (128 MiB)
+
+  static host_chunks& instance() {
+    static host_chunks* p = new host_chunks();  // never destroyed: drivers may end during exit
+    return *p;
+  }
+  posix::anon_memory take(std::size_t nbytes) {
+    {
+      std::lock_guard lock(mutex_);
+      if (!idle_.empty()) {
+        posix::anon_memory m = std::move(idle_.back());
+        idle_.pop_back();
+        return m;
+      }
+    }
+    return posix::anon_memory(nbytes);
+  }
+  void give(posix::anon_memory m) noexcept {
+    std::lock_guard lock(mutex_);
+    if (idle_.size() < k_idle_cap) idle_.push_back(std::move(m));
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<posix::anon_memory> idle_;  // all of staging::k_chunk bytes
+};
+
 // Slots of 4 KiB << k carved from chunks of 16 MiB, kept per size on free lists. Chunks come from the group
-// copier (pinned, for GPU memory) or anonymous memory (host bounces), and go back when the driver ends.
+// copier (pinned, for GPU memory) or anonymous memory (host bounces, kept idle across drivers by host_chunks),
+// and go back when the driver ends.
 class staging {
  public:
   static constexpr std::size_t k_chunk = std::size_t{16} << 20;
@@ -57,7 +89,11 @@ class staging {
   explicit staging(group_copier* device) : device_(device) {}
   ~staging() {
     for (auto& c : chunks_) {
-      if (device_ != nullptr) device_->give_chunk(c.first, k_chunk);
+      if (device_ != nullptr) {
+        device_->give_chunk(c.first, k_chunk);
+      } else {
+        host_chunks::instance().give(std::move(c.second));
+      }
     }
   }
   staging(const staging&) = delete;
@@ -88,7 +124,7 @@ class staging {
       chunks_.emplace_back(c, posix::anon_memory());
     } else {
       try {
-        posix::anon_memory m(k_chunk);
+        posix::anon_memory m = host_chunks::instance().take(k_chunk);
         c = static_cast<std::byte*>(m.data());
         chunks_.emplace_back(c, std::move(m));
       } catch (const std::exception&) {
