@@ -131,6 +131,7 @@ void shard::hash_ring::erase(std::uint64_t h) { count.erase(h); }
 
 shard::shard(shard_open o)
     : file_(std::move(o.file)),
+      headers_(o.headers ? std::move(o.headers) : file_),
       geometry_(o.geometry),
       uuid_(o.uuid),
       volume_(o.volume),

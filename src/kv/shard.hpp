@@ -94,6 +94,8 @@ enum class write_claim { write, present, not_admitted, no_space, failed };
 /// How the shard was opened.
 struct shard_open {
   std::shared_ptr<const file_handle> file;
+  /// The same file through the page cache: where block headers are written (see header_file()).
+  std::shared_ptr<const file_handle> headers;
   layout geometry;
   store_uuid uuid{};
   std::uint32_t volume = 0;
@@ -113,6 +115,10 @@ class shard {
   std::uint64_t recover(bool created, bool ignore_checkpoint, recovery_info& info);
 
   const file_handle& file() const noexcept { return *file_; }
+  /// The file for block headers: through the page cache, so that a put's 4 KiB header, written once its data
+  /// is, returns without queueing on the device behind other puts' data (O_DIRECT reads of headers and the
+  /// syncs of "persist" see it, as the kernel flushes the range first).
+  const file_handle& header_file() const noexcept { return *headers_; }
   const std::shared_ptr<const file_handle>& file_ptr() const noexcept { return file_; }
   const layout& geometry() const noexcept { return geometry_; }
   const store_uuid& uuid() const noexcept { return uuid_; }
@@ -171,6 +177,7 @@ class shard {
   std::error_code checkpoint(std::uint64_t next_sequence, clock::time_point deadline, bool closing);
 
   std::shared_ptr<const file_handle> file_;
+  std::shared_ptr<const file_handle> headers_;
   layout geometry_;
   store_uuid uuid_;
   std::uint32_t volume_;

@@ -438,6 +438,9 @@ void block_store::impl::open() {
   for (std::size_t i = 0; i < n; ++i) {
     detail::shard_open so;
     so.file = volumes[i].file;
+    settings buffered = options.io;
+    buffered.direct = direct_mode::off;
+    so.headers = std::make_shared<const file_handle>(volumes[i].data_path, open_mode::read_write, open_options{}, buffered);
     so.geometry = geometry;
     so.uuid = uuid;
     so.volume = index_of[i];
@@ -851,8 +854,9 @@ op_result block_store::impl::finish_put(detail::put_job& job, detail::op_state* 
     }
     give_up(job.data, nullptr);
 
-    // Data first, then the headers (persist: each synced), so a header on disk describes data on disk; in
-    // cache mode a crash between the two leaves a header that does not match the data, and the block a miss.
+    // Data first, then the headers (through the page cache; persist: each synced), so a header on disk describes
+    // data on disk; in cache mode a crash between the two leaves a header that does not match the data, and the
+    // block a miss.
     if (persist) sync_fine();
     std::vector<std::size_t> heads;
     for (std::size_t k = 0; k < items.size(); ++k) {
@@ -878,7 +882,7 @@ op_result block_store::impl::finish_put(detail::put_job& job, detail::op_state* 
           h.k = job.keys[it.i];
           std::uint8_t* page = pages.get() + j * detail::page_bytes;
           detail::encode_header(h, page);
-          ranges.push_back({&it.sh->file(), g.header_position(it.slot), buffer_view::host(page, detail::page_bytes)});
+          ranges.push_back({&it.sh->header_file(), g.header_position(it.slot), buffer_view::host(page, detail::page_bytes)});
         }
         batch_options bo;
         bo.deadline = job.deadline;
