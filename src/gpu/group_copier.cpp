@@ -224,7 +224,7 @@ class cuda_group_copier final : public engine::group_copier {
   }
 
   void add(bool to_device, std::byte* host, std::uintptr_t device_ptr, std::size_t nbytes) override {
-    if (kernel_ != nullptr && nbytes < k_kernel_piece_bytes) {
+    if (kernel_ != nullptr && nbytes < k_kernel_piece_bytes && kernel_can_reach(device_ptr, nbytes)) {
       if (const CUdeviceptr h = device_view(host); h != 0) {
         const auto d = static_cast<std::uint64_t>(device_ptr);
         pieces_.push_back(to_device ? kernel_piece{h, d, nbytes} : kernel_piece{d, h, nbytes});
@@ -271,6 +271,10 @@ class cuda_group_copier final : public engine::group_copier {
       }
     } catch (const std::system_error& e) {
       ec = e.code();
+    } catch (const std::bad_alloc&) {
+      ec = errno_code(ENOMEM);
+    }
+    if (ec) {
       up_.clear();
       down_.clear();
       pieces_.clear();
@@ -296,6 +300,35 @@ class cuda_group_copier final : public engine::group_copier {
       size.clear();
     }
   };
+
+  // Whether the kernel may touch [p, p + n): memory of this device's primary context, inside one allocation
+  // the driver knows. A kernel that touched anything else would fault and break the whole context for the
+  // process (the copy engines refuse such an address with an error instead), so anything not proven so goes
+  // to the engines. Allocations proven once are remembered: a batch's ranges mostly lie in a few.
+  bool kernel_can_reach(std::uintptr_t p, std::size_t n) {
+    const auto end = static_cast<std::uint64_t>(p) + n;
+    for (const auto& [start, stop] : reachable_) {
+      if (p >= start && end <= stop) return true;
+    }
+    const cuda_api* a = cuda();
+    if (a == nullptr) return false;
+    const auto addr = static_cast<CUdeviceptr>(p);
+    CUcontext owner = nullptr;
+    CUdeviceptr start = 0;
+    std::size_t size = 0;
+    unsigned type = 0;
+    if (a->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr) != CUDA_SUCCESS ||
+        type != CU_MEMORYTYPE_DEVICE ||
+        a->cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, addr) != CUDA_SUCCESS ||
+        a->cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, addr) != CUDA_SUCCESS ||
+        a->cuPointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, addr) != CUDA_SUCCESS) {
+      return false;
+    }
+    if (owner == nullptr || owner != primary_context(device_) || start > addr || end > start + size) return false;
+    if (reachable_.size() >= k_reachable_kept) reachable_.erase(reachable_.begin());
+    reachable_.emplace_back(start, start + size);
+    return true;
+  }
 
   // `host` as the device addresses it: inside a mapped chunk of this copier, else 0.
   CUdeviceptr device_view(std::byte* host) {
@@ -372,6 +405,8 @@ class cuda_group_copier final : public engine::group_copier {
   CUfunction kernel_ = nullptr;  // the copy kernel, where small pieces go to it
   queue up_, down_;
   std::vector<kernel_piece> pieces_;
+  static constexpr std::size_t k_reachable_kept = 16;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> reachable_;  // allocations proven for the kernel
   std::mutex mutex_;
   std::map<std::byte*, std::unique_ptr<mapped_chunk>> chunks_;
   std::vector<std::unique_ptr<mapped_chunk>> tables_;  // idle piece tables

@@ -94,7 +94,7 @@ enum class write_claim { write, present, not_admitted, no_space, failed };
 /// How the shard was opened.
 struct shard_open {
   std::shared_ptr<const file_handle> file;
-  /// The same file through the page cache: where block headers are written (see header_file()).
+  /// The same file through the page cache: where block headers are written (see header_file()); empty: `file`.
   std::shared_ptr<const file_handle> headers;
   layout geometry;
   store_uuid uuid{};

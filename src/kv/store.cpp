@@ -438,9 +438,15 @@ void block_store::impl::open() {
   for (std::size_t i = 0; i < n; ++i) {
     detail::shard_open so;
     so.file = volumes[i].file;
-    settings buffered = options.io;
-    buffered.direct = direct_mode::off;
-    so.headers = std::make_shared<const file_handle>(volumes[i].data_path, open_mode::read_write, open_options{}, buffered);
+    // Headers through the page cache only where a memory page is no larger than the header's own 4 KiB: a
+    // larger page would hold the start of the next slot's data, which the page's writeback could overwrite
+    // with what it held before an O_DIRECT write of that data.
+    if (static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)) <= detail::page_bytes) {
+      settings buffered = options.io;
+      buffered.direct = direct_mode::off;
+      so.headers =
+          std::make_shared<const file_handle>(volumes[i].data_path, open_mode::read_write, open_options{}, buffered);
+    }
     so.geometry = geometry;
     so.uuid = uuid;
     so.volume = index_of[i];

@@ -70,10 +70,12 @@ class host_chunks {
   }
   void give(posix::anon_memory m) noexcept {
     std::lock_guard lock(mutex_);
-    if (idle_.size() < k_idle_cap) idle_.push_back(std::move(m));
+    if (idle_.size() < k_idle_cap) idle_.push_back(std::move(m));  // reserved: never allocates
   }
 
  private:
+  host_chunks() { idle_.reserve(k_idle_cap); }
+
   std::mutex mutex_;
   std::vector<posix::anon_memory> idle_;  // all of staging::k_chunk bytes
 };
@@ -91,11 +93,13 @@ class staging {
     for (auto& c : chunks_) {
       if (device_ != nullptr) {
         device_->give_chunk(c.first, k_chunk);
-      } else {
+      } else if (reusable_) {
         host_chunks::instance().give(std::move(c.second));
-      }
+      }  // else unmapped here: a request the kernel may still hold keeps its pages, and no later batch sees them
     }
   }
+  // Once every request the driver started has ended for certain: its host chunks may serve later batches.
+  void mark_reusable() noexcept { reusable_ = true; }
   staging(const staging&) = delete;
   staging& operator=(const staging&) = delete;
 
@@ -137,6 +141,7 @@ class staging {
   }
 
   group_copier* device_;
+  bool reusable_ = false;
   std::vector<std::pair<std::byte*, posix::anon_memory>> chunks_;
   std::vector<std::byte*> free_[k_classes];
 };
@@ -200,6 +205,8 @@ class executor {
   virtual std::size_t inflight() const = 0;
   /// Blocks until at least one request finished or a descriptor woke it; appends finished requests to `out`.
   virtual void wait(std::vector<request*>& out) = 0;
+  /// True once requests were reported finished that the kernel may still hold (a ring that stopped answering).
+  virtual bool abandoned() const { return false; }
 };
 
 // Issues the remainder of a request again after a short transfer, or ends it: true when it is finished.
@@ -431,6 +438,7 @@ class uring_executor final : public executor {
     }
   }
   std::size_t inflight() const override { return inflight_; }
+  bool abandoned() const override { return abandoned_; }
 
   void wait(std::vector<request*>& out) override {
     if (!refused_.empty()) {
@@ -452,8 +460,12 @@ class uring_executor final : public executor {
         fail_queued(out, std::error_code(-w, std::generic_category()), queued);
       }
     } else if (inflight_ > 0) {
-      // Only what the kernel took before the refusal is left: wait for it without submitting.
-      if (posix::sys().uring_wait(r_) < 0) {
+      // Only what the kernel took before the refusal is left: wait for it without submitting (a signal only
+      // interrupts the wait).
+      const int w = posix::sys().uring_wait(r_);
+      if (w == -EINTR) return;
+      if (w < 0) {
+        abandoned_ = true;
         for (request* r : active_) {
           r->ec = submit_error_;
           out.push_back(r);
@@ -514,6 +526,7 @@ class uring_executor final : public executor {
     for (request* r : unsubmitted_) {
       auto it = std::find(active_.begin(), active_.end(), r);
       if (it == active_.end()) continue;
+      abandoned_ = true;  // the kernel may have taken it before the call failed
       active_.erase(it);
       r->ec = ec;
       --inflight_;
@@ -562,6 +575,7 @@ class uring_executor final : public executor {
   unsigned transient_ = 0;
   bool wake_armed_ = false, stop_armed_ = false;
   bool broken_ = false;
+  bool abandoned_ = false;  // requests reported finished while the kernel may still hold them
   std::error_code submit_error_;
 };
 
@@ -818,6 +832,7 @@ class driver {
     std::unique_ptr<executor> ex = make_executor();
     executor_ = ex.get();
     loop();
+    if (!ex->abandoned()) staging_.mark_reusable();
     executor_ = nullptr;
   }
 
