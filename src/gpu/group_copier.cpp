@@ -223,6 +223,16 @@ class cuda_group_copier final : public engine::group_copier {
     chunk_pool::instance().give(device_, nbytes, std::move(b));
   }
 
+  void discard_chunk(std::byte* chunk, std::size_t) noexcept override {
+    drain();  // no copy of this copier may still read or write it
+    std::unique_ptr<mapped_chunk> b;  // unregistered and unmapped as it goes: the kernel keeps what it pinned
+    std::lock_guard lock(mutex_);
+    auto it = chunks_.find(chunk);
+    if (it == chunks_.end()) return;
+    b = std::move(it->second);
+    chunks_.erase(it);
+  }
+
   void add(bool to_device, std::byte* host, std::uintptr_t device_ptr, std::size_t nbytes) override {
     if (kernel_ != nullptr && nbytes < k_kernel_piece_bytes && kernel_can_reach(device_ptr, nbytes)) {
       if (const CUdeviceptr h = device_view(host); h != 0) {

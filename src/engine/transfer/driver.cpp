@@ -92,13 +92,18 @@ class staging {
   ~staging() {
     for (auto& c : chunks_) {
       if (device_ != nullptr) {
-        device_->give_chunk(c.first, k_chunk);
+        if (reusable_) {
+          device_->give_chunk(c.first, k_chunk);
+        } else {
+          device_->discard_chunk(c.first, k_chunk);
+        }
       } else if (reusable_) {
         host_chunks::instance().give(std::move(c.second));
       }  // else unmapped here: a request the kernel may still hold keeps its pages, and no later batch sees them
     }
   }
-  // Once every request the driver started has ended for certain: its host chunks may serve later batches.
+  // Once every request the driver started has ended for certain: its chunks may serve later batches (else
+  // they are freed: a request the kernel still holds keeps the pages it pinned, and nothing reuses them).
   void mark_reusable() noexcept { reusable_ = true; }
   staging(const staging&) = delete;
   staging& operator=(const staging&) = delete;

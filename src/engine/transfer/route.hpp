@@ -37,6 +37,8 @@ class group_copier {
   /// them (give_chunk) and are reused across batches.
   virtual std::byte* take_chunk(std::size_t nbytes) = 0;
   virtual void give_chunk(std::byte* chunk, std::size_t nbytes) noexcept = 0;
+  /// Like give_chunk, for a chunk a request the kernel may still hold could write into: freed, never reused.
+  virtual void discard_chunk(std::byte* chunk, std::size_t nbytes) noexcept { give_chunk(chunk, nbytes); }
   /// Queues one copy: host staging `host` <-> device address `device_ptr`, `nbytes` bytes; to_device says which way.
   virtual void add(bool to_device, std::byte* host, std::uintptr_t device_ptr, std::size_t nbytes) = 0;
   /// Issues the queued copies as one group (nothing when none is queued: `done` is not called).
