@@ -295,6 +295,14 @@ class cuda_group_copier final : public engine::group_copier {
     done(token, ec);
   }
 
+  std::error_code failure() noexcept override {
+    const cuda_api* a = cuda();
+    if (a == nullptr || a->cuStreamQuery == nullptr || !stream_) return {};
+    const CUresult r = a->cuStreamQuery(stream_.get());
+    if (r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY) return {};
+    return cuda_code(r);
+  }
+
   void drain() noexcept override {
     if (!stream_) return;
     release_in_context(device_, "cuStreamSynchronize", [s = stream_.get()] { return cuda()->cuStreamSynchronize(s); });

@@ -79,6 +79,7 @@ loaded load() {
   bind(lib, a.cuLaunchHostFunc, {"cuLaunchHostFunc"}, optional_missing);
   bind(lib, a.cuStreamWaitValue32, {"cuStreamWaitValue32_v2"}, optional_missing);
   bind(lib, a.cuMemHostGetDevicePointer, {"cuMemHostGetDevicePointer_v2"}, optional_missing);
+  bind(lib, a.cuStreamQuery, {"cuStreamQuery"}, optional_missing);
   if (!(bind(lib, a.cuModuleLoadData, {"cuModuleLoadData"}, optional_missing) &&
         bind(lib, a.cuModuleGetFunction, {"cuModuleGetFunction"}, optional_missing) &&
         bind(lib, a.cuLaunchKernel, {"cuLaunchKernel"}, optional_missing))) {

@@ -109,6 +109,7 @@ struct cuda_api {
   CUresult (*cuLaunchHostFunc)(CUstream, CUhostFn, void*);
   CUresult (*cuStreamWaitValue32)(CUstream, CUdeviceptr, unsigned value, unsigned flags);
   CUresult (*cuMemHostGetDevicePointer)(CUdeviceptr*, void*, unsigned);
+  CUresult (*cuStreamQuery)(CUstream);
   // Kernels from PTX (all three, or none bound).
   CUresult (*cuModuleLoadData)(CUmodule*, const void* image);
   CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char* name);

@@ -16,8 +16,8 @@ namespace {
 
 class late_copier final : public engine::group_copier {
  public:
-  late_copier(copier_stats& s, std::chrono::milliseconds delay, std::error_code fail)
-      : s_(s), delay_(delay), fail_(fail), worker_([this] { work(); }) {}
+  late_copier(copier_stats& s, std::chrono::milliseconds delay, std::error_code fail, bool dead = false)
+      : s_(s), delay_(delay), fail_(fail), dead_(dead), worker_([this] { work(); }) {}
   ~late_copier() override {
     drain();
     {
@@ -44,6 +44,11 @@ class late_copier final : public engine::group_copier {
     ++s_.groups;
     s_.copies += static_cast<int>(queued_.size());
     if (static_cast<int>(queued_.size()) > s_.largest_group) s_.largest_group = static_cast<int>(queued_.size());
+    if (dead_) {
+      queued_.clear();  // taken, never run: `done` is not called
+      broke_ = true;
+      return;
+    }
     {
       std::lock_guard lock(m_);
       jobs_.push_back({std::move(queued_), token, std::move(done), std::chrono::steady_clock::now() + delay_});
@@ -60,6 +65,7 @@ class late_copier final : public engine::group_copier {
     std::unique_lock lock(m_);
     cv_.wait(lock, [&] { return pending_ == 0; });
   }
+  std::error_code failure() noexcept override { return broke_ ? fail_ : std::error_code{}; }
 
  private:
   struct copy {
@@ -102,6 +108,8 @@ class late_copier final : public engine::group_copier {
   copier_stats& s_;
   std::chrono::milliseconds delay_;
   std::error_code fail_;
+  bool dead_;
+  std::atomic<bool> broke_{false};
   std::vector<copy> queued_;
   std::mutex m_;
   std::condition_variable cv_;
@@ -114,8 +122,8 @@ class late_copier final : public engine::group_copier {
 
 class fake_backend final : public engine::gpu_backend {
  public:
-  fake_backend(copier_stats& s, std::chrono::milliseconds delay, std::error_code fail)
-      : s_(s), delay_(delay), fail_(fail) {}
+  fake_backend(copier_stats& s, std::chrono::milliseconds delay, std::error_code fail, bool dead = false)
+      : s_(s), delay_(delay), fail_(fail), dead_(dead) {}
   std::unique_ptr<engine::copier_lease> lease_lanes(int, unsigned, unsigned, std::size_t) override {
     throw error(errno_code(ENOTSUP), "not in this test");
   }
@@ -127,6 +135,7 @@ class fake_backend final : public engine::gpu_backend {
     return false;
   }
   std::unique_ptr<engine::group_copier> make_group_copier(int) override {
+    if (dead_) return std::make_unique<late_copier>(s_, delay_, fail_, true);
     return std::make_unique<late_copier>(s_, delay_, fail_);
   }
   std::function<void()> stream_gate(void*, int) override { throw error(errno_code(ENOTSUP), "not in this test"); }
@@ -138,6 +147,7 @@ class fake_backend final : public engine::gpu_backend {
   copier_stats& s_;
   std::chrono::milliseconds delay_;
   std::error_code fail_;
+  bool dead_;
 };
 
 }  // namespace
@@ -145,6 +155,10 @@ class fake_backend final : public engine::gpu_backend {
 std::unique_ptr<engine::gpu_backend> make_fake_gpu(copier_stats& stats, std::chrono::milliseconds delay,
                                                    std::error_code fail) {
   return std::make_unique<fake_backend>(stats, delay, fail);
+}
+
+std::unique_ptr<engine::gpu_backend> make_dead_gpu(copier_stats& stats, std::error_code broken) {
+  return std::make_unique<fake_backend>(stats, std::chrono::milliseconds(0), broken, true);
 }
 
 }  // namespace gdskit::test

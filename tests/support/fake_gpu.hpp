@@ -30,6 +30,10 @@ struct copier_stats {
 std::unique_ptr<engine::gpu_backend> make_fake_gpu(copier_stats& stats, std::chrono::milliseconds delay,
                                                    std::error_code fail = {});
 
+/// A gpu_backend whose copier takes groups and never finishes them, as on a device whose context broke: its
+/// failure() then says `broken`.
+std::unique_ptr<engine::gpu_backend> make_dead_gpu(copier_stats& stats, std::error_code broken);
+
 /// `n` bytes at `p` as memory of device 0 (host memory that only the fake GPU's copier touches).
 inline buffer_view fake_device(void* p, std::size_t n) { return {p, n, memory_kind::device, 0}; }
 

@@ -304,6 +304,35 @@ TEST_F(driver_fixture, a_failing_copy_group_fails_its_ranges_with_the_copy_error
   EXPECT_EQ(stats.live_chunks.load(), 0) << "staging chunks were not given back";
 }
 
+// A device whose context broke takes copy groups and never finishes them (their callbacks never run): the
+// batch still ends, its GPU ranges failed with the device's error, nothing written into them, with or
+// without a deadline.
+TEST_F(driver_fixture, copies_on_a_broken_device_fail_instead_of_hanging) {
+  const auto data = random_bytes(1 << 20, 41);
+  test::write_file(dir / "f", data);
+  file_handle f(dir / "f", open_mode::read);
+  for (bool with_deadline : {false, true}) {
+    engine::transfer_core core;
+    core.install(test::make_dead_gpu(stats, cuda_code(700)));
+    constexpr std::size_t n = 200;
+    std::vector<std::uint8_t> mem(n * 3000, 0xEE);
+    std::vector<io_range> ranges;
+    for (std::size_t i = 0; i < n; ++i) ranges.push_back({&f, i * 5000 + 3, fake_device(mem.data() + i * 3000, 3000)});
+    batch_options o;
+    if (with_deadline) o.deadline = std::chrono::steady_clock::now() + 100ms;
+    batch_future fut = drive(core, io_direction::read, ranges, o);
+    ASSERT_TRUE(fut.wait_for(10s)) << "the batch hung on copies that never finish";
+    const batch_result& r = fut.get();
+    EXPECT_EQ(r.failed, n);
+    for (const auto& x : r.ranges) {
+      EXPECT_TRUE(x.error == cuda_code(700) || (with_deadline && x.error == errno_code(ETIMEDOUT))) << x.error.message();
+    }
+    EXPECT_TRUE(std::all_of(mem.begin(), mem.end(), [](std::uint8_t b) { return b == 0xEE; }));
+    for (int k = 0; k < 1000 && !fut.released(); ++k) std::this_thread::sleep_for(10ms);
+    ASSERT_TRUE(fut.released()) << "the batch never let go of its memory";
+  }
+}
+
 TEST_F(driver_fixture, ring_that_refuses_submissions_fails_ranges_without_hanging) {
   if (!io_uring_unavailable_reason().empty()) GTEST_SKIP() << io_uring_unavailable_reason();
   test::write_file(dir / "f", random_bytes(1 << 20, 4));

@@ -837,7 +837,7 @@ class driver {
     std::unique_ptr<executor> ex = make_executor();
     executor_ = ex.get();
     loop();
-    if (!ex->abandoned()) staging_.mark_reusable();
+    if (!ex->abandoned() && !copies_abandoned_) staging_.mark_reusable();
     executor_ = nullptr;
   }
 
@@ -904,6 +904,7 @@ class driver {
       flush_copies();
       if (executor_->inflight() == 0 && copies_inflight_ == 0 && (cancelled || nothing_left())) break;
       finished.clear();
+      if (executor_->inflight() == 0 && copies_inflight_ > 0 && !copy_landed()) continue;
       if (executor_->inflight() > 0 || copies_inflight_ > 0) {
         executor_->wait(finished);
       }
@@ -911,6 +912,40 @@ class driver {
       take_copy_completions();
     }
     if (copier_ != nullptr) copier_->drain();
+  }
+
+  // Only copy groups are left: waits up to k_copy_check_ms for one to land (true: the executor's wait returns at
+  // once). Otherwise asks the copier whether they still can, and gives them up when the device's context broke
+  // (their callbacks would never run and the batch would never end); false either way, to look again.
+  static constexpr int k_copy_check_ms = 200;
+  bool copy_landed() {
+    pollfd p{wake_.get(), POLLIN, 0};
+    if (::poll(&p, 1, k_copy_check_ms) != 0) return true;
+    if (const std::error_code ec = copier_->failure()) {
+      abandon_copies(ec);
+      take_copy_completions();
+    }
+    return false;
+  }
+
+  // Gives up every copy group in flight with `ec`: the ranges they were to fill whole fail now (their callback
+  // will never run, and one that did run after all finds nothing left to decide), the rest as their groups'
+  // outcome. Their staging is never reused (staging::mark_reusable is not called).
+  void abandon_copies(std::error_code ec) {
+    std::vector<landing> lost;
+    {
+      std::lock_guard lock(done_mutex_);
+      for (const auto& [token, requests] : groups_) {
+        auto it = landings_.find(token);
+        if (it == landings_.end()) continue;  // landed: its outcome is queued already
+        lost.insert(lost.end(), it->second.begin(), it->second.end());
+        landings_.erase(it);
+        done_groups_.emplace_back(token, ec);
+      }
+    }
+    for (const landing& l : lost) b_.finish(l.range, 0, ec);
+    copies_abandoned_ = true;
+    log_warning(fmt::format("batch driver: copy groups given up: {}", ec.message()));
   }
 
   bool nothing_left() const { return cursor_->exhausted() && ready_writes_.empty() && staged_writes_count() == 0; }
@@ -1275,15 +1310,25 @@ class driver {
     groups_.emplace(token, std::move(group_));
     group_.clear();
     ++copies_inflight_;
+    {
+      std::lock_guard lock(done_mutex_);
+      landings_.emplace(token, std::move(landings));
+    }
     auto* self = this;
-    copier_->flush(token, [self, landings = std::move(landings)](std::uint64_t t, std::error_code ec) {
-      self->copy_done(t, ec, landings);
-    });
+    copier_->flush(token, [self](std::uint64_t t, std::error_code ec) { self->copy_done(t, ec); });
   }
 
   // From the copier's thread: decide the ranges the group filled whole, queue the group's outcome (its staging
-  // and the rest of its parts) and wake the driver.
-  void copy_done(std::uint64_t token, std::error_code ec, const std::vector<landing>& landings) {
+  // and the rest of its parts) and wake the driver. Nothing, for a group given up meanwhile (abandon_copies).
+  void copy_done(std::uint64_t token, std::error_code ec) {
+    std::vector<landing> landings;
+    {
+      std::lock_guard lock(done_mutex_);
+      auto it = landings_.find(token);
+      if (it == landings_.end()) return;
+      landings = std::move(it->second);
+      landings_.erase(it);
+    }
     const auto now = std::chrono::steady_clock::now();
     for (const landing& l : landings) {
       const double latency = l.issued == std::chrono::steady_clock::time_point{}
@@ -1399,6 +1444,8 @@ class driver {
   std::size_t reads_awaiting_copy_ = 0;  // read requests in group_ or in a group in flight
   std::mutex done_mutex_;
   std::vector<std::pair<std::uint64_t, std::error_code>> done_groups_;
+  std::unordered_map<std::uint64_t, std::vector<landing>> landings_;  // groups in flight (under done_mutex_)
+  bool copies_abandoned_ = false;
 };
 
 // Runs `body` on the shared pool under a hold of the batch (taken now, so the batch cannot be released before

@@ -45,6 +45,9 @@ class group_copier {
   virtual void flush(std::uint64_t token, std::function<void(std::uint64_t token, std::error_code)> done) = 0;
   /// Blocks until every flushed group has finished (before the staging it reads or writes is given back).
   virtual void drain() noexcept = 0;
+  /// An error once the groups flushed so far can no longer finish (the device's context broke: their `done`
+  /// will never be called); empty while they may still. Asked by the driver when groups take long to land.
+  virtual std::error_code failure() noexcept { return {}; }
 };
 
 /// One entry of a cuFile batch: `nbytes` between `mem` and `offset` of `file`.
