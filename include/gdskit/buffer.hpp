@@ -71,8 +71,8 @@ class device_buffer {
   int device_ = -1;
 };
 
-/// Owning page-locked host memory, portable (usable from every device's context), registered and freed in
-/// `device`'s primary context. It is anonymous memory on transparent huge pages where the kernel gives them,
+/// Owning page-locked host memory, portable (usable from every device's context) and mapped into the devices'
+/// address space (kernels can read and write it), registered and freed in `device`'s primary context. It is anonymous memory on transparent huge pages where the kernel gives them,
 /// registered with cuMemHostRegister, so that O_DIRECT into it pins 2 MiB at a time; if registration is
 /// refused it comes from cuMemHostAlloc. Move-only; a moved-from buffer is empty. Throws gdskit::error (cuda
 /// category) when the allocation fails or no GPU is usable; the destructor never throws (it logs).

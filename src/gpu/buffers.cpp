@@ -148,7 +148,7 @@ pinned_buffer::pinned_buffer(std::size_t nbytes, int device) : nbytes_(nbytes), 
   const cuda_api& a = cuda_or_throw();
   gpu::context_guard ctx(device);
   posix::anon_memory m(nbytes);
-  const CUresult r = a.cuMemHostRegister(m.data(), m.size(), MEMHOSTREGISTER_PORTABLE);
+  const CUresult r = a.cuMemHostRegister(m.data(), m.size(), MEMHOSTREGISTER_PORTABLE | MEMHOSTREGISTER_DEVICEMAP);
   if (r == CUDA_SUCCESS) {
     mapped_ = m.size();
     ptr_ = m.release();
@@ -157,7 +157,8 @@ pinned_buffer::pinned_buffer(std::size_t nbytes, int device) : nbytes_(nbytes), 
   // Some drivers and sandboxes refuse to register (pinned-memory limits): the driver's own allocator then
   // (huge_page_bytes() says 0 for it).
   void* p = nullptr;
-  check_cuda(a.cuMemHostAlloc(&p, nbytes == 0 ? 1 : nbytes, MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc");
+  check_cuda(a.cuMemHostAlloc(&p, nbytes == 0 ? 1 : nbytes, MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP),
+             "cuMemHostAlloc");
   ptr_ = p;
 }
 

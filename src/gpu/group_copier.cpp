@@ -1,7 +1,5 @@
 #include "gpu/group_copier.hpp"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -16,7 +14,6 @@
 #include "gdskit/settings.hpp"
 #include "gpu/copy_pieces_ptx.hpp"
 #include "gpu/cuda_raii.hpp"
-#include "posix/anon_memory.hpp"
 #include "shim/cuda_driver.hpp"
 
 namespace gdskit::gpu {
@@ -24,51 +21,28 @@ namespace {
 
 using namespace shim;
 
-// Page-locked host memory mapped into the device's address space: staging that the copy engines and the copy
-// kernel both reach. Throws gdskit::error when the memory cannot be pinned.
+// Page-locked host memory (pinned_buffer, which maps it into the devices' address space) with the address the
+// device sees it at: staging that the copy engines and the copy kernel both reach. Throws gdskit::error when the
+// memory cannot be pinned.
 class mapped_chunk {
  public:
-  mapped_chunk(std::size_t nbytes, int device) : device_(device), nbytes_(nbytes) {
+  mapped_chunk(std::size_t nbytes, int device) : buf_(nbytes, device) {
     const cuda_api& a = cuda_or_throw();
     gpu::context_guard ctx(device);
-    posix::anon_memory m(nbytes);
-    if (a.cuMemHostRegister(m.data(), m.size(), MEMHOSTREGISTER_PORTABLE | MEMHOSTREGISTER_DEVICEMAP) == CUDA_SUCCESS) {
-      mapped_ = m.size();
-      host_ = static_cast<std::byte*>(m.release());
-    } else {
-      // Some drivers and sandboxes refuse to register (pinned-memory limits): the driver's own allocator then.
-      void* p = nullptr;
-      check_cuda(a.cuMemHostAlloc(&p, nbytes, MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP), "cuMemHostAlloc");
-      host_ = static_cast<std::byte*>(p);
-    }
-    dev_ = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(host_));
+    dev_ = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(buf_.data()));
     // With unified addressing the device sees the host address; the driver says so where it can be asked.
-    if (a.cuMemHostGetDevicePointer != nullptr && a.cuMemHostGetDevicePointer(&dev_, host_, 0) != CUDA_SUCCESS) {
+    if (a.cuMemHostGetDevicePointer != nullptr && a.cuMemHostGetDevicePointer(&dev_, buf_.data(), 0) != CUDA_SUCCESS) {
       dev_ = 0;  // not mapped: copy engines only
     }
   }
-  ~mapped_chunk() {
-    std::byte* p = host_;
-    if (mapped_ == 0) {
-      gpu::release_in_context(device_, "cuMemFreeHost", [p] { return cuda()->cuMemFreeHost(p); });
-      return;
-    }
-    gpu::release_in_context(device_, "cuMemHostUnregister", [p] { return cuda()->cuMemHostUnregister(p); });
-    ::munmap(p, mapped_);
-  }
-  mapped_chunk(const mapped_chunk&) = delete;
-  mapped_chunk& operator=(const mapped_chunk&) = delete;
 
-  std::byte* host() const noexcept { return host_; }
-  std::size_t size() const noexcept { return nbytes_; }
+  std::byte* host() const noexcept { return static_cast<std::byte*>(buf_.data()); }
+  std::size_t size() const noexcept { return buf_.size(); }
   /// The chunk's address as the device sees it; 0 when it is not mapped.
   CUdeviceptr device_address() const noexcept { return dev_; }
 
  private:
-  int device_;
-  std::size_t nbytes_;
-  std::byte* host_ = nullptr;
-  std::size_t mapped_ = 0;  // registered anonymous memory (else the driver's allocation)
+  pinned_buffer buf_;
   CUdeviceptr dev_ = 0;
 };
 
@@ -212,25 +186,12 @@ class cuda_group_copier final : public engine::group_copier {
   }
 
   void give_chunk(std::byte* chunk, std::size_t nbytes) noexcept override {
-    std::unique_ptr<mapped_chunk> b;
-    {
-      std::lock_guard lock(mutex_);
-      auto it = chunks_.find(chunk);
-      if (it == chunks_.end()) return;
-      b = std::move(it->second);
-      chunks_.erase(it);
-    }
-    chunk_pool::instance().give(device_, nbytes, std::move(b));
+    if (auto b = release_chunk(chunk)) chunk_pool::instance().give(device_, nbytes, std::move(b));
   }
 
   void discard_chunk(std::byte* chunk, std::size_t) noexcept override {
     drain();  // no copy of this copier may still read or write it
-    std::unique_ptr<mapped_chunk> b;  // unregistered and unmapped as it goes: the kernel keeps what it pinned
-    std::lock_guard lock(mutex_);
-    auto it = chunks_.find(chunk);
-    if (it == chunks_.end()) return;
-    b = std::move(it->second);
-    chunks_.erase(it);
+    release_chunk(chunk);  // unregistered and unmapped as it goes: the kernel keeps what it pinned
   }
 
   void add(bool to_device, std::byte* host, std::uintptr_t device_ptr, std::size_t nbytes) override {
@@ -318,6 +279,16 @@ class cuda_group_copier final : public engine::group_copier {
       size.clear();
     }
   };
+
+  // The chunk at `chunk`, no longer this copier's (nullptr when it is not one of its chunks).
+  std::unique_ptr<mapped_chunk> release_chunk(std::byte* chunk) noexcept {
+    std::lock_guard lock(mutex_);
+    auto it = chunks_.find(chunk);
+    if (it == chunks_.end()) return nullptr;
+    auto b = std::move(it->second);
+    chunks_.erase(it);
+    return b;
+  }
 
   // Whether the kernel may touch [p, p + n): memory of this device's primary context, inside one allocation
   // the driver knows. A kernel that touched anything else would fault and break the whole context for the

@@ -932,18 +932,13 @@ class driver {
   // will never run, and one that did run after all finds nothing left to decide), the rest as their groups'
   // outcome. Their staging is never reused (staging::mark_reusable is not called).
   void abandon_copies(std::error_code ec) {
-    std::vector<landing> lost;
-    {
+    for (const auto& [token, requests] : groups_) {
+      const auto lost = take_landings(token);
+      if (!lost) continue;  // landed: its outcome is queued already
+      for (const landing& l : *lost) b_.finish(l.range, 0, ec);
       std::lock_guard lock(done_mutex_);
-      for (const auto& [token, requests] : groups_) {
-        auto it = landings_.find(token);
-        if (it == landings_.end()) continue;  // landed: its outcome is queued already
-        lost.insert(lost.end(), it->second.begin(), it->second.end());
-        landings_.erase(it);
-        done_groups_.emplace_back(token, ec);
-      }
+      done_groups_.emplace_back(token, ec);
     }
-    for (const landing& l : lost) b_.finish(l.range, 0, ec);
     copies_abandoned_ = true;
     log_warning(fmt::format("batch driver: copy groups given up: {}", ec.message()));
   }
@@ -1318,19 +1313,24 @@ class driver {
     copier_->flush(token, [self](std::uint64_t t, std::error_code ec) { self->copy_done(t, ec); });
   }
 
+  // The ranges group `token` fills whole, taken by whichever comes first of its callback and abandon_copies;
+  // nothing for the other.
+  std::optional<std::vector<landing>> take_landings(std::uint64_t token) {
+    std::lock_guard lock(done_mutex_);
+    auto it = landings_.find(token);
+    if (it == landings_.end()) return std::nullopt;
+    std::vector<landing> out = std::move(it->second);
+    landings_.erase(it);
+    return out;
+  }
+
   // From the copier's thread: decide the ranges the group filled whole, queue the group's outcome (its staging
   // and the rest of its parts) and wake the driver. Nothing, for a group given up meanwhile (abandon_copies).
   void copy_done(std::uint64_t token, std::error_code ec) {
-    std::vector<landing> landings;
-    {
-      std::lock_guard lock(done_mutex_);
-      auto it = landings_.find(token);
-      if (it == landings_.end()) return;
-      landings = std::move(it->second);
-      landings_.erase(it);
-    }
+    const auto landings = take_landings(token);
+    if (!landings) return;
     const auto now = std::chrono::steady_clock::now();
-    for (const landing& l : landings) {
+    for (const landing& l : *landings) {
       const double latency = l.issued == std::chrono::steady_clock::time_point{}
           ? 0.0 : std::chrono::duration<double>(now - l.issued).count();
       if (ec) {
