@@ -272,6 +272,19 @@ open_file::open_file(const std::filesystem::path& p, open_mode md, const open_op
   }
 }
 
+data_path open_file::route(const buffer_view& buf) const {
+  if (buf.kind == memory_kind::host || buf.kind == memory_kind::pinned) return decide_path(buf).path;
+  const std::size_t k = buf.kind == memory_kind::device ? 0 : 1;
+  {
+    std::lock_guard lock(gpu.mutex);
+    if (gpu.route[k]) return *gpu.route[k];
+  }
+  const data_path p = decide_path(buf).path;  // takes gpu.mutex itself
+  std::lock_guard lock(gpu.mutex);
+  gpu.route[k] = p;
+  return p;
+}
+
 path_decision open_file::decide_path(const buffer_view& buf) const {
   const open_file& f = *this;
   runtime_facts rt;

@@ -38,6 +38,8 @@ struct open_file {
     std::optional<system_facts> facts;
     bool cufile_registered = false;
     shim::cufile_handle cufile;
+    // The path of each kind of GPU memory (device, managed), decided once: a batch asks for every range.
+    std::optional<data_path> route[2];
   };
   mutable gpu_state gpu;
 
@@ -79,6 +81,8 @@ struct open_file {
   std::size_t write(const void* buf, std::size_t nbytes, std::uint64_t offset) const;
   /// The path a transfer with memory `buf` takes, and why (file_handle::plan).
   path_decision decide_path(const buffer_view& buf) const;
+  /// decide_path(buf).path without the reasons; for GPU memory decided once per kind and kept.
+  data_path route(const buffer_view& buf) const;
   /// Deregisters from cuFile, unmaps, closes both descriptors; returns the first close error.
   std::error_code close_all() noexcept;
 };

@@ -28,14 +28,14 @@ gpu_backend& transfer_core::gpu() const {
 std::size_t transfer_core::move(const open_file& f, bool write, const buffer_view& mem, std::size_t nbytes,
                                 std::uint64_t offset) const {
   if (host_memory(mem)) return write ? f.write(mem.data, nbytes, offset) : f.read(mem.data, nbytes, offset);
-  return device_transfer(gpu(), f, f.decide_path(mem).path, write, mem, nbytes, offset);
+  return device_transfer(gpu(), f, f.route(mem), write, mem, nbytes, offset);
 }
 
 std::size_t transfer_core::gather(const open_file& f, std::span<const write_extent> sorted,
                                   const gather_options& options) const {
   if (sorted.empty()) return 0;
   if (!host_memory(sorted.front().src)) {
-    return device_write_gather(gpu(), f, f.decide_path(sorted.front().src).path, sorted, options);
+    return device_write_gather(gpu(), f, f.route(sorted.front().src), sorted, options);
   }
   // Host memory, several extents, O_DIRECT: one pipeline through aligned slots, so that the joins between
   // extents fall inside aligned requests (a buffered write of a partial block waits on ext4 for every O_DIRECT

@@ -1489,7 +1489,7 @@ void run_singles(const transfer_core& core, const batch_ptr& b, std::vector<std:
         } catch (const std::bad_alloc&) {
           ec = errno_code(ENOMEM);
         }
-        (host_memory(r.memory) ? b->routed_host : (r.file->decide_path(r.memory).path == data_path::staged
+        (host_memory(r.memory) ? b->routed_host : (r.file->route(r.memory) == data_path::staged
                                                        ? b->routed_staged
                                                        : b->routed_gds))
             .fetch_add(1, std::memory_order_relaxed);
@@ -1575,7 +1575,7 @@ void run_batch(const transfer_core& core, const batch_ptr& b, const driver_limit
       drive[-1].push_back(i);
       continue;
     }
-    const data_path p = r.file->decide_path(r.memory).path;
+    const data_path p = r.file->route(r.memory);
     if (p == data_path::gds) {
       gds.push_back(i);
     } else if (p == data_path::compat) {
