@@ -134,7 +134,7 @@ struct op_result {
   /// a device error, EAGAIN not admitted yet (second_hit admission).
   std::vector<std::error_code> errors;
   std::size_t ok_count = 0;
-  /// Seconds from the call (or submit) to its end.
+  /// Seconds from the call (or submit) until its last block ended (not until the outcome was first looked at).
   double seconds = 0;
 };
 

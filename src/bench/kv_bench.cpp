@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -146,10 +147,16 @@ struct tally {
   double overhead_cpu_s = 0;
 };
 
+struct no_finish {
+  void operator()(unsigned, tally&) const {}
+};
+
 // Runs `body(thread, tally, rng)` on `threads` threads until it returns false or `seconds` pass (0: no time
-// limit), then merges.
-template <class Body>
-phase run_threads(const std::string& name, unsigned threads, double seconds, std::uint64_t seed, Body&& body) {
+// limit), then `finish(thread, tally)` on each, then merges.
+
+template <class Body, class Finish = no_finish>
+phase run_threads(const std::string& name, unsigned threads, double seconds, std::uint64_t seed, Body&& body,
+                  Finish&& finish = {}) {
   std::vector<tally> t(threads);
   std::atomic<bool> stop{false};
   const double cpu0 = process_cpu_s();
@@ -162,6 +169,7 @@ phase run_threads(const std::string& name, unsigned threads, double seconds, std
         if (seconds > 0 && seconds_since(t0) >= seconds) break;
         if (!body(i, t[i], rng)) break;
       }
+      finish(i, t[i]);
     });
   }
   for (auto& th : pool) th.join();
@@ -374,64 +382,128 @@ kv::store_options store_options_for(const kv_options& o, std::size_t block) {
   so.name_space = "gdskit bench kv";
   so.mode = o.mode;
   so.deadline = std::chrono::seconds(10);
-  so.async_workers = 1;
+  so.async_workers = o.threads * o.in_flight;  // submitted puts finish on these
   return so;
 }
 
-// The call pattern every store phase shares: ids for one call, then the timed call, then the checks.
+// The call pattern every store phase shares: ids for one call, then the call, then the checks. Each caller
+// keeps up to `in_flight` calls in flight (submit_put / submit_get, as an engine's offload path does), so that
+// filling and checking blocks, the bench's own work, overlaps the store's; with 1, each call is the blocking
+// put / get. A call's latency is the store's own (op_result::seconds: from the call until its last block ended).
 struct caller {
   kv::block_store& store;
   std::size_t block;
   unsigned batch;
+  unsigned in_flight;
   int gpu;
   std::chrono::nanoseconds deadline;
-  std::vector<std::unique_ptr<rows_memory>> memory;
 
-  caller(kv::block_store& s, std::size_t b, unsigned k, unsigned threads, int g, std::chrono::nanoseconds d)
-      : store(s), block(b), batch(k), gpu(g), deadline(d) {
-    for (unsigned i = 0; i < threads; ++i) memory.push_back(std::make_unique<rows_memory>(k, b, g));
-  }
+  struct call {
+    bool put = false;
+    std::vector<std::uint64_t> ids;
+    std::vector<kv::key> keys;
+    std::vector<buffer_view> rows;
+    std::unique_ptr<rows_memory> memory;
+    kv::op_future future;
+    clock_type::time_point c0;
+  };
+  struct lane {
+    std::deque<call> busy;
+    std::vector<std::unique_ptr<rows_memory>> idle;
+  };
+  std::vector<lane> lanes;
 
-  void timed(tally& t, clock_type::time_point c0) {
-    const auto ns = clock_type::now() - c0;
-    t.lat_ns.push_back(static_cast<std::uint64_t>(ns.count()));
-    ++t.calls;
-    if (ns > deadline + std::chrono::seconds(1)) ++t.hangs;
+  caller(kv::block_store& s, std::size_t b, unsigned k, unsigned threads, unsigned depth, int g,
+         std::chrono::nanoseconds d)
+      : store(s), block(b), batch(k), in_flight(std::max(1u, depth)), gpu(g), deadline(d), lanes(threads) {
+    for (auto& l : lanes) {
+      for (unsigned i = 0; i < in_flight; ++i) l.idle.push_back(std::make_unique<rows_memory>(k, b, g));
+    }
   }
 
   void put(unsigned th, tally& t, const std::vector<std::uint64_t>& ids) {
-    rows_memory& m = *memory[th];
+    call c = begin(th, ids, true);
     const double o0 = thread_cpu_s();
-    m.fill(ids);
+    c.memory->fill(ids);
     t.overhead_cpu_s += thread_cpu_s() - o0;
-    const auto keys = keys_of(ids);
-    const auto rows = m.rows(ids.size());
-    const auto c0 = clock_type::now();
-    const kv::op_result r = store.put(keys, rows);
-    timed(t, c0);
-    t.keys += ids.size();
-    t.stored += r.ok_count;
-    t.failed += ids.size() - r.ok_count;
-    t.bytes += r.ok_count * block;
+    issue(th, t, std::move(c));
   }
 
+  // With `hit`: waits for every call of the thread and stores this one's hit mask there.
   void get(unsigned th, tally& t, const std::vector<std::uint64_t>& ids, std::vector<bool>* hit = nullptr) {
-    rows_memory& m = *memory[th];
-    const auto keys = keys_of(ids);
-    const auto rows = m.rows(ids.size());
-    const auto c0 = clock_type::now();
-    const kv::op_result r = store.get(keys, rows);
-    timed(t, c0);
-    t.keys += ids.size();
+    issue(th, t, begin(th, ids, false), hit);
+  }
+
+  // Waits for the thread's calls still in flight (at the end of a phase).
+  void drain(unsigned th, tally& t) {
+    while (!lanes[th].busy.empty()) finish_oldest(th, t, nullptr);
+  }
+
+ private:
+  call begin(unsigned th, const std::vector<std::uint64_t>& ids, bool put) {
+    lane& l = lanes[th];
+    call c;
+    c.put = put;
+    c.ids = ids;
+    c.keys = keys_of(ids);
+    c.memory = std::move(l.idle.back());
+    l.idle.pop_back();
+    c.rows = c.memory->rows(ids.size());
+    return c;
+  }
+
+  void issue(unsigned th, tally& t, call c, std::vector<bool>* hit = nullptr) {
+    lane& l = lanes[th];
+    c.c0 = clock_type::now();
+    if (in_flight == 1) {
+      const kv::op_result r = c.put ? store.put(c.keys, c.rows) : store.get(c.keys, c.rows);
+      account(t, c, r, hit);
+      l.idle.push_back(std::move(c.memory));
+      return;
+    }
+    c.future = c.put ? store.submit_put(c.keys, c.rows) : store.submit_get(c.keys, c.rows);
+    l.busy.push_back(std::move(c));
+    if (hit != nullptr) {
+      while (l.busy.size() > 1) finish_oldest(th, t, nullptr);
+      finish_oldest(th, t, hit);
+      return;
+    }
+    while (l.busy.size() >= in_flight) finish_oldest(th, t, nullptr);
+  }
+
+  void finish_oldest(unsigned th, tally& t, std::vector<bool>* hit) {
+    lane& l = lanes[th];
+    call c = std::move(l.busy.front());
+    l.busy.pop_front();
+    const kv::op_result& r = c.future.get();
+    account(t, c, r, hit);
+    // A put past its deadline may still be read by the kernel: its memory is not refilled before that ends.
+    while (!c.future.released()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    l.idle.push_back(std::move(c.memory));
+  }
+
+  void account(tally& t, call& c, const kv::op_result& r, std::vector<bool>* hit) {
+    const auto waited = clock_type::now() - c.c0;
+    t.lat_ns.push_back(static_cast<std::uint64_t>(in_flight == 1 ? std::chrono::nanoseconds(waited).count()
+                                                                   : r.seconds * 1e9));
+    ++t.calls;
+    if (waited > deadline + std::chrono::seconds(1)) ++t.hangs;
+    t.keys += c.ids.size();
+    if (c.put) {
+      t.stored += r.ok_count;
+      t.failed += c.ids.size() - r.ok_count;
+      t.bytes += r.ok_count * block;
+      return;
+    }
     const double o0 = thread_cpu_s();
-    for (std::size_t i = 0; i < ids.size(); ++i) {
+    for (std::size_t i = 0; i < c.ids.size(); ++i) {
       if (!r.ok[i]) {
         ++t.misses;
         continue;
       }
       ++t.hits;
       t.bytes += block;
-      if (!m.check(i, ids[i])) ++t.wrong;
+      if (!c.memory->check(i, c.ids[i])) ++t.wrong;
     }
     t.overhead_cpu_s += thread_cpu_s() - o0;
     if (hit != nullptr) *hit = r.ok;
@@ -554,7 +626,7 @@ pid_t spawn_writer(const kv_options& o, std::size_t block, const fs::path& progr
 phase baseline_puts(const kv_options& o, std::size_t block, unsigned batch, std::uint64_t count, const std::vector<fs::path>& dirs) {
   std::atomic<std::uint64_t> next{0};
   std::atomic<int> failure{0};
-  phase p = run_threads("baseline put", o.threads, 0, o.seed, [&](unsigned, tally& t, std::mt19937_64&) {
+  phase p = run_threads("baseline put", o.threads * o.in_flight, 0, o.seed, [&](unsigned, tally& t, std::mt19937_64&) {
     const std::uint64_t first = next.fetch_add(batch);
     if (first >= count || failure != 0) return false;
     std::vector<std::uint8_t> buf(block);
@@ -604,7 +676,7 @@ phase baseline_puts(const kv_options& o, std::size_t block, unsigned batch, std:
 }
 
 phase baseline_gets(const kv_options& o, std::size_t block, unsigned batch, std::uint64_t count, const std::vector<fs::path>& dirs) {
-  return run_threads("baseline get", o.threads, o.seconds, o.seed + 7, [&](unsigned, tally& t, std::mt19937_64& rng) {
+  return run_threads("baseline get", o.threads * o.in_flight, o.seconds, o.seed + 7, [&](unsigned, tally& t, std::mt19937_64& rng) {
     std::vector<std::uint8_t> buf(block);
     device_buffer dev;
     if (o.gpu >= 0) dev = device_buffer(block, o.gpu);
@@ -702,7 +774,8 @@ block_run run_block(const kv_options& o, std::size_t block, std::ostream& err) {
     br.max_physical = std::max(br.max_physical, s.physical_bytes);
     if (s.physical_bytes > o.capacity_bytes || s.blocks > s.slots) br.capacity_kept = false;
   };
-  caller call(*store, block, br.batch, o.threads, o.gpu, so.deadline);
+  caller call(*store, block, br.batch, o.threads, o.in_flight, o.gpu, so.deadline);
+  auto drain = [&](unsigned th, tally& t) { call.drain(th, t); };
   const unsigned k = br.batch;
 
   // Put storm: an empty store filled to its capacity.
@@ -718,7 +791,7 @@ block_run run_block(const kv_options& o, std::size_t block, std::ostream& err) {
       for (std::uint64_t id = first; id < std::min<std::uint64_t>(br.slots, first + k); ++id) ids.push_back(id);
       call.put(th, t, ids);
       return true;
-    });
+    }, drain);
     p.raw_gib_s = br.raw.fresh_write_gib_s;  // a new store writes blocks never written before
     filled = br.slots;
     check_capacity();
@@ -732,7 +805,7 @@ block_run run_block(const kv_options& o, std::size_t block, std::ostream& err) {
     phase p = run_threads("cold get", o.threads, o.seconds, o.seed + 1, [&](unsigned th, tally& t, std::mt19937_64& rng) {
       call.get(th, t, distinct(k, [&] { return rng() % filled; }));
       return true;
-    });
+    }, drain);
     p.raw_gib_s = br.raw.read_gib_s;
     br.phases.push_back(p);
   }
@@ -751,7 +824,7 @@ block_run run_block(const kv_options& o, std::size_t block, std::ostream& err) {
         call.put(th, t, ids);
       }
       return true;
-    });
+    }, drain);
     const double written = static_cast<double>(store->stats().bytes_written - written0);
     p.extra["hit_ratio"] = p.hits + p.misses > 0 ? static_cast<double>(p.hits) / static_cast<double>(p.hits + p.misses) : 0.0;
     p.extra["bytes_written_per_hit"] = p.hits > 0 ? written / static_cast<double>(p.hits) : 0.0;
@@ -777,7 +850,7 @@ block_run run_block(const kv_options& o, std::size_t block, std::ostream& err) {
       for (unsigned j = 0; j < k; ++j) ids.push_back(first + j);
       call.put(th, t, ids);
       return true;
-    });
+    }, drain);
     sampling = false;
     sampler.join();
     p.raw_gib_s = br.raw.write_gib_s;
@@ -790,6 +863,7 @@ block_run run_block(const kv_options& o, std::size_t block, std::ostream& err) {
       for (std::uint64_t x = first; x < std::min(last, first + k); ++x) ids.push_back(x);
       call.get(0, check, ids);
     }
+    call.drain(0, check);
     p.wrong += check.wrong;
     p.extra["newest_blocks_held"] = check.hits;
     p.extra["newest_blocks_checked"] = check.hits + check.misses;
@@ -803,7 +877,7 @@ block_run run_block(const kv_options& o, std::size_t block, std::ostream& err) {
     auto fo = so;
     fo.deadline = std::chrono::milliseconds(500);
     store = std::make_unique<kv::block_store>(fo);
-    caller fcall(*store, block, k, o.threads, o.gpu, fo.deadline);
+    caller fcall(*store, block, k, o.threads, 1, o.gpu, fo.deadline);  // blocking calls: each timed on its own
     std::set<ino_t> inodes;
     for (const auto& d : dirs) {
       struct stat sst {};
@@ -919,7 +993,7 @@ block_run run_block(const kv_options& o, std::size_t block, std::ostream& err) {
       const kv::store_stats rs = s.stats();
       checkpoint_ms = rs.recovery.seconds * 1e3;
       // Every key the writer may have put, and the put storm's: the right bytes or a miss.
-      caller c(s, block, k, 1, -1, so.deadline);
+      caller c(s, block, k, 1, 1, -1, so.deadline);
       tally t;
       for (const std::uint64_t base : {crash_base, std::uint64_t{0}}) {
         const std::uint64_t n = base == 0 ? filled : upto;
@@ -1013,9 +1087,10 @@ nlohmann::json phase_json(const phase& p) {
 void print_text(const kv_options& o, const std::vector<block_run>& runs, std::ostream& out) {
   std::string dirs;
   for (const auto& d : o.dirs) dirs += (dirs.empty() ? "" : ", ") + printable(d.string());
-  out << fmt::format("gdskit bench kv: {}; capacity {}; {} memory; {} callers; durability {}\n", dirs,
-                     format_size(o.capacity_bytes), o.gpu >= 0 ? fmt::format("GPU {}", o.gpu) : std::string("host"),
-                     o.threads, kv::to_string(o.mode));
+  out << fmt::format("gdskit bench kv: {}; capacity {}; {} memory; {} callers, {} calls in flight each (the "
+                     "baseline: {} callers); durability {}\n",
+                     dirs, format_size(o.capacity_bytes), o.gpu >= 0 ? fmt::format("GPU {}", o.gpu) : std::string("host"),
+                     o.threads, o.in_flight, o.threads * o.in_flight, kv::to_string(o.mode));
   for (const auto& br : runs) {
     out << fmt::format("\nblock {} ({} per call, {} slots); files: {}\n", format_size(br.block), br.batch, br.slots,
                        br.direct ? "O_DIRECT" : printable(br.direct_reason));
@@ -1101,6 +1176,7 @@ int run_kv(const std::function<kv_options()>& make_options, std::ostream& out, s
                           {"dirs", nlohmann::json::array()},
                           {"capacity_bytes", o.capacity_bytes},
                           {"threads", o.threads},
+                          {"in_flight", o.in_flight},
                           {"memory", o.gpu >= 0 ? fmt::format("cuda:{}", o.gpu) : std::string("host")},
                           {"durability", std::string(kv::to_string(o.mode))},
                           {"ok", ok},

@@ -36,7 +36,8 @@ struct kv_options {
   std::uint64_t capacity_bytes = std::uint64_t{1} << 30;  ///< --capacity, all dirs together
   std::vector<std::string> mixes = kv_all_mixes();        ///< --mix
   double seconds = 3;                  ///< --seconds per timed phase
-  unsigned threads = 4;                ///< --threads: callers, each with one call in flight
+  unsigned threads = 4;                ///< --threads: callers
+  unsigned in_flight = 2;              ///< --in-flight: calls each caller keeps in flight
   unsigned batch = 0;                  ///< --batch keys per call; 0: 8 MiB worth (1..64)
   double zipf = 0.99;                  ///< --zipf exponent of the mix
   double get_fraction = 0.7;           ///< --get-fraction of the mix's calls

@@ -81,6 +81,7 @@ kv_options finish(const kv_flag_values& v) {
   }
   if (!(o.seconds > 0) || o.seconds > 3600) throw usage_error("--seconds: 0 < S <= 3600");
   if (o.threads == 0 || o.threads > 256) throw usage_error("--threads: 1 .. 256");
+  if (o.in_flight == 0 || o.in_flight > 16) throw usage_error("--in-flight: 1 .. 16");
   if (o.batch > 1024) throw usage_error("--batch: 0 (automatic) .. 1024");
   if (!(o.zipf > 0) || o.zipf > 5) throw usage_error("--zipf: 0 < S <= 5");
   if (!(o.get_fraction >= 0) || o.get_fraction > 1) throw usage_error("--get-fraction: 0 .. 1");
@@ -107,7 +108,11 @@ std::function<kv_options()> add_kv_flags(CLI::App& cmd) {
                                     "block, temporary name + rename, plain reads)")
       ->type_name("LIST");
   cmd.add_option("--seconds", v->o.seconds, "length of each timed phase (default 3)")->type_name("S");
-  cmd.add_option("--threads", v->o.threads, "callers, each with one call in flight (default 4)")->type_name("N");
+  cmd.add_option("--threads", v->o.threads, "callers (default 4)")->type_name("N");
+  cmd.add_option("--in-flight", v->o.in_flight,
+                 "calls each caller keeps in flight through submit_put / submit_get, filling and checking blocks "
+                 "meanwhile (default 2; 1: blocking put / get; the baseline runs threads x this many callers)")
+      ->type_name("N");
   cmd.add_option("--batch", v->o.batch, "keys per call (default: 8 MiB of blocks, 1 .. 64)")->type_name("N");
   cmd.add_option("--zipf", v->o.zipf, "Zipf exponent of the mix's key choice (default 0.99)")->type_name("S");
   cmd.add_option("--get-fraction", v->o.get_fraction, "share of the mix's calls that are gets (default 0.7)")->type_name("F");

@@ -70,6 +70,7 @@ struct get_job {
   std::vector<get_item> items;  // in the order of the batch's ranges
   op_result res;
   clock::time_point t0;
+  clock::time_point submitted;  // when its batch was submitted
 };
 
 /// A key of a put that has a slot, and what became of it.
@@ -581,6 +582,7 @@ std::shared_ptr<detail::op_state> block_store::impl::start_get(std::span<const k
     ranges.push_back(r);
   }
   if (!ranges.empty()) {
+    job->submitted = clock::now();
     if (const std::error_code failed = submit_checked(io_direction::read, ranges, deadline, stream, s->batch)) {
       for (const auto& it : job->items) {
         job->res.errors[it.i] = failed;
@@ -639,7 +641,9 @@ void block_store::impl::settle_get_locked(detail::op_state& s) {
   for (bool b : j.res.ok) j.res.ok_count += b ? 1 : 0;
   hits += j.res.ok_count;
   misses += j.res.ok.size() - j.res.ok_count;
-  j.res.seconds = std::chrono::duration<double>(clock::now() - j.t0).count();
+  // Until the batch ended, not until the store noticed (a submitted get is settled when it is first seen).
+  j.res.seconds = s.batch ? std::chrono::duration<double>(j.submitted - j.t0).count() + s.batch->get().seconds
+                          : std::chrono::duration<double>(clock::now() - j.t0).count();
   s.set_ready_locked(std::move(j.res));
   s.job.reset();
 }

@@ -10,6 +10,7 @@ python3 - "$json" <<'PY' || fail "bench kv JSON"
 import json, sys
 d = json.loads(sys.argv[1])
 assert d["ok"] is True, d
+assert d["in_flight"] == 2 and d["threads"] == 2, d
 run = d["runs"][0]
 assert run["block_bytes"] == 65536 and run["slots"] > 0 and run["capacity_kept"], run
 assert run["raw"]["read_gib_per_s"] > 0 and run["raw"]["fresh_write_gib_per_s"] > 0, run["raw"]
@@ -28,6 +29,16 @@ assert f["eio_gets"]["hits"] == 0, f
 c = phases["kill -9 + reopen"]
 assert c["kills"][0]["capacity_kept"] and c["wrong_bytes"] == 0, c
 PY
+# Blocking calls, one per caller: the same checks hold.
+json=$("$gdskit" bench kv --dir "$work" --capacity 24M --block-sizes 64K --seconds 0.3 --mix put,get --in-flight 1 \
+  --json 2>"$work/err") || fail "bench kv --in-flight 1 exited $?: $(cat "$work/err")"
+python3 - "$json" <<'PY' || fail "bench kv --in-flight 1 JSON"
+import json, sys
+d = json.loads(sys.argv[1])
+assert d["ok"] is True and d["in_flight"] == 1, d
+phases = {p["name"]: p for p in d["runs"][0]["phases"]}
+assert phases["put storm"]["stored"] > 0 and phases["cold get"]["hits"] > 0, phases
+PY
 leftover=$(ls "$work" | grep -v '^err$')
 [ -z "$leftover" ] || fail "the bench left files behind: $leftover"
 
@@ -42,6 +53,8 @@ expect 2 bench kv --dir "$work" --block-sizes 0
 expect 2 bench kv --dir "$work" --capacity 100K
 expect 2 bench kv --dir "$work" --durability sometimes
 expect 2 bench kv --dir "$work" --threads 0
+expect 2 bench kv --dir "$work" --in-flight 0
+expect 2 bench kv --dir "$work" --in-flight 17
 expect 2 bench kv --dir "$work" --jsn
 [ -z "$(ls "$work" | grep -v '^err$')" ] || fail "a refused run wrote something"
 echo "PASS bench kv"

@@ -790,6 +790,25 @@ TEST_F(kv_store, a_submitted_get_is_settled_without_being_asked) {
   EXPECT_EQ(get_and_check(s, keys, block), keys.size());
 }
 
+// A submitted get's seconds end when its blocks were read, not when the caller came back for the outcome.
+TEST_F(kv_store, a_get_looked_at_late_reports_when_it_ended) {
+  const std::size_t block = 16384;
+  block_store s(options(block, 8 << 20));
+  const std::vector<key> keys = int_keys(0, 8);
+  ASSERT_EQ(put_keys(s, keys, block).ok_count, keys.size());
+  rows r(keys.size(), block);
+  const auto t0 = std::chrono::steady_clock::now();
+  op_future f = s.submit_get(keys, r.views(keys.size()));
+  pollfd p{f.fd(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 10000), 1);
+  const double readable = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::this_thread::sleep_for(200ms);
+  const op_result& res = f.get();
+  EXPECT_EQ(res.ok_count, keys.size());
+  EXPECT_GT(res.seconds, 0.0);
+  EXPECT_LE(res.seconds, readable);
+}
+
 // The blocks of `keys` in GPU memory (`in`, views of src) and rows of GPU memory to get them into (`out`).
 struct gpu_rows {
   gpu_rows(const std::vector<key>& keys, std::size_t block) : src(keys.size() * block), dst(keys.size() * block) {
