@@ -2,6 +2,9 @@
 // group copier whose copies land late, on another thread. A driver that delivered a range before its copy
 // landed, reported a range and copied into it afterwards, or issued one copy launch per range would fail here.
 // Also: io_uring refusing submissions, a million ranges, and a failing copy group.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -463,6 +466,57 @@ TEST_F(driver_fixture, cancel_stops_the_rest) {
   let_go = true;
   fut.wait_released();
   EXPECT_EQ(mem, before) << "a cancelled range's memory changed after it was reported";
+}
+
+// Batches that run side by side on one device (the calls of a KV store's callers) share the device's budget of
+// bytes in flight: together they keep about as much in flight as one batch alone does, where each with a budget of
+// its own would queue twice that on the device.
+TEST_F(driver_fixture, batches_side_by_side_share_the_devices_bytes_in_flight) {
+  constexpr std::size_t range = std::size_t{2} << 20, n = 48;
+  settings s;
+  s.engine = engine_kind::threads;
+  for (const char* name : {"a", "b"}) {
+    const int fd = ::open((dir / name).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(n * range)), 0);  // sparse: reads return zeros
+    ::close(fd);
+  }
+  file_handle fa(dir / "a", open_mode::read, {}, s), fb(dir / "b", open_mode::read, {}, s);
+  std::atomic<std::size_t> now{0}, peak{0};
+  posix::syscall_table t = posix::real_syscalls();
+  const auto real_pread = t.pread;
+  t.pread = [&now, &peak, real_pread](int fd, void* b, std::size_t len, off_t off) -> ssize_t {
+    const std::size_t in_flight = now.fetch_add(len) + len;
+    std::size_t p = peak.load();
+    while (in_flight > p && !peak.compare_exchange_weak(p, in_flight)) {
+    }
+    std::this_thread::sleep_for(20ms);
+    const ssize_t got = real_pread(fd, b, len, off);
+    now.fetch_sub(len);
+    return got;
+  };
+  posix::scoped_syscalls guard(t);
+  // Each batch's thread engine holds its workers for its whole life: room in the shared pool for both at once.
+  engine::shared_pool(96);
+  std::vector<std::uint8_t> m(n * range, 1);  // both batches read zeros into it
+  auto ranges_of = [&](const file_handle& f) {
+    std::vector<io_range> r;
+    for (std::size_t i = 0; i < n; ++i) r.push_back({&f, i * range, buffer_view::host(m.data() + i * range, range)});
+    return r;
+  };
+  const auto ra = ranges_of(fa), rb = ranges_of(fb);
+  batch_options o;  // no queue depth: the device's budget applies
+  o.exact = true;
+  ASSERT_TRUE(read_batch(ra, o).ok());
+  const std::size_t alone = peak.exchange(0);
+  ASSERT_GE(alone, 2 * range) << "a batch alone kept too little in flight for the check to mean anything";
+  batch_future first = submit_reads(ra, o);
+  batch_future second = submit_reads(rb, o);
+  ASSERT_TRUE(first.get().ok());
+  ASSERT_TRUE(second.get().ok());
+  // Each may start one request beyond the budget when it has none in flight (so neither ever waits on the other).
+  EXPECT_LE(peak.load(), alone + 2 * range) << "alone " << alone;
+  EXPECT_TRUE(std::all_of(m.begin(), m.end(), [](std::uint8_t x) { return x == 0; }));
 }
 
 }  // namespace

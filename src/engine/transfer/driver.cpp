@@ -151,6 +151,51 @@ class staging {
   std::vector<std::byte*> free_[k_classes];
 };
 
+// Bytes of file requests in flight on each device, over every batch driver of the process. The bytes a device's
+// scheduler keeps in flight are the device's budget, not each batch's: batches that run side by side (the calls
+// of a KV store's callers) share it, so that together they queue no more on the device than one batch would. A
+// device past its best depth loses rate: a RAM-backed loop device reads 2 MiB requests at 5.0 GiB/s 16 deep and
+// at 3.6 GiB/s 32 deep.
+class device_share {
+ public:
+  device_share() = default;
+  ~device_share() {
+    if (total_ != nullptr) total_->fetch_sub(mine_, std::memory_order_relaxed);  // what was never taken back
+  }
+  device_share(const device_share&) = delete;
+  device_share& operator=(const device_share&) = delete;
+
+  /// Counts this driver's requests against `dev`'s total from now on.
+  void attach(dev_t dev) { total_ = &counter(dev); }
+  /// Bytes of this driver's requests in flight.
+  std::size_t mine() const noexcept { return mine_; }
+  /// Whether `nbytes` more keep the device's total within `budget`.
+  bool fits(std::size_t nbytes, std::size_t budget) const noexcept {
+    return total_ == nullptr || total_->load(std::memory_order_relaxed) + nbytes <= budget;
+  }
+  void add(std::size_t nbytes) noexcept {
+    mine_ += nbytes;
+    if (total_ != nullptr) total_->fetch_add(nbytes, std::memory_order_relaxed);
+  }
+  void remove(std::size_t nbytes) noexcept {
+    mine_ -= nbytes;
+    if (total_ != nullptr) total_->fetch_sub(nbytes, std::memory_order_relaxed);
+  }
+
+ private:
+  static std::atomic<std::size_t>& counter(dev_t dev) {
+    static std::mutex mutex;
+    static auto* totals = new std::map<dev_t, std::unique_ptr<std::atomic<std::size_t>>>();  // never destroyed
+    std::lock_guard lock(mutex);
+    auto& t = (*totals)[dev];
+    if (!t) t = std::make_unique<std::atomic<std::size_t>>(0);
+    return *t;
+  }
+
+  std::atomic<std::size_t>* total_ = nullptr;
+  std::size_t mine_ = 0;
+};
+
 // ---- requests ------------------------------------------------------------------------------------------------
 
 // Where part of a request's bytes belong: `nbytes` at `req_off` of the request's logical range, for range
@@ -875,6 +920,7 @@ class driver {
     } else {
       depth_ = limits_.default_depth;
       budget_ = std::max(limits_.inflight_bytes, shape.depth * shape.request_bytes);
+      share_.attach(f0.st_dev);  // the bytes in flight are the device's, shared with other batches on it
     }
     if (!write) sample_residency();
     cursor_.emplace(b_, ranges_, max_request_, sizes_, warm_);
@@ -978,7 +1024,9 @@ class driver {
     if (executor_->inflight() + staged_writes_count() >= depth_) return false;
     // Reads whose bytes wait in staging for their copy hold staging: a bounded number of them.
     if (reads_awaiting_copy_ >= k_copy_hold_per_depth * depth_) return false;
-    return bytes_inflight_ == 0 || bytes_inflight_ + nbytes <= budget_;
+    // A driver with nothing in flight always starts one request: batches side by side never wait on each other.
+    const std::size_t mine = share_.mine();
+    return mine == 0 || (mine + nbytes <= budget_ && share_.fits(nbytes, budget_));
   }
 
   // Gives a request its staging slot (and, for host-memory writes, its bytes). False when none of its ranges
@@ -1033,7 +1081,7 @@ class driver {
 
   void start(request* r) {
     if (r->issued == std::chrono::steady_clock::time_point{}) r->issued = std::chrono::steady_clock::now();
-    bytes_inflight_ += r->io_nbytes;
+    share_.add(r->io_nbytes);
     executor_->submit(r);
   }
 
@@ -1054,7 +1102,7 @@ class driver {
   }
 
   void on_finished(request& r) {
-    bytes_inflight_ -= r.io_nbytes;
+    share_.remove(r.io_nbytes);
     if (r.ec && !r.write && r.parts.size() > 1 && !b_.stopping()) {
       cursor_->retry_separately(r);
       release(r);
@@ -1432,7 +1480,7 @@ class driver {
   std::size_t max_request_ = 0;
   unsigned depth_ = 64;
   std::size_t budget_ = 0;
-  std::size_t bytes_inflight_ = 0;
+  device_share share_;  // bytes of requests in flight, this driver's and its device's
   std::unordered_map<std::size_t, split_state> splits_;
   std::unordered_map<request*, std::unique_ptr<request>> live_;
   std::deque<request*> ready_writes_;
