@@ -645,14 +645,14 @@ struct stage_fault {
       if (std::string(p).find("index.json.gdskit-tmp") != std::string::npos) *idx = fd;
       return fd;
     };
-    t.pwrite = [=, w = where, e = err](int fd, const void* b, std::size_t n, off_t o) -> ssize_t {
+    t.pwrite = [fail, idx, w = where, e = err](int fd, const void* b, std::size_t n, off_t o) -> ssize_t {
       if (w == stage::index_write && fd == idx->load()) return fail(e);
       if (w == stage::header_write && o == 0 && fd != idx->load()) return fail(e);
       if (w == stage::data_write && o > 0 && fd != idx->load()) return fail(e);  // the header alone is at 0
       return real_syscalls().pwrite(fd, b, n, o);
     };
     // Tensor data may also go out through io_uring (a gathered write's extents through the host engine).
-    t.uring_result = [=, w = where, e = err](bool is_write, int fd, std::uint64_t o, std::size_t, int result) {
+    t.uring_result = [this, idx, w = where, e = err](bool is_write, int fd, std::uint64_t o, std::size_t, int result) {
       if (w == stage::data_write && is_write && o > 0 && fd != idx->load()) {
         ++*hits;
         return -e;
