@@ -130,8 +130,7 @@ struct load_options {
   /// each shard's segments one batch of the transfer core with `pipeline_depth` segments in flight (each segment
   /// itself read at the device's depth). The load streams: the first shard's batch starts as soon as its header
   /// is parsed and its memory allocated, and each later header is read, parsed and allocated for on the calling
-  /// thread while earlier shards' segments read; a shard's batch starts while the one before it finishes its last
-  /// segments (at most two shards' batches at once).
+  /// thread while earlier shards' segments read; a shard's batch starts once the one before it has completed.
   std::size_t pipeline_segment_bytes = std::size_t{256} << 20;
   unsigned pipeline_depth = 2;
   /// Settings for opening the files.
@@ -164,7 +163,7 @@ struct load_stats {
   std::size_t files = 0;
   std::size_t read_requests = 0;
   std::size_t segments = 0;                ///< pipeline segments read (see load_options::pipeline_segment_bytes)
-  unsigned peak_segments_in_flight = 0;    ///< most segments reading at once (two shards' batches at most)
+  unsigned peak_segments_in_flight = 0;    ///< most segments reading at once
   /// Wall time from the first data read to the last. Later shards' headers and allocations happen during it
   /// (overlapped_seconds), the first shard's before it (first_read_seconds).
   double seconds = 0;

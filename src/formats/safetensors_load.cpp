@@ -6,7 +6,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <mutex>
 #include <new>
@@ -367,12 +366,11 @@ std::vector<segment> cut_segments(const shard_load& s, std::size_t seg_bytes, lo
 }
 
 // The shards' segments, read through the transfer core: each shard's segments are one batch, submitted as soon
-// as its header is parsed and its memory allocated, at most `depth` segments reading at once in each. The next
-// shard's batch goes out while the one before it is still reading (at most two batches at once), so that the
-// device does not idle while a shard's last segments finish; this thread meanwhile parses and allocates the shard
-// after it. The first error (lowest segment) wins, and once a batch failed the later one is cancelled and nothing
-// more is read. Destruction cancels the batches in flight and waits until they have let go of the files and the
-// memory, whatever ends the load.
+// as its header is parsed and its memory allocated, at most `depth` segments reading at once. The next shard's
+// batch goes out once the one before it has completed (so no more than `depth` segments ever read at once across
+// files), while this thread parses and allocates the shard after it: header work overlaps reads. The first
+// error (lowest segment) wins, and once a batch failed nothing more is read. Destruction cancels the batch in
+// flight and waits until it has let go of the files and the memory, whatever ends the load.
 class segment_batches {
  public:
   explicit segment_batches(unsigned depth) : depth_(std::max(depth, 1u)) {}
@@ -380,12 +378,12 @@ class segment_batches {
   segment_batches(const segment_batches&) = delete;
   segment_batches& operator=(const segment_batches&) = delete;
 
-  // Submits a shard's segments (once fewer than two batches read); dropped once a read failed. The last shard's
-  // single segment, with nothing else reading, is read on this thread (through the same core).
+  // Submits a shard's segments (after the batch before it has completed); dropped once a read failed. The last
+  // shard's single segment, with nothing else reading, is read on this thread (through the same core).
   void push(std::vector<segment> segs, bool last) {
-    while (!flights_.empty() && (flights_.size() >= k_batches || flights_.front().future.ready())) collect_oldest();
+    collect();
     if (error_ || segs.empty()) return;
-    if (last && segs.size() == 1 && flights_.empty()) {
+    if (last && segs.size() == 1) {
       if (!first_read_) first_read_ = steady_clock::now();
       peak_ = std::max(peak_, 1u);
       const segment& sg = segs.front();
@@ -404,70 +402,50 @@ class segment_batches {
     o.queue_depth = depth_;
     o.exact = true;
     if (!first_read_) first_read_ = steady_clock::now();
-    flight f;
-    f.submitted = steady_clock::now();
-    f.future = submit(io_direction::read, ranges, o);
-    f.segs = std::move(segs);
-    flights_.push_back(std::move(f));
-    unsigned reading = 0;
-    for (const auto& x : flights_) {
-      if (!x.future.ready()) reading += static_cast<unsigned>(std::min<std::size_t>(depth_, x.segs.size()));
-    }
-    peak_ = std::max(peak_, reading);
+    submitted_ = steady_clock::now();
+    current_ = submit(io_direction::read, ranges, o);
+    segs_ = std::move(segs);
+    peak_ = std::max(peak_, static_cast<unsigned>(std::min<std::size_t>(depth_, segs_.size())));
   }
 
   // Whether a batch is reading.
-  bool busy() const {
-    for (const auto& f : flights_) {
-      if (!f.future.ready()) return true;
-    }
-    return false;
-  }
+  bool busy() const { return current_.valid() && !current_.ready(); }
 
   // Now while a batch reads, else when the last one completed.
   steady_clock::time_point idle_since() const {
-    if (busy()) return steady_clock::now();
-    steady_clock::time_point t = idle_since_;
-    for (const auto& f : flights_) t = std::max(t, completed_at(f, f.future.get()));
-    return t;
+    if (!current_.valid()) return idle_since_;
+    if (!current_.ready()) return steady_clock::now();
+    return completed_at(current_.get());
   }
 
-  // Waits for the batches in flight; returns the first error, or null.
+  // Waits for the last batch; returns the first error, or null.
   std::exception_ptr finish() {
-    while (!flights_.empty()) collect_oldest();
+    collect();
     return error_;
   }
 
-  // Stops the batches in flight (their unread segments are cancelled) and waits until they have let go.
+  // Stops the batch in flight (its unread segments are cancelled) and waits until it has let go.
   void cancel() noexcept {
-    for (auto& f : flights_) f.future.cancel();
-    for (auto& f : flights_) f.future.wait_released();
-    flights_.clear();
+    if (!current_.valid()) return;
+    current_.cancel();
+    current_.wait_released();
+    current_ = batch_future();
   }
 
   std::optional<steady_clock::time_point> first_read() const { return first_read_; }
   unsigned peak_in_flight() const { return peak_; }
 
  private:
-  static constexpr std::size_t k_batches = 2;
-
-  struct flight {
-    batch_future future;
-    std::vector<segment> segs;
-    steady_clock::time_point submitted{};
-  };
-
-  // Waits for the oldest batch and keeps its first failure; a failure cancels the batch after it.
-  void collect_oldest() {
-    flight f = std::move(flights_.front());
-    flights_.pop_front();
-    const batch_result& r = f.future.get();
-    f.future.wait_released();
-    idle_since_ = std::max(idle_since_, completed_at(f, r));
+  // Waits for the batch in flight and keeps its first failure.
+  void collect() {
+    if (!current_.valid()) return;
+    const batch_result& r = current_.get();
+    current_.wait_released();
+    idle_since_ = completed_at(r);
     for (std::size_t k = 0; k < r.ranges.size() && !error_; ++k) {
       const range_result& x = r.ranges[k];
       if (x.ok()) continue;
-      const segment& sg = f.segs[k];
+      const segment& sg = segs_[k];
       const std::string path = sg.file->path().string();
       try {
         if (x.error == errno_code(ENODATA)) {
@@ -478,17 +456,17 @@ class segment_batches {
         error_ = std::current_exception();
       }
     }
-    if (error_) {
-      for (auto& later : flights_) later.future.cancel();  // nothing more is read; collected as they end
-    }
+    current_ = batch_future();
   }
 
-  static steady_clock::time_point completed_at(const flight& f, const batch_result& r) {
-    return f.submitted + std::chrono::duration_cast<steady_clock::duration>(std::chrono::duration<double>(r.seconds));
+  steady_clock::time_point completed_at(const batch_result& r) const {
+    return submitted_ + std::chrono::duration_cast<steady_clock::duration>(std::chrono::duration<double>(r.seconds));
   }
 
   const unsigned depth_;
-  std::deque<flight> flights_;
+  batch_future current_;
+  std::vector<segment> segs_;
+  steady_clock::time_point submitted_{};
   steady_clock::time_point idle_since_{};
   std::optional<steady_clock::time_point> first_read_;
   std::exception_ptr error_;
