@@ -155,44 +155,57 @@ class staging {
 // scheduler keeps in flight are the device's budget, not each batch's: batches that run side by side (the calls
 // of a KV store's callers) share it, so that together they queue no more on the device than one batch would. A
 // device past its best depth loses rate: a RAM-backed loop device reads 2 MiB requests at 5.0 GiB/s 16 deep and
-// at 3.6 GiB/s 32 deep.
+// at 3.6 GiB/s 32 deep. Each driver keeps at most an equal share of it (a driver only looks again when one of its
+// own requests ends, so without shares the first to fill the budget would keep it), and always one request.
 class device_share {
  public:
   device_share() = default;
   ~device_share() {
-    if (total_ != nullptr) total_->fetch_sub(mine_, std::memory_order_relaxed);  // what was never taken back
+    if (dev_ == nullptr) return;
+    dev_->bytes.fetch_sub(mine_, std::memory_order_relaxed);  // what was never taken back
+    dev_->drivers.fetch_sub(1, std::memory_order_relaxed);
   }
   device_share(const device_share&) = delete;
   device_share& operator=(const device_share&) = delete;
 
   /// Counts this driver's requests against `dev`'s total from now on.
-  void attach(dev_t dev) { total_ = &counter(dev); }
+  void attach(dev_t dev) {
+    dev_ = &counters(dev);
+    dev_->drivers.fetch_add(1, std::memory_order_relaxed);
+  }
   /// Bytes of this driver's requests in flight.
   std::size_t mine() const noexcept { return mine_; }
-  /// Whether `nbytes` more keep the device's total within `budget`.
+  /// Whether `nbytes` more keep this driver within its share of `budget` and the device within `budget`.
   bool fits(std::size_t nbytes, std::size_t budget) const noexcept {
-    return total_ == nullptr || total_->load(std::memory_order_relaxed) + nbytes <= budget;
+    if (mine_ == 0) return true;  // one request always: no batch waits on another
+    if (dev_ == nullptr) return mine_ + nbytes <= budget;
+    const std::size_t share = budget / std::max<std::size_t>(1, dev_->drivers.load(std::memory_order_relaxed));
+    return mine_ + nbytes <= std::max(share, nbytes) && dev_->bytes.load(std::memory_order_relaxed) + nbytes <= budget;
   }
   void add(std::size_t nbytes) noexcept {
     mine_ += nbytes;
-    if (total_ != nullptr) total_->fetch_add(nbytes, std::memory_order_relaxed);
+    if (dev_ != nullptr) dev_->bytes.fetch_add(nbytes, std::memory_order_relaxed);
   }
   void remove(std::size_t nbytes) noexcept {
     mine_ -= nbytes;
-    if (total_ != nullptr) total_->fetch_sub(nbytes, std::memory_order_relaxed);
+    if (dev_ != nullptr) dev_->bytes.fetch_sub(nbytes, std::memory_order_relaxed);
   }
 
  private:
-  static std::atomic<std::size_t>& counter(dev_t dev) {
+  struct device {
+    std::atomic<std::size_t> bytes{0};
+    std::atomic<std::size_t> drivers{0};
+  };
+  static device& counters(dev_t dev) {
     static std::mutex mutex;
-    static auto* totals = new std::map<dev_t, std::unique_ptr<std::atomic<std::size_t>>>();  // never destroyed
+    static auto* devices = new std::map<dev_t, std::unique_ptr<device>>();  // never destroyed
     std::lock_guard lock(mutex);
-    auto& t = (*totals)[dev];
-    if (!t) t = std::make_unique<std::atomic<std::size_t>>(0);
-    return *t;
+    auto& d = (*devices)[dev];
+    if (!d) d = std::make_unique<device>();
+    return *d;
   }
 
-  std::atomic<std::size_t>* total_ = nullptr;
+  device* dev_ = nullptr;
   std::size_t mine_ = 0;
 };
 
@@ -283,16 +296,27 @@ bool account(request& r, int res) {
   return false;
 }
 
+// Pool threads held by the live thread executors (see thread_executor).
+std::atomic<unsigned>& held_threads() {
+  static std::atomic<unsigned> n{0};
+  return n;
+}
+
 class thread_executor final : public executor {
  public:
-  thread_executor(unsigned workers, int wake_fd, int stop_fd) : wake_fd_(wake_fd), stop_fd_(stop_fd) {
+  thread_executor(unsigned workers, int wake_fd, int stop_fd)
+      : wake_fd_(wake_fd), stop_fd_(stop_fd), held_(workers + 1) {
     st_ = std::make_shared<shared>();
     st_->wake_fd = wake_fd;
-    auto& pool = shared_pool(workers);
+    // The workers and this executor's driver each hold a thread of the shared pool for the driver's life: the
+    // pool is grown to hold every live executor's at once (plus one), or batches side by side would queue their
+    // workers behind each other's and run one after another.
+    auto& pool = shared_pool(held_threads().fetch_add(held_) + held_ + 1);
     st_->workers = workers;
     for (unsigned w = 0; w < workers; ++w) pool.submit([st = st_] { work(*st); });
   }
   ~thread_executor() override {
+    held_threads().fetch_sub(held_);
     {
       std::lock_guard lock(st_->mutex);
       st_->closing = true;
@@ -413,6 +437,7 @@ class thread_executor final : public executor {
 
   std::shared_ptr<shared> st_;
   int wake_fd_, stop_fd_;
+  const unsigned held_;  // pool threads this executor holds (its workers and its driver)
   bool stop_seen_ = false;
   std::size_t inflight_ = 0;
 };
@@ -933,8 +958,17 @@ class driver {
       if (io_uring* r = driver_ring()) return std::make_unique<uring_executor>(r, wake_.get(), b_.stop_fd());
     }
 #endif
-    const unsigned workers = std::max(1u, std::min<unsigned>(depth_, f0.config.threads * 8));
-    return std::make_unique<thread_executor>(std::min(workers, 64u), wake_.get(), b_.stop_fd());
+    // Workers hold pool threads for the driver's life: no more than the batch can have requests (a KV get of a
+    // few blocks, a loader's segment), so that batches side by side do not starve each other of the pool.
+    std::size_t most_requests = 0;
+    for (std::size_t i : ranges_) {
+      const std::size_t n = b_.ranges[i].memory.nbytes;
+      most_requests += (n + max_request_ - 1) / max_request_ + 1;  // + 1: a cover that straddles a boundary
+      if (most_requests >= 64) break;
+    }
+    const unsigned workers = static_cast<unsigned>(
+        std::clamp<std::size_t>(std::min<std::size_t>({depth_, f0.config.threads * 8u, most_requests}), 1, 64));
+    return std::make_unique<thread_executor>(workers, wake_.get(), b_.stop_fd());
   }
 
   void loop() {
@@ -1024,9 +1058,7 @@ class driver {
     if (executor_->inflight() + staged_writes_count() >= depth_) return false;
     // Reads whose bytes wait in staging for their copy hold staging: a bounded number of them.
     if (reads_awaiting_copy_ >= k_copy_hold_per_depth * depth_) return false;
-    // A driver with nothing in flight always starts one request: batches side by side never wait on each other.
-    const std::size_t mine = share_.mine();
-    return mine == 0 || (mine + nbytes <= budget_ && share_.fits(nbytes, budget_));
+    return share_.fits(nbytes, budget_);
   }
 
   // Gives a request its staging slot (and, for host-memory writes, its bytes). False when none of its ranges
