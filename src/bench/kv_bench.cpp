@@ -382,14 +382,16 @@ kv::store_options store_options_for(const kv_options& o, std::size_t block) {
   so.name_space = "gdskit bench kv";
   so.mode = o.mode;
   so.deadline = std::chrono::seconds(10);
-  so.async_workers = o.threads * o.in_flight;  // submitted puts finish on these
+  // Submitted puts finish on these (blocking calls need none).
+  so.async_workers = o.in_flight == 1 ? 1 : std::min(o.threads * o.in_flight, 64u);
   return so;
 }
 
 // The call pattern every store phase shares: ids for one call, then the call, then the checks. Each caller
 // keeps up to `in_flight` calls in flight (submit_put / submit_get, as an engine's offload path does), so that
 // filling and checking blocks, the bench's own work, overlaps the store's; with 1, each call is the blocking
-// put / get. A call's latency is the store's own (op_result::seconds: from the call until its last block ended).
+// put / get. A call's latency: with calls in flight the store's own (op_result::seconds, from the call until its
+// last block ended); with blocking calls the time the call took.
 struct caller {
   kv::block_store& store;
   std::size_t block;
@@ -429,14 +431,11 @@ struct caller {
     issue(th, t, std::move(c));
   }
 
-  // With `hit`: waits for every call of the thread and stores this one's hit mask there.
-  void get(unsigned th, tally& t, const std::vector<std::uint64_t>& ids, std::vector<bool>* hit = nullptr) {
-    issue(th, t, begin(th, ids, false), hit);
-  }
+  void get(unsigned th, tally& t, const std::vector<std::uint64_t>& ids) { issue(th, t, begin(th, ids, false)); }
 
   // Waits for the thread's calls still in flight (at the end of a phase).
   void drain(unsigned th, tally& t) {
-    while (!lanes[th].busy.empty()) finish_oldest(th, t, nullptr);
+    while (!lanes[th].busy.empty()) finish_oldest(th, t);
   }
 
  private:
@@ -452,37 +451,32 @@ struct caller {
     return c;
   }
 
-  void issue(unsigned th, tally& t, call c, std::vector<bool>* hit = nullptr) {
+  void issue(unsigned th, tally& t, call c) {
     lane& l = lanes[th];
     c.c0 = clock_type::now();
     if (in_flight == 1) {
       const kv::op_result r = c.put ? store.put(c.keys, c.rows) : store.get(c.keys, c.rows);
-      account(t, c, r, hit);
+      account(t, c, r);
       l.idle.push_back(std::move(c.memory));
       return;
     }
     c.future = c.put ? store.submit_put(c.keys, c.rows) : store.submit_get(c.keys, c.rows);
     l.busy.push_back(std::move(c));
-    if (hit != nullptr) {
-      while (l.busy.size() > 1) finish_oldest(th, t, nullptr);
-      finish_oldest(th, t, hit);
-      return;
-    }
-    while (l.busy.size() >= in_flight) finish_oldest(th, t, nullptr);
+    while (l.busy.size() >= in_flight) finish_oldest(th, t);
   }
 
-  void finish_oldest(unsigned th, tally& t, std::vector<bool>* hit) {
+  void finish_oldest(unsigned th, tally& t) {
     lane& l = lanes[th];
     call c = std::move(l.busy.front());
     l.busy.pop_front();
     const kv::op_result& r = c.future.get();
-    account(t, c, r, hit);
+    account(t, c, r);
     // A put past its deadline may still be read by the kernel: its memory is not refilled before that ends.
     while (!c.future.released()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     l.idle.push_back(std::move(c.memory));
   }
 
-  void account(tally& t, call& c, const kv::op_result& r, std::vector<bool>* hit) {
+  void account(tally& t, call& c, const kv::op_result& r) {
     const auto waited = clock_type::now() - c.c0;
     t.lat_ns.push_back(static_cast<std::uint64_t>(in_flight == 1 ? std::chrono::nanoseconds(waited).count()
                                                                    : r.seconds * 1e9));
@@ -506,7 +500,6 @@ struct caller {
       if (!c.memory->check(i, c.ids[i])) ++t.wrong;
     }
     t.overhead_cpu_s += thread_cpu_s() - o0;
-    if (hit != nullptr) *hit = r.ok;
   }
 };
 
