@@ -77,7 +77,8 @@ TEST(BenchRun, WriteThenVerifiedReadOnHostMemory) {
   ASSERT_EQ(warm.rc, 0) << warm.err;
   auto wj = nlohmann::json::parse(warm.out)["results"][0]["page_cache"];
   EXPECT_TRUE(wj["warm"].get<bool>());
-  EXPECT_DOUBLE_EQ(wj["before"].get<double>(), 1.0) << warm.out;
+  // (At least 95%: tests running beside this one may make the kernel reclaim a few pages before the run starts.)
+  EXPECT_GE(wj["before"].get<double>(), 0.95) << warm.out;
   // A different seed is caught.
   auto bad = run({"-f", f, "-s", "1M", "-i", "64K", "-w", "4", "-I", "0", "-V", "-k", "6"});
   EXPECT_EQ(bad.rc, 1);
