@@ -126,6 +126,9 @@ class batch_future {
   void wait() const;
   /// Blocks until ready() or the timeout; returns ready().
   bool wait_for(std::chrono::nanoseconds timeout) const;
+  /// Blocks until at most `n` ranges have not completed (or the batch is ready: never longer than its
+  /// deadline); returns how many have not. Lets a caller queue its next batch while this one's last ranges run.
+  std::size_t wait_pending_at_most(std::size_t n) const;
   /// A file descriptor (eventfd) that becomes readable once the batch is ready and stays readable. Owned by the
   /// batch: do not read or close it; valid while the future lives.
   int fd() const;

@@ -130,7 +130,8 @@ struct load_options {
   /// each shard's segments one batch of the transfer core with `pipeline_depth` segments in flight (each segment
   /// itself read at the device's depth). The load streams: the first shard's batch starts as soon as its header
   /// is parsed and its memory allocated, and each later header is read, parsed and allocated for on the calling
-  /// thread while earlier shards' segments read; a shard's batch starts once the one before it has completed.
+  /// thread while earlier shards' segments read; a shard's batch starts once the one before it has at most one
+  /// segment left (so at most `pipeline_depth` + 1 segments read at once).
   std::size_t pipeline_segment_bytes = std::size_t{256} << 20;
   unsigned pipeline_depth = 2;
   /// Settings for opening the files.

@@ -172,6 +172,7 @@ batch_future& batch_future::operator=(batch_future&& o) noexcept {
 
 bool batch_future::ready() const { return need(state_).ready(); }
 void batch_future::wait() const { need(state_).wait_ready(); }
+std::size_t batch_future::wait_pending_at_most(std::size_t n) const { return need(state_).wait_undecided_at_most(n); }
 bool batch_future::wait_for(std::chrono::nanoseconds timeout) const {
   const detail::batch_state& s = need(state_);
   using clock = std::chrono::steady_clock;

@@ -367,10 +367,11 @@ std::vector<segment> cut_segments(const shard_load& s, std::size_t seg_bytes, lo
 
 // The shards' segments, read through the transfer core: each shard's segments are one batch, submitted as soon
 // as its header is parsed and its memory allocated, at most `depth` segments reading at once. The next shard's
-// batch goes out once the one before it has completed (so no more than `depth` segments ever read at once across
-// files), while this thread parses and allocates the shard after it: header work overlaps reads. The first
-// error (lowest segment) wins, and once a batch failed nothing more is read. Destruction cancels the batch in
-// flight and waits until it has let go of the files and the memory, whatever ends the load.
+// batch goes out once the one before it has at most one segment left, so the device's queue does not drain at a
+// file boundary (at most `depth` + 1 segments read at once), while this thread parses and allocates the shard
+// after it: header work overlaps reads. The first error (lowest segment) wins, and once a batch failed the one
+// after it is cancelled and nothing more is read. Destruction cancels the batches in flight and waits until they
+// have let go of the files and the memory, whatever ends the load.
 class segment_batches {
  public:
   explicit segment_batches(unsigned depth) : depth_(std::max(depth, 1u)) {}
@@ -378,12 +379,21 @@ class segment_batches {
   segment_batches(const segment_batches&) = delete;
   segment_batches& operator=(const segment_batches&) = delete;
 
-  // Submits a shard's segments (after the batch before it has completed); dropped once a read failed. The last
-  // shard's single segment, with nothing else reading, is read on this thread (through the same core).
+  // Submits a shard's segments (once the batch before it has at most one segment left); dropped once a read
+  // failed. The last shard's single segment, with nothing else reading, is read on this thread (through the same
+  // core).
   void push(std::vector<segment> segs, bool last) {
-    collect();
+    collect(older_);
+    if (current_.future.valid()) {
+      current_.future.wait_pending_at_most(last && segs.size() == 1 ? 0 : 1);
+      older_ = std::move(current_);
+      current_ = {};
+      if (older_.future.ready()) collect(older_);
+    }
     if (error_ || segs.empty()) return;
     if (last && segs.size() == 1) {
+      collect(older_);
+      if (error_) return;
       if (!first_read_) first_read_ = steady_clock::now();
       peak_ = std::max(peak_, 1u);
       const segment& sg = segs.front();
@@ -402,50 +412,67 @@ class segment_batches {
     o.queue_depth = depth_;
     o.exact = true;
     if (!first_read_) first_read_ = steady_clock::now();
-    submitted_ = steady_clock::now();
-    current_ = submit(io_direction::read, ranges, o);
-    segs_ = std::move(segs);
-    peak_ = std::max(peak_, static_cast<unsigned>(std::min<std::size_t>(depth_, segs_.size())));
+    current_.submitted = steady_clock::now();
+    current_.future = submit(io_direction::read, ranges, o);
+    current_.segs = std::move(segs);
+    const unsigned tail = older_.future.valid() && !older_.future.ready() ? 1 : 0;
+    peak_ = std::max(peak_, static_cast<unsigned>(std::min<std::size_t>(depth_, current_.segs.size())) + tail);
   }
 
   // Whether a batch is reading.
-  bool busy() const { return current_.valid() && !current_.ready(); }
+  bool busy() const { return reading(older_) || reading(current_); }
 
   // Now while a batch reads, else when the last one completed.
   steady_clock::time_point idle_since() const {
-    if (!current_.valid()) return idle_since_;
-    if (!current_.ready()) return steady_clock::now();
-    return completed_at(current_.get());
+    if (busy()) return steady_clock::now();
+    steady_clock::time_point t = idle_since_;
+    for (const flight* f : {&older_, &current_}) {
+      if (f->future.valid()) t = std::max(t, completed_at(*f, f->future.get()));
+    }
+    return t;
   }
 
-  // Waits for the last batch; returns the first error, or null.
+  // Waits for the batches in flight; returns the first error, or null.
   std::exception_ptr finish() {
-    collect();
+    collect(older_);
+    collect(current_);
     return error_;
   }
 
-  // Stops the batch in flight (its unread segments are cancelled) and waits until it has let go.
+  // Stops the batches in flight (their unread segments are cancelled) and waits until they have let go.
   void cancel() noexcept {
-    if (!current_.valid()) return;
-    current_.cancel();
-    current_.wait_released();
-    current_ = batch_future();
+    for (flight* f : {&older_, &current_}) {
+      if (f->future.valid()) f->future.cancel();
+    }
+    for (flight* f : {&older_, &current_}) {
+      if (f->future.valid()) f->future.wait_released();
+      *f = {};
+    }
   }
 
   std::optional<steady_clock::time_point> first_read() const { return first_read_; }
   unsigned peak_in_flight() const { return peak_; }
 
  private:
-  // Waits for the batch in flight and keeps its first failure.
-  void collect() {
-    if (!current_.valid()) return;
-    const batch_result& r = current_.get();
-    current_.wait_released();
-    idle_since_ = completed_at(r);
+  struct flight {
+    batch_future future;
+    std::vector<segment> segs;
+    steady_clock::time_point submitted{};
+  };
+
+  static bool reading(const flight& f) { return f.future.valid() && !f.future.ready(); }
+
+  // Waits for a batch and keeps its first failure (older batches are collected first, so the lowest segment's
+  // error wins); a failure cancels the batch after it.
+  void collect(flight& f) {
+    if (!f.future.valid()) return;
+    const batch_result& r = f.future.get();
+    f.future.wait_released();
+    idle_since_ = std::max(idle_since_, completed_at(f, r));
     for (std::size_t k = 0; k < r.ranges.size() && !error_; ++k) {
       const range_result& x = r.ranges[k];
       if (x.ok()) continue;
-      const segment& sg = segs_[k];
+      const segment& sg = f.segs[k];
       const std::string path = sg.file->path().string();
       try {
         if (x.error == errno_code(ENODATA)) {
@@ -456,17 +483,17 @@ class segment_batches {
         error_ = std::current_exception();
       }
     }
-    current_ = batch_future();
+    f = {};
+    if (error_ && current_.future.valid()) current_.future.cancel();  // nothing more is read
   }
 
-  steady_clock::time_point completed_at(const batch_result& r) const {
-    return submitted_ + std::chrono::duration_cast<steady_clock::duration>(std::chrono::duration<double>(r.seconds));
+  static steady_clock::time_point completed_at(const flight& f, const batch_result& r) {
+    return f.submitted + std::chrono::duration_cast<steady_clock::duration>(std::chrono::duration<double>(r.seconds));
   }
 
   const unsigned depth_;
-  batch_future current_;
-  std::vector<segment> segs_;
-  steady_clock::time_point submitted_{};
+  flight older_;    // the shard before, finishing its last segment
+  flight current_;  // the newest shard's batch
   steady_clock::time_point idle_since_{};
   std::optional<steady_clock::time_point> first_read_;
   std::exception_ptr error_;

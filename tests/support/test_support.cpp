@@ -46,6 +46,14 @@ void write_file(const std::filesystem::path& path, const std::vector<std::uint8_
   if (!f) throw std::runtime_error("cannot write " + path.string());
 }
 
+file_handle open_for_seam(const std::filesystem::path& path, const std::vector<std::uint8_t>& data) {
+  write_file(path, data);
+  settings s;
+  s.engine = engine_kind::threads;
+  s.direct = direct_mode::off;
+  return file_handle(path, open_mode::read, {}, s);
+}
+
 void write_text(const std::filesystem::path& path, const std::string& text) {
   std::filesystem::create_directories(path.parent_path());
   std::ofstream f(path, std::ios::binary | std::ios::trunc);

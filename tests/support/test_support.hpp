@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "gdskit/file.hpp"
 #include "gdskit/settings.hpp"
 #include "posix/syscalls.hpp"
 
@@ -31,6 +32,9 @@ class temp_dir {
 std::vector<std::uint8_t> random_bytes(std::size_t n, std::uint64_t seed);
 /// Writes `data` to `path` with plain stdio (the reference, independent of gdskit).
 void write_file(const std::filesystem::path& path, const std::vector<std::uint8_t>& data);
+/// Writes `data` to `path` and opens it for reading through the thread engine without O_DIRECT, so that every
+/// read of it goes through the syscall seam's pread.
+file_handle open_for_seam(const std::filesystem::path& path, const std::vector<std::uint8_t>& data);
 /// Writes `text` to `path`, creating the folders above it.
 void write_text(const std::filesystem::path& path, const std::string& text);
 /// Reads the whole file with plain pread (the reference).

@@ -376,11 +376,7 @@ TEST_F(driver_fixture, a_million_ranges) {
 // queued behind other drivers would wait forever).
 TEST_F(driver_fixture, concurrent_batches_on_the_thread_engine_all_complete) {
   const auto data = random_bytes(1 << 20, 14);
-  test::write_file(dir / "f", data);
-  settings s;
-  s.engine = engine_kind::threads;
-  s.direct = direct_mode::off;
-  file_handle f(dir / "f", open_mode::read, {}, s);
+  file_handle f = test::open_for_seam(dir / "f", data);
   // Hold every thread of the pool until all batches are queued, so that their drivers come first.
   engine::thread_pool& pool = engine::shared_pool(1);
   const unsigned threads = pool.size();

@@ -506,11 +506,7 @@ TEST_F(batch_test, event_fd_becomes_readable_and_cancel_after_completion_changes
 
 TEST_F(batch_test, one_failing_range_leaves_the_others) {
   const auto d = random_bytes(200'000, 12);
-  test::write_file(dir_ / "f", d);
-  settings s;
-  s.direct = direct_mode::off;
-  s.engine = engine_kind::threads;
-  file_handle f(dir_ / "f", open_mode::read, {}, s);
+  file_handle f = test::open_for_seam(dir_ / "f", d);
   posix::syscall_table t = posix::real_syscalls();
   const auto real_pread = t.pread;
   t.pread = [&](int fd, void* b, std::size_t n, off_t off) -> ssize_t {
@@ -553,4 +549,32 @@ TEST_F(batch_test, close_waits_for_a_running_batch) {
 }
 
 }  // namespace
+// wait_pending_at_most returns once no more than that many ranges are left, before the batch is ready: a caller
+// can queue its next batch while this one's slowest range still runs.
+TEST_F(batch_test, waiting_for_all_but_the_last_range) {
+  const auto data = random_bytes(4 << 20, 91);
+  file_handle f = test::open_for_seam(dir_ / "f", data);
+  posix::syscall_table t = posix::real_syscalls();
+  const auto real_pread = t.pread;
+  t.pread = [real_pread](int fd, void* b, std::size_t n, off_t off) -> ssize_t {
+    if (off >= (3 << 20)) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the last range is slow
+    return real_pread(fd, b, n, off);
+  };
+  posix::scoped_syscalls guard(t);
+  std::vector<std::uint8_t> mem(4 << 20);
+  std::vector<io_range> ranges;
+  for (std::size_t i = 0; i < 4; ++i) {  // 1 MiB apart with gaps: never joined into one request
+    ranges.push_back({&f, i * (1 << 20), buffer_view::host(mem.data() + i * (1 << 20), (1 << 20) - 65536)});
+  }
+  batch_options o;
+  o.coalesce_gap_bytes = 0;
+  batch_future fut = submit_reads(ranges, o);
+  EXPECT_LE(fut.wait_pending_at_most(1), 1u);
+  EXPECT_FALSE(fut.ready()) << "returned only when the slow range was done";
+  EXPECT_EQ(fut.wait_pending_at_most(0), 0u);
+  EXPECT_TRUE(fut.ready());
+  ASSERT_TRUE(fut.get().ok());
+  EXPECT_EQ(std::memcmp(mem.data() + (3 << 20), data.data() + (3 << 20), (1 << 20) - 65536), 0);
+}
+
 }  // namespace gdskit

@@ -19,6 +19,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -431,7 +432,8 @@ random_checkpoint write_random_checkpoint(const temp_dir& dir, std::mt19937_64& 
 
 // One pipeline across shards: random checkpoints of several files with unaligned tensors, read as segments
 // small enough that every file boundary falls inside the pipeline; whole loads, subsets and tensor-parallel
-// slices must stay byte-exact, and no more segments than the pipeline's depth may read at once.
+// slices must stay byte-exact, and no more segments than the pipeline's depth (and the shard before's last) may
+// read at once.
 TEST(SafetensorsLoad, CrossFilePipelineIsByteExactOnRandomShards) {
   std::mt19937_64 rng(77);
   for (int round = 0; round < 4; ++round) {
@@ -447,7 +449,8 @@ TEST(SafetensorsLoad, CrossFilePipelineIsByteExactOnRandomShards) {
     ASSERT_EQ(m.tensors().size(), all.size());
     for (const auto& t : m.tensors()) EXPECT_EQ(view_bytes(t), all.at(t.name)) << t.name;
     EXPECT_GE(m.stats().segments, static_cast<std::size_t>(nfiles));
-    EXPECT_LE(m.stats().peak_segments_in_flight, o.pipeline_depth);  // how many overlap is timing; never more
+    // How many overlap is timing; never more than the depth and the last segment of the shard before.
+    EXPECT_LE(m.stats().peak_segments_in_flight, o.pipeline_depth + 1);
     // Rank-local slices (dim 0: contiguous rows; dim 1: strided) through the same pipeline.
     for (unsigned dim : {0u, 1u}) {
       const unsigned world = 2 + static_cast<unsigned>(rng() % 3), rank = static_cast<unsigned>(rng() % world);
@@ -500,6 +503,7 @@ gdskit::settings seam_settings() {
 struct shard_read {
   std::size_t shard = 0;
   bool header = false;
+  std::uint64_t end = 0;  // where the read ends in the file
 };
 
 // A pread seam over a checkpoint: records each read of its shards in order, counts data reads in flight, and
@@ -517,7 +521,7 @@ class shard_reads {
     t.pread = [this](int fd, void* b, std::size_t n, off_t o) -> ssize_t {
       const auto shard = shard_of(fd);
       if (!shard) return gdskit::posix::real_syscalls().pread(fd, b, n, o);
-      const shard_read r{*shard, static_cast<std::uint64_t>(o) < c_.data_offsets[*shard]};
+      const shard_read r{*shard, static_cast<std::uint64_t>(o) < c_.data_offsets[*shard], static_cast<std::uint64_t>(o) + n};
       // Recorded once the hook lets it go: the order of events is the order the reads reached the file.
       const int err = before ? before(r) : 0;
       {
@@ -714,6 +718,52 @@ TEST(SafetensorsLoad, StreamingStatsCountHeaderWorkOverlappedWithReads) {
   EXPECT_EQ(one.stats().overlapped_seconds, 0.0);
   EXPECT_EQ(one.storage().data, one.allocations().at(0).data);
   EXPECT_EQ(single.data_threads(), std::set<std::thread::id>{std::this_thread::get_id()});
+}
+
+// The segment pipeline runs across files: the next shard's first segment starts while the shard before it still
+// reads its last one (the device's queue does not drain at a file boundary), and no more than pipeline_depth
+// segments and that last one read at once.
+TEST(SafetensorsLoad, TheNextShardStartsBeforeTheShardBeforeItHasEnded) {
+  temp_dir dir;
+  // Segments of 4 MiB: each one range of its batch that no other joins, so a shard's segments end one by one.
+  const auto c = write_checkpoint(dir, 3, 3, std::uint64_t{4} << 20);
+  shard_reads reads(c);
+  std::mutex m;
+  std::map<std::size_t, int> reading;  // data reads under way per shard
+  bool crossed = false;
+  int most = 0;
+  reads.before = [&](const shard_read& r) {
+    if (r.header) return 0;
+    {
+      std::lock_guard lock(m);
+      int all = 1;
+      for (const auto& [shard, n] : reading) {
+        all += n;
+        if (shard != r.shard && n > 0) crossed = true;
+      }
+      most = std::max(most, all);
+      ++reading[r.shard];
+    }
+    // A shard's last read is slow: the next shard's first segment must start while it still reads.
+    const bool last = r.end >= std::filesystem::file_size(c.files[r.shard]);
+    std::this_thread::sleep_for(std::chrono::milliseconds(last ? 60 : 5));
+    std::lock_guard lock(m);
+    --reading[r.shard];
+    return 0;
+  };
+  st::load_options o;
+  o.config = seam_settings();
+  o.pipeline_segment_bytes = std::size_t{4} << 20;
+  o.pipeline_depth = 2;
+  st::model model;
+  {
+    gdskit::posix::scoped_syscalls seam(reads.table());
+    model = st::load(dir.path(), o);
+  }
+  for (const auto& t : model.tensors()) EXPECT_EQ(view_bytes(t), c.bytes.at(t.name)) << t.name;
+  EXPECT_TRUE(crossed) << "no segment of a shard read while the shard before it was still reading";
+  EXPECT_LE(most, 3);
+  EXPECT_LE(model.stats().peak_segments_in_flight, 3u);
 }
 
 // A malformed header in shard 3 of 4 fails the load with the error the header alone gives, after shards 1 and

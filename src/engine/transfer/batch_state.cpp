@@ -35,7 +35,13 @@ batch_state::~batch_state() = default;
 void batch_state::record(std::size_t i, std::size_t nbytes, std::error_code ec, double latency_s, std::uint32_t crc) {
   result_.ranges[i] = {nbytes, ec, latency_s, crc};
   decided_[i].store(k_done, std::memory_order_release);
-  if (undecided_.fetch_sub(1, std::memory_order_acq_rel) == 1) became_ready();
+  const std::size_t left = undecided_.fetch_sub(1) - 1;
+  if (left == 0) {
+    became_ready();
+  } else if (left <= wake_at_.load()) {
+    std::lock_guard lock(mutex_);  // a waiter between its check and its wait cannot miss this
+    cv_.notify_all();
+  }
 }
 
 bool batch_state::complete(std::size_t i, std::size_t nbytes, std::error_code ec, double latency_s, std::uint32_t crc) {
@@ -155,6 +161,17 @@ void batch_state::wait_ready() const {
 bool batch_state::wait_ready_until(clock::time_point t) const {
   std::unique_lock lock(mutex_);
   return cv_.wait_until(lock, t, [&] { return ready_.load(std::memory_order_acquire); });
+}
+
+std::size_t batch_state::wait_undecided_at_most(std::size_t n) const {
+  std::unique_lock lock(mutex_);
+  // Raised, never lowered: with several waiters the one that wants to hear earliest decides (the others see
+  // their count when they wake and wait on).
+  std::size_t at = wake_at_.load();
+  while (at < n && !wake_at_.compare_exchange_weak(at, n)) {
+  }
+  cv_.wait(lock, [&] { return ready_.load(std::memory_order_acquire) || undecided_.load() <= n; });
+  return ready_.load(std::memory_order_acquire) ? 0 : undecided_.load();
 }
 
 void batch_state::wait_released() const {

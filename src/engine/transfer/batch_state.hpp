@@ -83,6 +83,8 @@ struct batch_state {
   void wait_ready() const;
   bool wait_ready_until(clock::time_point t) const;
   void wait_released() const;
+  /// Blocks until at most `n` ranges are undecided (or the batch is ready); returns how many are.
+  std::size_t wait_undecided_at_most(std::size_t n) const;
   int event_fd() const noexcept { return event_fd_.get(); }
   const batch_result& result() const noexcept { return result_; }
 
@@ -99,6 +101,7 @@ struct batch_state {
 
   std::unique_ptr<std::atomic<std::uint8_t>[]> decided_;
   std::atomic<std::size_t> undecided_{0};
+  mutable std::atomic<std::size_t> wake_at_{0};  // a waiter wants to hear when undecided_ falls to this
   std::atomic<std::size_t> holds_{0};
   std::atomic<bool> stop_{false};
   std::atomic<bool> ready_{false};
