@@ -173,8 +173,6 @@ class device_share {
     dev_ = &counters(dev);
     dev_->drivers.fetch_add(1, std::memory_order_relaxed);
   }
-  /// Bytes of this driver's requests in flight.
-  std::size_t mine() const noexcept { return mine_; }
   /// Whether `nbytes` more keep this driver within its share of `budget` and the device within `budget`.
   bool fits(std::size_t nbytes, std::size_t budget) const noexcept {
     if (mine_ == 0) return true;  // one request always: no batch waits on another
