@@ -309,7 +309,9 @@ class thread_executor final : public executor {
     // The workers and this executor's driver each hold a thread of the shared pool for the driver's life: the
     // pool is grown to hold every live executor's at once (plus one), or batches side by side would queue their
     // workers behind each other's and run one after another.
-    auto& pool = shared_pool(held_threads().fetch_add(held_) + held_ + 1);
+    // (Capped: a thousand batches at once must not start tens of thousands of threads; past the cap they share.)
+    constexpr unsigned k_most_pool_threads = 512;
+    auto& pool = shared_pool(std::min(held_threads().fetch_add(held_) + held_ + 1, k_most_pool_threads));
     st_->workers = workers;
     for (unsigned w = 0; w < workers; ++w) pool.submit([st = st_] { work(*st); });
   }
