@@ -514,5 +514,58 @@ TEST_F(driver_fixture, batches_side_by_side_share_the_devices_bytes_in_flight) {
   EXPECT_TRUE(std::all_of(mb.begin(), mb.end(), [](std::uint8_t x) { return x == 0; }));
 }
 
+// Many batches of small requests side by side share the device's depth as well: together they keep no more
+// requests in flight than one batch's depth, and each keeps as many as its share allows (weighed at their own
+// size, not at the largest request's, which left each of eight batches one request at a time).
+TEST_F(driver_fixture, batches_side_by_side_share_the_devices_depth) {
+  constexpr std::size_t range = std::size_t{64} << 10, n = 96, batches = 8;
+  settings s;
+  s.engine = engine_kind::threads;
+  std::vector<std::unique_ptr<file_handle>> files;
+  for (std::size_t b = 0; b < batches; ++b) {
+    const auto p = dir / ("f" + std::to_string(b));
+    const int fd = ::open(p.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(2 * n * range)), 0);  // sparse: reads return zeros
+    ::close(fd);
+    files.push_back(std::make_unique<file_handle>(p, open_mode::read, open_options{}, s));
+  }
+  std::mutex m;
+  std::map<int, std::size_t> now_of, peak_of;
+  std::size_t now = 0, peak = 0;
+  posix::syscall_table t = posix::real_syscalls();
+  const auto real_pread = t.pread;
+  t.pread = [&, real_pread](int fd, void* b, std::size_t len, off_t off) -> ssize_t {
+    {
+      std::lock_guard lock(m);
+      peak = std::max(peak, ++now);
+      peak_of[fd] = std::max(peak_of[fd], ++now_of[fd]);
+    }
+    std::this_thread::sleep_for(20ms);
+    const ssize_t got = real_pread(fd, b, len, off);
+    std::lock_guard lock(m);
+    --now;
+    --now_of[fd];
+    return got;
+  };
+  posix::scoped_syscalls guard(t);
+  std::vector<std::vector<std::uint8_t>> mem(batches, std::vector<std::uint8_t>(n * range, 1));
+  batch_options o;  // no queue depth: the device's budget applies
+  o.exact = true;
+  std::vector<batch_future> running;
+  for (std::size_t b = 0; b < batches; ++b) {
+    std::vector<io_range> r;
+    // A gap between ranges wider than the coalescing gap: one request per range.
+    for (std::size_t i = 0; i < n; ++i) r.push_back({files[b].get(), 2 * i * range, buffer_view::host(mem[b].data() + i * range, range)});
+    running.push_back(submit_reads(r, o));
+  }
+  for (auto& f : running) ASSERT_TRUE(f.get().ok());
+  // Every batch may start one request beyond its share when it has none in flight.
+  EXPECT_LE(peak, engine::driver_limits{}.default_depth + batches);
+  ASSERT_EQ(peak_of.size(), batches);
+  for (const auto& [fd, p] : peak_of) EXPECT_GE(p, 4u) << "a batch kept too few requests in flight";
+  for (const auto& v : mem) EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](std::uint8_t x) { return x == 0; }));
+}
+
 }  // namespace
 }  // namespace gdskit

@@ -151,47 +151,63 @@ class staging {
   std::vector<std::byte*> free_[k_classes];
 };
 
-// Bytes of file requests in flight on each device, over every batch driver of the process. The bytes a device's
-// scheduler keeps in flight are the device's budget, not each batch's: batches that run side by side (the calls
-// of a KV store's callers) share it, so that together they queue no more on the device than one batch would. A
-// device past its best depth loses rate: a RAM-backed loop device reads 2 MiB requests at 5.0 GiB/s 16 deep and
-// at 3.6 GiB/s 32 deep. Each driver keeps at most an equal share of it (a driver only looks again when one of its
-// own requests ends, so without shares the first to fill the budget would keep it), and always one request.
+// Bytes and requests in flight on each device, over every batch driver of the process. The bytes a device's
+// scheduler keeps in flight, and the default depth, are the device's budget, not each batch's: batches that run
+// side by side (the calls of a KV store's callers) share them, so that together they queue no more on the device
+// than one batch would. A device past its best depth loses rate: a RAM-backed loop device reads 2 MiB requests
+// at 5.0 GiB/s 16 deep and at 3.6 GiB/s 32 deep. Each driver keeps at most an equal share of both (a driver only
+// looks again when one of its own requests ends, so without shares the first to fill the budget would keep it),
+// and always one request.
 class device_share {
  public:
   device_share() = default;
   ~device_share() {
     if (dev_ == nullptr) return;
     dev_->bytes.fetch_sub(mine_, std::memory_order_relaxed);  // what was never taken back
+    dev_->requests.fetch_sub(mine_requests_, std::memory_order_relaxed);
     dev_->drivers.fetch_sub(1, std::memory_order_relaxed);
   }
   device_share(const device_share&) = delete;
   device_share& operator=(const device_share&) = delete;
 
-  /// Counts this driver's requests against `dev`'s total from now on.
+  /// Counts this driver's requests against `dev`'s totals from now on.
   void attach(dev_t dev) {
     dev_ = &counters(dev);
     dev_->drivers.fetch_add(1, std::memory_order_relaxed);
   }
-  /// Whether `nbytes` more keep this driver within its share of `budget` and the device within `budget`.
-  bool fits(std::size_t nbytes, std::size_t budget) const noexcept {
-    if (mine_ == 0) return true;  // one request always: no batch waits on another
-    if (dev_ == nullptr) return mine_ + nbytes <= budget;
-    const std::size_t share = budget / std::max<std::size_t>(1, dev_->drivers.load(std::memory_order_relaxed));
-    return mine_ + nbytes <= std::max(share, nbytes) && dev_->bytes.load(std::memory_order_relaxed) + nbytes <= budget;
+  /// Whether one more request of `nbytes` keeps this driver within its share of `budget` bytes and `depth`
+  /// requests, and the device within both.
+  bool fits(std::size_t nbytes, std::size_t budget, std::size_t depth) const noexcept {
+    if (mine_requests_ == 0) return true;  // one request always: no batch waits on another
+    if (dev_ == nullptr) return mine_ + nbytes <= budget && mine_requests_ < depth;
+    const std::size_t drivers = std::max<std::size_t>(1, dev_->drivers.load(std::memory_order_relaxed));
+    const std::size_t share = budget / drivers;
+    const std::size_t share_depth = std::max<std::size_t>(1, depth / drivers);
+    return mine_ + nbytes <= std::max(share, nbytes) && mine_requests_ < share_depth &&
+           dev_->bytes.load(std::memory_order_relaxed) + nbytes <= budget &&
+           dev_->requests.load(std::memory_order_relaxed) < depth;
   }
   void add(std::size_t nbytes) noexcept {
     mine_ += nbytes;
-    if (dev_ != nullptr) dev_->bytes.fetch_add(nbytes, std::memory_order_relaxed);
+    ++mine_requests_;
+    if (dev_ != nullptr) {
+      dev_->bytes.fetch_add(nbytes, std::memory_order_relaxed);
+      dev_->requests.fetch_add(1, std::memory_order_relaxed);
+    }
   }
   void remove(std::size_t nbytes) noexcept {
     mine_ -= nbytes;
-    if (dev_ != nullptr) dev_->bytes.fetch_sub(nbytes, std::memory_order_relaxed);
+    --mine_requests_;
+    if (dev_ != nullptr) {
+      dev_->bytes.fetch_sub(nbytes, std::memory_order_relaxed);
+      dev_->requests.fetch_sub(1, std::memory_order_relaxed);
+    }
   }
 
  private:
   struct device {
     std::atomic<std::size_t> bytes{0};
+    std::atomic<std::size_t> requests{0};
     std::atomic<std::size_t> drivers{0};
   };
   static device& counters(dev_t dev) {
@@ -205,6 +221,7 @@ class device_share {
 
   device* dev_ = nullptr;
   std::size_t mine_ = 0;
+  std::size_t mine_requests_ = 0;
 };
 
 // ---- requests ------------------------------------------------------------------------------------------------
@@ -694,17 +711,28 @@ class planner_cursor {
 
   // The next request, or nullopt when none is left.
   std::optional<request> next(std::unordered_map<std::size_t, split_state>& splits) {
-    while (pending_.empty()) {
-      if (next_ >= order_.size()) return std::nullopt;
-      plan_some(splits);
-    }
+    if (!plan_ahead(splits)) return std::nullopt;
     request r = std::move(pending_.front());
     pending_.pop_front();
     return r;
   }
+  /// Bytes the kernel will be asked for by the request next() returns; nullopt when none is left.
+  std::optional<std::size_t> next_io_bytes(std::unordered_map<std::size_t, split_state>& splits) {
+    if (!plan_ahead(splits)) return std::nullopt;
+    return pending_.front().io_nbytes;
+  }
 
  private:
   const detail::batch_range& range(std::size_t i) const { return b_.ranges[i]; }
+
+  // Plans until a request is pending; false when none is left.
+  bool plan_ahead(std::unordered_map<std::size_t, split_state>& splits) {
+    while (pending_.empty()) {
+      if (next_ >= order_.size()) return false;
+      plan_some(splits);
+    }
+    return true;
+  }
 
   // Whether O_DIRECT can use the range's own memory: host memory, the file range and the address aligned.
   bool in_place(std::size_t i, bool write) const {
@@ -1038,9 +1066,12 @@ class driver {
       ready_writes_.pop_front();
       start(r);
     }
-    while (room(max_request_)) {
+    // Each request is weighed at its own size: a batch of small requests fills its share of the device's
+    // bytes with as many of them as fit, not with as many as the largest request would allow.
+    for (;;) {
+      const std::optional<std::size_t> nbytes = cursor_->next_io_bytes(splits_);
+      if (!nbytes || !room(*nbytes)) break;
       std::optional<request> next = cursor_->next(splits_);
-      if (!next) break;
       auto owned = std::make_unique<request>(std::move(*next));
       request* r = owned.get();
       if (!prepare(*r)) continue;  // decided meanwhile, or failed
@@ -1058,7 +1089,7 @@ class driver {
     if (executor_->inflight() + staged_writes_count() >= depth_) return false;
     // Reads whose bytes wait in staging for their copy hold staging: a bounded number of them.
     if (reads_awaiting_copy_ >= k_copy_hold_per_depth * depth_) return false;
-    return share_.fits(nbytes, budget_);
+    return share_.fits(nbytes, budget_, depth_);
   }
 
   // Gives a request its staging slot (and, for host-memory writes, its bytes). False when none of its ranges
