@@ -31,7 +31,9 @@
 #include "common/json_text.hpp"
 #include "tools/shell_text.hpp"
 #include "gdskit/error.hpp"
+#include "gpu/cuda_raii.hpp"
 #include "posix/syscalls.hpp"
+#include "shim/cuda_driver.hpp"
 
 extern char** environ;
 
@@ -324,33 +326,89 @@ std::vector<kv::key> keys_of(const std::vector<std::uint64_t>& ids) {
   return out;
 }
 
-// Memory of one caller thread: `batch` blocks, on the host or the GPU, with a host copy for filling and checks.
-struct rows_memory {
-  rows_memory(std::size_t batch, std::size_t block, int gpu) : host(batch * block), block_(block) {
-    if (gpu >= 0) device = device_buffer(batch * block, gpu);
-  }
-  buffer_view row(std::size_t i) {
-    if (device.data() != nullptr) {
-      return {static_cast<std::uint8_t*>(device.data()) + i * block_, block_, memory_kind::device, device.device()};
+// GPU memory with a pinned host mirror for the bench's own filling and checking, copied on a stream of its own.
+// Pageable copies on the default stream would serialize every caller's copies on the GPU (the legacy default
+// stream is one per context), and a phase would run at the rate of the bench's copies instead of the store's.
+class gpu_mirror {
+ public:
+  gpu_mirror(std::size_t nbytes, int gpu)
+      : host_(nbytes, gpu), device_(nbytes, gpu), stream_(gpu, shim::CU_STREAM_NON_BLOCKING) {}
+  std::uint8_t* host() const noexcept { return static_cast<std::uint8_t*>(host_.data()); }
+  void* device() const noexcept { return device_.data(); }
+  int gpu() const noexcept { return device_.device(); }
+  void to_device(std::size_t offset, std::size_t n) { copy(true, offset, n); }
+  void to_host(std::size_t offset, std::size_t n) { copy(false, offset, n); }
+
+ private:
+  void copy(bool to_device, std::size_t offset, std::size_t n) {
+    const shim::cuda_api& a = shim::cuda_or_throw();
+    gpu::context_guard ctx(device_.device());
+    const auto d = reinterpret_cast<shim::CUdeviceptr>(static_cast<std::uint8_t*>(device_.data()) + offset);
+    if (to_device) {
+      shim::check_cuda(a.cuMemcpyHtoDAsync(d, host() + offset, n, stream_.get()), "cuMemcpyHtoDAsync");
+    } else {
+      shim::check_cuda(a.cuMemcpyDtoHAsync(host() + offset, d, n, stream_.get()), "cuMemcpyDtoHAsync");
     }
-    return buffer_view::host(host.p + i * block_, block_);
+    shim::check_cuda(a.cuStreamSynchronize(stream_.get()), "cuStreamSynchronize");
+  }
+  pinned_buffer host_;
+  device_buffer device_;
+  gpu::cuda_stream stream_;
+};
+
+// Memory of one caller thread: `batch` blocks, on the host or the GPU (with a host mirror for filling and
+// checks).
+struct rows_memory {
+  rows_memory(std::size_t batch, std::size_t block, int gpu) : block_(block) {
+    if (gpu >= 0) {
+      mirror = std::make_unique<gpu_mirror>(batch * block, gpu);
+    } else {
+      host = std::make_unique<aligned_buffer>(batch * block);
+    }
+  }
+  std::uint8_t* host_rows() const { return mirror ? mirror->host() : host->p; }
+  buffer_view row(std::size_t i) {
+    if (mirror) return {static_cast<std::uint8_t*>(mirror->device()) + i * block_, block_, memory_kind::device, mirror->gpu()};
+    return buffer_view::host(host->p + i * block_, block_);
   }
   void fill(const std::vector<std::uint64_t>& ids) {
-    for (std::size_t i = 0; i < ids.size(); ++i) kv_fill_block(ids[i], host.p + i * block_, block_);
-    if (device.data() != nullptr) device.copy_from_host(host.p, ids.size() * block_);
+    for (std::size_t i = 0; i < ids.size(); ++i) kv_fill_block(ids[i], host_rows() + i * block_, block_);
+    if (mirror) mirror->to_device(0, ids.size() * block_);
   }
   std::vector<buffer_view> rows(std::size_t n) {
     std::vector<buffer_view> out;
     for (std::size_t i = 0; i < n; ++i) out.push_back(row(i));
     return out;
   }
-  // Copies row i to the host (for GPU rows) and checks it.
-  bool check(std::size_t i, std::uint64_t id) {
-    if (device.data() != nullptr) device.copy_to_host(host.p + i * block_, block_, i * block_);
-    return kv_check_block(id, host.p + i * block_, block_);
+  // Brings the first `n` rows to the host (GPU rows: one copy for the call), for check().
+  void fetch(std::size_t n) {
+    if (mirror) mirror->to_host(0, n * block_);
   }
-  aligned_buffer host;
-  device_buffer device;
+  // Whether row i (fetched) holds block `id`.
+  bool check(std::size_t i, std::uint64_t id) const { return kv_check_block(id, host_rows() + i * block_, block_); }
+  std::unique_ptr<aligned_buffer> host;
+  std::unique_ptr<gpu_mirror> mirror;
+  std::size_t block_;
+};
+
+// One block of the baseline's: host memory, and with a GPU its GPU copy (the peers' hop between the two).
+struct block_buffer {
+  block_buffer(std::size_t block, int gpu) : block_(block) {
+    if (gpu >= 0) {
+      mirror = std::make_unique<gpu_mirror>(block, gpu);
+    } else {
+      plain.resize(block);
+    }
+  }
+  std::uint8_t* host() { return mirror ? mirror->host() : plain.data(); }
+  void to_device(std::size_t n = SIZE_MAX) {
+    if (mirror) mirror->to_device(0, std::min(n, block_));
+  }
+  void to_host(std::size_t n = SIZE_MAX) {
+    if (mirror) mirror->to_host(0, std::min(n, block_));
+  }
+  std::unique_ptr<gpu_mirror> mirror;
+  std::vector<std::uint8_t> plain;
   std::size_t block_;
 };
 
@@ -490,6 +548,7 @@ struct caller {
       return;
     }
     const double o0 = thread_cpu_s();
+    if (r.ok_count != 0) c.memory->fetch(c.ids.size());
     for (std::size_t i = 0; i < c.ids.size(); ++i) {
       if (!r.ok[i]) {
         ++t.misses;
@@ -619,20 +678,23 @@ pid_t spawn_writer(const kv_options& o, std::size_t block, const fs::path& progr
 phase baseline_puts(const kv_options& o, std::size_t block, unsigned batch, std::uint64_t count, const std::vector<fs::path>& dirs) {
   std::atomic<std::uint64_t> next{0};
   std::atomic<int> failure{0};
-  phase p = run_threads("baseline put", o.threads * o.in_flight, 0, o.seed, [&](unsigned, tally& t, std::mt19937_64&) {
+  // With --gpu the blocks live in GPU memory, as the store's puts do: the peers copy each to pinned host memory
+  // first, on a stream of their own.
+  const unsigned callers = o.threads * o.in_flight;
+  std::vector<std::unique_ptr<block_buffer>> memory(callers);
+  for (auto& m : memory) m = std::make_unique<block_buffer>(block, o.gpu);
+  phase p = run_threads("baseline put", callers, 0, o.seed, [&](unsigned th, tally& t, std::mt19937_64&) {
     const std::uint64_t first = next.fetch_add(batch);
     if (first >= count || failure != 0) return false;
-    std::vector<std::uint8_t> buf(block);
-    // With --gpu the blocks live in GPU memory, as the store's puts do: the peers copy each to the host first.
-    device_buffer dev;
-    if (o.gpu >= 0) dev = device_buffer(block, o.gpu);
+    block_buffer& b = *memory[th];
+    std::uint8_t* buf = b.host();
     const auto c0 = clock_type::now();
     for (std::uint64_t id = first; id < std::min(count, first + batch); ++id) {
       const double o0 = thread_cpu_s();
-      kv_fill_block(id, buf.data(), block);
-      if (dev.data() != nullptr) dev.copy_from_host(buf.data(), block);
+      kv_fill_block(id, buf, block);
+      b.to_device();
       t.overhead_cpu_s += thread_cpu_s() - o0;
-      if (dev.data() != nullptr) dev.copy_to_host(buf.data(), block);
+      b.to_host();
       const fs::path dir = dirs[id % dirs.size()];
       const fs::path final_name = dir / fmt::format("{:016x}", id);
       const fs::path tmp = dir / fmt::format("{:016x}.tmp", id);
@@ -643,7 +705,7 @@ phase baseline_puts(const kv_options& o, std::size_t block, unsigned batch, std:
       }
       std::size_t done = 0;
       while (done < block) {
-        const ssize_t n = ::write(fd, buf.data() + done, block - done);
+        const ssize_t n = ::write(fd, buf + done, block - done);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
           failure = n < 0 ? errno : ENOSPC;
@@ -669,10 +731,12 @@ phase baseline_puts(const kv_options& o, std::size_t block, unsigned batch, std:
 }
 
 phase baseline_gets(const kv_options& o, std::size_t block, unsigned batch, std::uint64_t count, const std::vector<fs::path>& dirs) {
-  return run_threads("baseline get", o.threads * o.in_flight, o.seconds, o.seed + 7, [&](unsigned, tally& t, std::mt19937_64& rng) {
-    std::vector<std::uint8_t> buf(block);
-    device_buffer dev;
-    if (o.gpu >= 0) dev = device_buffer(block, o.gpu);
+  const unsigned callers = o.threads * o.in_flight;
+  std::vector<std::unique_ptr<block_buffer>> memory(callers);
+  for (auto& m : memory) m = std::make_unique<block_buffer>(block, o.gpu);
+  return run_threads("baseline get", callers, o.seconds, o.seed + 7, [&](unsigned th, tally& t, std::mt19937_64& rng) {
+    block_buffer& b = *memory[th];
+    std::uint8_t* buf = b.host();
     const auto ids = distinct(batch, [&] { return rng() % count; });
     const auto c0 = clock_type::now();
     for (std::uint64_t id : ids) {
@@ -684,7 +748,7 @@ phase baseline_gets(const kv_options& o, std::size_t block, unsigned batch, std:
       }
       std::size_t done = 0;
       while (done < block) {
-        const ssize_t n = ::read(fd, buf.data() + done, block - done);
+        const ssize_t n = ::read(fd, buf + done, block - done);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) break;
         done += static_cast<std::size_t>(n);
@@ -695,10 +759,10 @@ phase baseline_gets(const kv_options& o, std::size_t block, unsigned batch, std:
       ::close(fd);
       ++t.hits;
       t.bytes += done;
-      if (dev.data() != nullptr) dev.copy_from_host(buf.data(), done);
+      b.to_device(done);
       const double o0 = thread_cpu_s();
-      if (dev.data() != nullptr) dev.copy_to_host(buf.data(), done);
-      if (done != block || !kv_check_block(id, buf.data(), block)) ++t.wrong;
+      b.to_host(done);
+      if (done != block || !kv_check_block(id, buf, block)) ++t.wrong;
       t.overhead_cpu_s += thread_cpu_s() - o0;
     }
     const auto ns = clock_type::now() - c0;
