@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Row gathers, cold, in one run: gdskit.gather_rows of random rows of a .npy file into GPU memory against what
 users do today (numpy.load(mmap_mode="r")[idx], then torch.from_numpy(...).to(device)) and against the raw
-io_uring ring's rate at the same request size and depth (batch_bench's ring, run by this script when given).
+io_uring ring's rate at the same request size and depth, and at the size of the pages each row needs (batch_bench's
+ring, run by this script when given).
 
     scripts/gather-bench.py --file /mnt/fast/emb.npy --size-gib 8 --row-bytes 4096 --rows 100000 \\
         [--device cuda:0] [--rounds 3] [--ring build/release/bench/batch_bench] [--json out.json]
@@ -95,18 +96,30 @@ def main():
                 check = np.load(a.file, mmap_mode="r")[idx[:2000]]
                 assert out[:2000].cpu().numpy().tobytes() == check.tobytes(), "gather_rows returned wrong bytes"
             del out
-    ring = None
+    # O_DIRECT reads whole pages: a row that does not start on a page boundary (a .npy's data starts after its
+    # header, 128 bytes in) costs the pages it touches, one more than its size for 4 KiB rows.
+    data_offset = np.load(a.file, mmap_mode="r").offset
+    cover = ((data_offset % 4096 + a.row_bytes + 4095) // 4096) * 4096
+    ring = ring_cover = None
     if a.ring:
         # A file of its own next to the .npy (the bench creates it with the size asked for), removed afterwards.
         ring_file = a.file + ".ring.dat"
-        r = subprocess.run([a.ring, ring_file, f"{int(a.size_gib * 1024)}M", "4", f"{a.row_bytes}:{a.depth}", "--json",
-                            "/tmp/gather-ring.json", "--ring-only"], capture_output=True, text=True)
-        os.unlink(ring_file)
+        cases = f"{a.row_bytes}:{a.depth}" + (f",{cover}:{a.depth}" if cover != a.row_bytes else "")
+        ring_json = a.file + ".ring.json"
+        r = subprocess.run([a.ring, ring_file, f"{int(a.size_gib * 1024)}M", "4", cases, "--json", ring_json,
+                            "--ring-only"], capture_output=True, text=True)
+        if os.path.exists(ring_file):
+            os.unlink(ring_file)
         print(r.stdout.strip())
-        with open("/tmp/gather-ring.json") as f:
+        if r.returncode != 0:
+            sys.exit(f"gather-bench: the ring failed ({r.returncode}): {r.stderr.strip()[-500:]}")
+        with open(ring_json) as f:
             for row in json.load(f):
-                if row["what"] == "ring":
+                if row["what"] == "ring" and row["io"] == a.row_bytes:
                     ring = row["gib_s"]
+                if row["what"] == "ring" and row["io"] == cover:
+                    ring_cover = row["gib_s"]
+        os.unlink(ring_json)
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"gather_rows: {a.rows} random rows of {a.row_bytes} B from {a.size_gib:g} GiB .npy into {a.device}, cold, "
           f"{a.rounds} rounds (medians):")
@@ -117,9 +130,15 @@ def main():
     if ring:
         print(f"  raw io_uring ring at {a.row_bytes} B, depth {a.depth}: {ring:.3f} GiB/s; gdskit / ring: "
               f"{med['gdskit'] / ring:.3f}")
+    if ring_cover:
+        # Rows per second against reads per second of the pages every row needs.
+        rows_ratio = (med["gdskit"] / a.row_bytes) / (ring_cover / cover)
+        print(f"  each row is a read of {cover} B (data at byte {data_offset} of the file): ring at {cover} B, "
+              f"depth {a.depth}: {ring_cover:.3f} GiB/s; gdskit rows/s / ring reads/s: {rows_ratio:.3f}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"medians": med, "runs": results, "cpu": cpus, "ring_gib_s": ring}, f, indent=1)
+            json.dump({"medians": med, "runs": results, "cpu": cpus, "ring_gib_s": ring, "row_read_bytes": cover,
+                       "ring_row_read_gib_s": ring_cover}, f, indent=1)
     return 0
 
 
