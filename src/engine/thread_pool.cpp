@@ -5,6 +5,7 @@
 #include <atomic>
 #include <exception>
 #include <memory>
+#include <utility>
 
 namespace gdskit::engine {
 
@@ -57,6 +58,37 @@ thread_pool& shared_pool(unsigned min_threads) {
   static thread_pool pool(0);
   if (pool.size() < min_threads) pool.ensure_threads(min_threads);
   return pool;
+}
+
+namespace {
+
+std::atomic<unsigned>& held_threads() {
+  static std::atomic<unsigned> n{0};
+  return n;
+}
+
+// A thousand batches at once must not start tens of thousands of threads: past this, held jobs share.
+constexpr unsigned k_most_pool_threads = 512;
+
+}  // namespace
+
+pool_hold::pool_hold(unsigned threads) : threads_(threads) {
+  const unsigned held = held_threads().fetch_add(threads) + threads;
+  shared_pool(std::min(held + 1, k_most_pool_threads));
+}
+
+pool_hold::~pool_hold() {
+  if (threads_ != 0) held_threads().fetch_sub(threads_);
+}
+
+pool_hold::pool_hold(pool_hold&& o) noexcept : threads_(std::exchange(o.threads_, 0)) {}
+
+pool_hold& pool_hold::operator=(pool_hold&& o) noexcept {
+  if (this != &o) {
+    if (threads_ != 0) held_threads().fetch_sub(threads_);
+    threads_ = std::exchange(o.threads_, 0);
+  }
+  return *this;
 }
 
 void parallel_for(std::size_t n, unsigned parallelism, const std::function<void(std::size_t)>& body) {

@@ -37,6 +37,24 @@ class thread_pool {
 /// The shared pool, grown on demand.
 thread_pool& shared_pool(unsigned min_threads);
 
+/// Threads of the shared pool held for long by jobs that block (a batch driver for its batch's life, a thread
+/// engine's workers). While held, the pool keeps a thread for each, and one more for short jobs, so that work
+/// side by side runs side by side instead of queueing behind the jobs that hold threads (past a cap of 512
+/// threads they share). Take it before submitting the job and keep it until the job ends. Move-only.
+class pool_hold {
+ public:
+  pool_hold() noexcept = default;
+  explicit pool_hold(unsigned threads);
+  ~pool_hold();
+  pool_hold(pool_hold&& o) noexcept;
+  pool_hold& operator=(pool_hold&& o) noexcept;
+  pool_hold(const pool_hold&) = delete;
+  pool_hold& operator=(const pool_hold&) = delete;
+
+ private:
+  unsigned threads_ = 0;
+};
+
 /// Runs body(i) for i in [0, n) on up to `parallelism` threads, the caller being one of them. Returns when
 /// every index has run. The first exception thrown stops handing out new indices and is rethrown.
 void parallel_for(std::size_t n, unsigned parallelism, const std::function<void(std::size_t)>& body);

@@ -89,6 +89,27 @@ TEST_F(driver_fixture, device_reads_land_before_they_are_reported_in_few_copy_gr
   fut.wait_released();
 }
 
+// A batch whose driver waits (here for slow copies into GPU memory) does not hold up batches submitted after it:
+// every driver holds a thread of the shared pool for its batch's life, and the pool keeps one for each.
+TEST_F(driver_fixture, a_waiting_batch_does_not_hold_up_the_next) {
+  engine::transfer_core core;
+  core.install(make_fake_gpu(stats, 600ms));
+  const auto data = random_bytes(1 << 20, 23);
+  test::write_file(dir / "f", data);
+  file_handle f(dir / "f", open_mode::read);
+  std::vector<std::uint8_t> slow_mem(4096, 0xEE), fast_mem(4096, 0xEE);
+  batch_future slow = drive(core, io_direction::read, {{&f, 0, fake_device(slow_mem.data(), slow_mem.size())}});
+  std::this_thread::sleep_for(50ms);  // its driver is running and waits for its copy
+  batch_future fast = drive(core, io_direction::read, {{&f, 8192, buffer_view::host(fast_mem.data(), fast_mem.size())}});
+  ASSERT_TRUE(fast.wait_for(400ms)) << "a host read queued behind a batch waiting for its copies";
+  EXPECT_FALSE(slow.ready());
+  EXPECT_TRUE(fast.get().ok());
+  EXPECT_EQ(0, std::memcmp(fast_mem.data(), data.data() + 8192, fast_mem.size()));
+  ASSERT_TRUE(slow.get().ok());
+  EXPECT_EQ(0, std::memcmp(slow_mem.data(), data.data(), slow_mem.size()));
+  slow.wait_released();
+}
+
 // While copies are slow, reads that finished wait in staging for the next group; how many may wait is bounded
 // by the depth (four per request in flight), so staging does not grow with the batch.
 TEST_F(driver_fixture, reads_waiting_for_slow_copies_are_bounded_by_the_depth) {

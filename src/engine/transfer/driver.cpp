@@ -311,29 +311,18 @@ bool account(request& r, int res) {
   return false;
 }
 
-// Pool threads held by the live thread executors (see thread_executor).
-std::atomic<unsigned>& held_threads() {
-  static std::atomic<unsigned> n{0};
-  return n;
-}
-
 class thread_executor final : public executor {
  public:
   thread_executor(unsigned workers, int wake_fd, int stop_fd)
-      : wake_fd_(wake_fd), stop_fd_(stop_fd), held_(workers + 1) {
+      : wake_fd_(wake_fd), stop_fd_(stop_fd), hold_(workers) {
     st_ = std::make_shared<shared>();
     st_->wake_fd = wake_fd;
-    // The workers and this executor's driver each hold a thread of the shared pool for the driver's life: the
-    // pool is grown to hold every live executor's at once (plus one), or batches side by side would queue their
-    // workers behind each other's and run one after another.
-    // (Capped: a thousand batches at once must not start tens of thousands of threads; past the cap they share.)
-    constexpr unsigned k_most_pool_threads = 512;
-    auto& pool = shared_pool(std::min(held_threads().fetch_add(held_) + held_ + 1, k_most_pool_threads));
+    // The workers hold threads of the shared pool for the driver's life (as the driver holds its own): the
+    // pool keeps one for each, or batches side by side would queue their workers behind each other's.
     st_->workers = workers;
-    for (unsigned w = 0; w < workers; ++w) pool.submit([st = st_] { work(*st); });
+    for (unsigned w = 0; w < workers; ++w) shared_pool(1).submit([st = st_] { work(*st); });
   }
   ~thread_executor() override {
-    held_threads().fetch_sub(held_);
     {
       std::lock_guard lock(st_->mutex);
       st_->closing = true;
@@ -454,7 +443,7 @@ class thread_executor final : public executor {
 
   std::shared_ptr<shared> st_;
   int wake_fd_, stop_fd_;
-  const unsigned held_;  // pool threads this executor holds (its workers and its driver)
+  pool_hold hold_;  // the pool threads its workers hold
   bool stop_seen_ = false;
   std::size_t inflight_ = 0;
 };
@@ -1560,17 +1549,20 @@ class driver {
 };
 
 // Runs `body` on the shared pool under a hold of the batch (taken now, so the batch cannot be released before
-// the job has started and looked at it).
+// the job has started and looked at it). The job holds its pool thread until it ends (a driver for its batch's
+// life): the pool keeps a thread for every such job, so that batches side by side run side by side.
 template <class Body>
 void launch(const batch_ptr& b, Body body) {
   b->hold();
-  shared_pool(1).submit([b, body = std::move(body)]() mutable {
+  auto thread = std::make_shared<pool_hold>(1);
+  shared_pool(1).submit([b, thread, body = std::move(body)]() mutable {
     try {
       body();
     } catch (const std::exception& e) {
       log_warning(fmt::format("batch: {}", e.what()));
     }
     b->release_hold();
+    *thread = pool_hold();  // the thread is free again
   });
 }
 
