@@ -132,7 +132,9 @@ void parallel_for(std::size_t n, unsigned parallelism, const std::function<void(
     }
   };
   unsigned helpers = static_cast<unsigned>(std::min<std::size_t>(parallelism, n)) - 1;
-  auto& pool = shared_pool(helpers);
+  // The helpers block for the loop's length: threads held by others (batch drivers) must not keep them queued.
+  const pool_hold hold(helpers);
+  auto& pool = shared_pool(1);
   for (unsigned h = 0; h < helpers; ++h) pool.submit([st, drain] { drain(st); });
   drain(st);
   std::unique_lock lock(st->mutex);
