@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <mutex>
 #include <thread>
 
 #include "api/file_access.hpp"
@@ -270,6 +271,10 @@ TEST_P(kv_faults, a_stalling_device_never_holds_an_operation_past_its_deadline) 
     if (took > deadline + margin) ++late;
   };
   const auto stop = std::chrono::steady_clock::now() + 2500ms;
+  // A blocking put's blocks, kept until the held requests have ended (below): the put may return while one
+  // still reads them.
+  std::mutex kept_mutex;
+  std::vector<std::vector<std::vector<std::uint8_t>>> kept;
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
@@ -292,6 +297,8 @@ TEST_P(kv_faults, a_stalling_device_never_holds_an_operation_past_its_deadline) 
           } else {
             (void)store_->put(keys, v, oo);
             note(std::chrono::steady_clock::now() - t0);
+            std::lock_guard lock(kept_mutex);
+            kept.push_back(std::move(data));
           }
         } else {  // a get of blocks put before the stalls
           const auto keys = keys_from((round * 4 + t * 8) % 32, 4);
