@@ -204,7 +204,8 @@ struct raw_rates {
   double fresh_write_gib_s = 0;  // into blocks never written since the file was made (what a new store does)
   double write_gib_s = 0, read_gib_s = 0;
   latency_stats write_latency, read_latency;
-  unsigned depth = 0;
+  unsigned depth = 0;  // measure_raw: the requests in flight; the ceiling: those of the best write and read
+  unsigned fresh_write_depth = 0, write_depth = 0, read_depth = 0;
   bool direct = false;
   std::string note;
 };
@@ -808,15 +809,27 @@ block_run run_block(const kv_options& o, std::size_t block, std::ostream& err) {
   ob.batch = br.batch;
 
   err << fmt::format("gdskit bench kv: {} blocks: raw rate...\n", format_size(block));
-  // The device's ceiling: the better of 16 and 64 requests in flight (the store's depth is the transfer
-  // core's to choose).
+  // The device's ceiling: each rate the best of 8, 16 and 64 requests in flight (the store's depth is the
+  // transfer core's to choose; a RAM-backed device reads large blocks faster 8 deep than 16 deep).
   const std::uint64_t raw_bytes = std::min<std::uint64_t>(o.capacity_bytes / o.dirs.size(), std::uint64_t{1} << 30);
-  for (unsigned depth : {16u, 64u}) {
-    raw_rates r = measure_raw(o, block, depth, raw_bytes);
-    if (r.fresh_write_gib_s + r.write_gib_s + r.read_gib_s >
-        br.raw.fresh_write_gib_s + br.raw.write_gib_s + br.raw.read_gib_s) {
-      br.raw = r;
+  for (unsigned depth : {8u, 16u, 64u}) {
+    const raw_rates r = measure_raw(o, block, depth, raw_bytes);
+    if (r.fresh_write_gib_s > br.raw.fresh_write_gib_s) {
+      br.raw.fresh_write_gib_s = r.fresh_write_gib_s;
+      br.raw.fresh_write_depth = depth;
     }
+    if (r.write_gib_s > br.raw.write_gib_s) {
+      br.raw.write_gib_s = r.write_gib_s;
+      br.raw.write_latency = r.write_latency;
+      br.raw.write_depth = depth;
+    }
+    if (r.read_gib_s > br.raw.read_gib_s) {
+      br.raw.read_gib_s = r.read_gib_s;
+      br.raw.read_latency = r.read_latency;
+      br.raw.read_depth = depth;
+    }
+    br.raw.direct = r.direct;
+    if (!r.note.empty()) br.raw.note = r.note;
   }
 
   auto so = store_options_for(o, block);
@@ -1152,9 +1165,10 @@ void print_text(const kv_options& o, const std::vector<block_run>& runs, std::os
     out << fmt::format("\nblock {} ({} per call, {} slots); files: {}\n", format_size(br.block), br.batch, br.slots,
                        br.direct ? "O_DIRECT" : printable(br.direct_reason));
     out << fmt::format("  raw device: write {:.2f} GiB/s into new blocks, {:.2f} GiB/s over written ones, read {:.2f} "
-                       "GiB/s ({} requests in flight{}){}\n",
-                       br.raw.fresh_write_gib_s, br.raw.write_gib_s, br.raw.read_gib_s, br.raw.depth,
-                       br.raw.direct ? ", O_DIRECT" : "", br.raw.note.empty() ? "" : "; " + br.raw.note);
+                       "GiB/s (each the best of 8, 16 and 64 requests in flight: {}, {} and {}{}){}\n",
+                       br.raw.fresh_write_gib_s, br.raw.write_gib_s, br.raw.read_gib_s, br.raw.fresh_write_depth,
+                       br.raw.write_depth, br.raw.read_depth, br.raw.direct ? "; O_DIRECT" : "",
+                       br.raw.note.empty() ? "" : "; " + br.raw.note);
     out << fmt::format("  {:<18} {:>7} {:>6} {:>8} {:>8} {:>9} {:>9} {:>7} {:>6} {:>5}\n", "phase", "GiB/s", "of raw",
                        "p50 ms", "p99 ms", "p99.9 ms", "CPU-s/GiB", "hits", "wrong", "hangs");
     for (const auto& p : br.phases) {
@@ -1249,7 +1263,9 @@ int run_kv(const std::function<kv_options()>& make_options, std::ostream& out, s
                             {"raw", {{"fresh_write_gib_per_s", br.raw.fresh_write_gib_s},
                                      {"write_gib_per_s", br.raw.write_gib_s},
                                      {"read_gib_per_s", br.raw.read_gib_s},
-                                     {"depth", br.raw.depth},
+                                     {"fresh_write_depth", br.raw.fresh_write_depth},
+                                     {"write_depth", br.raw.write_depth},
+                                     {"read_depth", br.raw.read_depth},
                                      {"direct", br.raw.direct},
                                      {"write_p99_ms", br.raw.write_latency.p99_us / 1e3},
                                      {"read_p99_ms", br.raw.read_latency.p99_us / 1e3}}},

@@ -14,6 +14,7 @@ assert d["in_flight"] == 2 and d["threads"] == 2, d
 run = d["runs"][0]
 assert run["block_bytes"] == 65536 and run["slots"] > 0 and run["capacity_kept"], run
 assert run["raw"]["read_gib_per_s"] > 0 and run["raw"]["fresh_write_gib_per_s"] > 0, run["raw"]
+assert all(run["raw"][k] in (8, 16, 64) for k in ("fresh_write_depth", "write_depth", "read_depth")), run["raw"]
 phases = {p["name"]: p for p in run["phases"]}
 for name in ("put storm", "cold get", "mix", "churn", "faults", "kill -9 + reopen", "baseline put", "baseline get"):
     assert name in phases, (name, sorted(phases))
