@@ -3,6 +3,7 @@
 // landed, reported a range and copied into it afterwards, or issued one copy launch per range would fail here.
 // Also: io_uring refusing submissions, a million ranges, and a failing copy group.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -586,6 +587,64 @@ TEST_F(driver_fixture, batches_side_by_side_share_the_devices_depth) {
   ASSERT_EQ(peak_of.size(), batches);
   for (const auto& [fd, p] : peak_of) EXPECT_GE(p, 4u) << "a batch kept too few requests in flight";
   for (const auto& v : mem) EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](std::uint8_t x) { return x == 0; }));
+}
+
+// A batch whose last requests are in flight leaves its share of the device to the batches that still have
+// requests to start: beside a batch waiting on one slow read, another batch keeps nearly the whole budget in
+// flight, not half of it.
+TEST_F(driver_fixture, a_batch_with_nothing_left_to_start_leaves_its_share_to_the_others) {
+  constexpr std::size_t range = std::size_t{2} << 20, n = 32;
+  settings s;
+  s.engine = engine_kind::threads;
+  for (const char* name : {"slow", "fast"}) {
+    const int fd = ::open((dir / name).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(n * range)), 0);  // sparse: reads return zeros
+    ::close(fd);
+  }
+  file_handle slow(dir / "slow", open_mode::read, {}, s), fast(dir / "fast", open_mode::read, {}, s);
+  const int slow_fd = ::open((dir / "slow").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(slow_fd, 0);
+  struct stat slow_st {};
+  ASSERT_EQ(::fstat(slow_fd, &slow_st), 0);
+  ::close(slow_fd);
+  std::mutex m;
+  std::size_t fast_now = 0, fast_peak = 0;  // bytes
+  posix::syscall_table t = posix::real_syscalls();
+  const auto real_pread = t.pread;
+  t.pread = [&, real_pread](int fd, void* b, std::size_t len, off_t off) -> ssize_t {
+    struct stat st {};
+    const bool is_slow = ::fstat(fd, &st) == 0 && st.st_ino == slow_st.st_ino;
+    if (is_slow) {
+      std::this_thread::sleep_for(600ms);
+      return real_pread(fd, b, len, off);
+    }
+    {
+      std::lock_guard lock(m);
+      fast_now += len;
+      fast_peak = std::max(fast_peak, fast_now);
+    }
+    std::this_thread::sleep_for(30ms);
+    const ssize_t got = real_pread(fd, b, len, off);
+    std::lock_guard lock(m);
+    fast_now -= len;
+    return got;
+  };
+  posix::scoped_syscalls guard(t);
+  std::vector<std::uint8_t> one(range, 1), many(n * range, 1);
+  batch_options o;  // no queue depth: the device's budget applies
+  o.exact = true;
+  const std::vector<io_range> waiting = {{&slow, 0, buffer_view::host(one.data(), range)}};
+  batch_future w = submit_reads(waiting, o);
+  std::this_thread::sleep_for(50ms);  // its only request is in flight
+  std::vector<io_range> r;
+  for (std::size_t i = 0; i < n; ++i) r.push_back({&fast, i * range, buffer_view::host(many.data() + i * range, range)});
+  ASSERT_TRUE(read_batch(r, o).ok());
+  EXPECT_FALSE(w.ready()) << "the slow read ended before the check meant anything";
+  // Bytes in flight: the budget is 32 MiB (adjacent ranges join into requests of up to 4 MiB); half of it
+  // would be 16 MiB.
+  EXPECT_GE(fast_peak, std::size_t{24} << 20);
+  ASSERT_TRUE(w.get().ok());
 }
 
 }  // namespace

@@ -155,9 +155,10 @@ class staging {
 // scheduler keeps in flight, and the default depth, are the device's budget, not each batch's: batches that run
 // side by side (the calls of a KV store's callers) share them, so that together they queue no more on the device
 // than one batch would. A device past its best depth loses rate: a RAM-backed loop device reads 2 MiB requests
-// at 5.0 GiB/s 16 deep and at 3.6 GiB/s 32 deep. Each driver keeps at most an equal share of both (a driver only
-// looks again when one of its own requests ends, so without shares the first to fill the budget would keep it),
-// and always one request.
+// at 5.0 GiB/s 16 deep and at 3.6 GiB/s 32 deep. Each driver that still has requests to start keeps at most an
+// equal share of both (a driver only looks again when one of its own requests ends, so without shares the first
+// to fill the budget would keep it), and always one request; a driver whose last requests are in flight leaves
+// its share to the others.
 class device_share {
  public:
   device_share() = default;
@@ -165,7 +166,7 @@ class device_share {
     if (dev_ == nullptr) return;
     dev_->bytes.fetch_sub(mine_, std::memory_order_relaxed);  // what was never taken back
     dev_->requests.fetch_sub(mine_requests_, std::memory_order_relaxed);
-    dev_->drivers.fetch_sub(1, std::memory_order_relaxed);
+    wanting(false);
   }
   device_share(const device_share&) = delete;
   device_share& operator=(const device_share&) = delete;
@@ -173,7 +174,17 @@ class device_share {
   /// Counts this driver's requests against `dev`'s totals from now on.
   void attach(dev_t dev) {
     dev_ = &counters(dev);
-    dev_->drivers.fetch_add(1, std::memory_order_relaxed);
+    wanting(true);
+  }
+  /// Whether this driver has requests still to start: only such drivers divide the device's budget.
+  void wanting(bool w) noexcept {
+    if (dev_ == nullptr || w == wanting_) return;
+    wanting_ = w;
+    if (w) {
+      dev_->drivers.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      dev_->drivers.fetch_sub(1, std::memory_order_relaxed);
+    }
   }
   /// Whether one more request of `nbytes` keeps this driver within its share of `budget` bytes and `depth`
   /// requests, and the device within both.
@@ -208,7 +219,7 @@ class device_share {
   struct device {
     std::atomic<std::size_t> bytes{0};
     std::atomic<std::size_t> requests{0};
-    std::atomic<std::size_t> drivers{0};
+    std::atomic<std::size_t> drivers{0};  // those with requests still to start
   };
   static device& counters(dev_t dev) {
     static std::mutex mutex;
@@ -222,6 +233,7 @@ class device_share {
   device* dev_ = nullptr;
   std::size_t mine_ = 0;
   std::size_t mine_requests_ = 0;
+  bool wanting_ = false;
 };
 
 // ---- requests ------------------------------------------------------------------------------------------------
@@ -1072,6 +1084,7 @@ class driver {
       }
       start(r);
     }
+    share_.wanting(!nothing_left());
   }
 
   bool room(std::size_t nbytes) const {
