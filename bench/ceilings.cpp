@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -65,9 +66,18 @@ void ensure_file(const std::filesystem::path& path, std::uint64_t nbytes) {
   std::mt19937_64 rng(42);
   for (std::uint64_t off = 0; off < nbytes; off += kIo) {
     for (auto& w : buf) w = rng();
-    std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kIo, nbytes - off));
-    if (::pwrite(g.fd, buf.data(), n, static_cast<off_t>(off)) != static_cast<ssize_t>(n)) {
-      throw std::runtime_error("write " + path.string() + ": " + std::strerror(errno));
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kIo, nbytes - off));
+    for (std::size_t done = 0; done < n;) {
+      const ssize_t w = ::pwrite(g.fd, reinterpret_cast<const char*>(buf.data()) + done, n - done,
+                                 static_cast<off_t>(off + done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        const int e = w < 0 ? errno : ENOSPC;  // a write that moves nothing: the device is full
+        std::error_code ignored;
+        std::filesystem::remove(path, ignored);  // no half-made file left to pass for a whole one later
+        throw std::runtime_error("write " + path.string() + ": " + std::strerror(e));
+      }
+      done += static_cast<std::size_t>(w);
     }
   }
   ::fsync(g.fd);
