@@ -5,6 +5,7 @@
 #include <atomic>
 #include <exception>
 #include <memory>
+#include <system_error>
 #include <utility>
 
 namespace gdskit::engine {
@@ -74,7 +75,15 @@ constexpr unsigned k_most_pool_threads = 512;
 
 pool_hold::pool_hold(unsigned threads) : threads_(threads) {
   const unsigned held = held_threads().fetch_add(threads) + threads;
-  shared_pool(std::min(held + 1, k_most_pool_threads));
+  try {
+    shared_pool(std::min(held + 1, k_most_pool_threads));
+  } catch (const std::system_error&) {
+    // No thread to be had (a process limit): held jobs share the threads the pool has, if it has any.
+    if (shared_pool(0).size() == 0) {
+      held_threads().fetch_sub(threads);
+      throw;
+    }
+  }
 }
 
 pool_hold::~pool_hold() {
