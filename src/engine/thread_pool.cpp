@@ -77,8 +77,8 @@ pool_hold::pool_hold(unsigned threads) : threads_(threads) {
   const unsigned held = held_threads().fetch_add(threads) + threads;
   try {
     shared_pool(std::min(held + 1, k_most_pool_threads));
-  } catch (const std::system_error&) {
-    // No thread to be had (a process limit): held jobs share the threads the pool has, if it has any.
+  } catch (...) {
+    // No thread to be had (a process limit, no memory): held jobs share the threads the pool has, if any.
     if (shared_pool(0).size() == 0) {
       held_threads().fetch_sub(threads);
       throw;

@@ -108,6 +108,7 @@ TEST_F(driver_fixture, a_waiting_batch_does_not_hold_up_the_next) {
   EXPECT_EQ(0, std::memcmp(fast_mem.data(), data.data() + 8192, fast_mem.size()));
   ASSERT_TRUE(slow.get().ok());
   EXPECT_EQ(0, std::memcmp(slow_mem.data(), data.data(), slow_mem.size()));
+  fast.wait_released();
   slow.wait_released();
 }
 
@@ -553,21 +554,23 @@ TEST_F(driver_fixture, batches_side_by_side_share_the_devices_depth) {
     files.push_back(std::make_unique<file_handle>(p, open_mode::read, open_options{}, s));
   }
   std::mutex m;
-  std::map<int, std::size_t> now_of, peak_of;
+  std::map<ino_t, std::size_t> now_of, peak_of;  // by file (a file may be read through more than one descriptor)
   std::size_t now = 0, peak = 0;
   posix::syscall_table t = posix::real_syscalls();
   const auto real_pread = t.pread;
   t.pread = [&, real_pread](int fd, void* b, std::size_t len, off_t off) -> ssize_t {
+    struct stat st {};
+    const ino_t ino = ::fstat(fd, &st) == 0 ? st.st_ino : 0;
     {
       std::lock_guard lock(m);
       peak = std::max(peak, ++now);
-      peak_of[fd] = std::max(peak_of[fd], ++now_of[fd]);
+      peak_of[ino] = std::max(peak_of[ino], ++now_of[ino]);
     }
     std::this_thread::sleep_for(20ms);
     const ssize_t got = real_pread(fd, b, len, off);
     std::lock_guard lock(m);
     --now;
-    --now_of[fd];
+    --now_of[ino];
     return got;
   };
   posix::scoped_syscalls guard(t);
@@ -582,6 +585,7 @@ TEST_F(driver_fixture, batches_side_by_side_share_the_devices_depth) {
     running.push_back(submit_reads(r, o));
   }
   for (auto& f : running) ASSERT_TRUE(f.get().ok());
+  for (auto& f : running) f.wait_released();
   // Every batch may start one request beyond its share when it has none in flight.
   EXPECT_LE(peak, engine::driver_limits{}.default_depth + batches);
   ASSERT_EQ(peak_of.size(), batches);
@@ -610,12 +614,14 @@ TEST_F(driver_fixture, a_batch_with_nothing_left_to_start_leaves_its_share_to_th
   ::close(slow_fd);
   std::mutex m;
   std::size_t fast_now = 0, fast_peak = 0;  // bytes
+  std::atomic<bool> slow_started{false};
   posix::syscall_table t = posix::real_syscalls();
   const auto real_pread = t.pread;
   t.pread = [&, real_pread](int fd, void* b, std::size_t len, off_t off) -> ssize_t {
     struct stat st {};
     const bool is_slow = ::fstat(fd, &st) == 0 && st.st_ino == slow_st.st_ino;
     if (is_slow) {
+      slow_started = true;
       std::this_thread::sleep_for(600ms);
       return real_pread(fd, b, len, off);
     }
@@ -636,7 +642,8 @@ TEST_F(driver_fixture, a_batch_with_nothing_left_to_start_leaves_its_share_to_th
   o.exact = true;
   const std::vector<io_range> waiting = {{&slow, 0, buffer_view::host(one.data(), range)}};
   batch_future w = submit_reads(waiting, o);
-  std::this_thread::sleep_for(50ms);  // its only request is in flight
+  while (!slow_started) std::this_thread::sleep_for(1ms);  // its only request is in flight
+  std::this_thread::sleep_for(5ms);  // and its driver has looked for more to start
   std::vector<io_range> r;
   for (std::size_t i = 0; i < n; ++i) r.push_back({&fast, i * range, buffer_view::host(many.data() + i * range, range)});
   ASSERT_TRUE(read_batch(r, o).ok());
@@ -645,6 +652,7 @@ TEST_F(driver_fixture, a_batch_with_nothing_left_to_start_leaves_its_share_to_th
   // would be 16 MiB.
   EXPECT_GE(fast_peak, std::size_t{24} << 20);
   ASSERT_TRUE(w.get().ok());
+  w.wait_released();
 }
 
 }  // namespace

@@ -176,6 +176,11 @@ class device_share {
     dev_ = &counters(dev);
     wanting(true);
   }
+  /// This driver's share of `depth` requests now (all of it when not attached).
+  std::size_t depth_share(std::size_t depth) const noexcept {
+    if (dev_ == nullptr) return depth;
+    return std::max<std::size_t>(1, depth / std::max<std::size_t>(1, dev_->drivers.load(std::memory_order_relaxed)));
+  }
   /// Whether this driver has requests still to start: only such drivers divide the device's budget.
   void wanting(bool w) noexcept {
     if (dev_ == nullptr || w == wanting_) return;
@@ -943,7 +948,15 @@ class driver {
     plan();
     std::unique_ptr<executor> ex = make_executor();
     executor_ = ex.get();
-    loop();
+    try {
+      loop();
+    } catch (...) {
+      // Requests the kernel (or a worker) still holds read or write staging and the batch's memory: they are
+      // asked back and waited for before any of it goes. The ranges are decided by the caller's catch.
+      drain_after_failure();
+      executor_ = nullptr;
+      throw;
+    }
     if (!ex->abandoned() && !copies_abandoned_) staging_.mark_reusable();
     executor_ = nullptr;
   }
@@ -1003,8 +1016,10 @@ class driver {
       most_requests += (n + max_request_ - 1) / max_request_ + 1;  // + 1: a cover that straddles a boundary
       if (most_requests >= 64) break;
     }
-    const unsigned workers = static_cast<unsigned>(
-        std::clamp<std::size_t>(std::min<std::size_t>({depth_, f0.config.threads * 8u, most_requests}), 1, 64));
+    // Nor more than the batch's share of the device's depth as it starts (batches side by side divide it; a
+    // worker past the share would only hold a pool thread idle).
+    const unsigned workers = static_cast<unsigned>(std::clamp<std::size_t>(
+        std::min<std::size_t>({share_.depth_share(depth_), f0.config.threads * 8u, most_requests}), 1, 64));
     return std::make_unique<thread_executor>(workers, wake_.get(), b_.stop_fd());
   }
 
@@ -1016,6 +1031,7 @@ class driver {
         // Deadline, cancel or every range decided: nothing new starts; what the kernel holds is asked back.
         executor_->cancel_all();
         cancelled = true;
+        share_.wanting(false);  // nothing more starts: what it still has in flight is only waited for
       }
       if (!cancelled) issue();
       flush_copies();
@@ -1029,6 +1045,22 @@ class driver {
       take_copy_completions();
     }
     if (copier_ != nullptr) copier_->drain();
+  }
+
+  // After loop() failed: cancels what is in flight and waits for it (best effort: a failure here leaves the
+  // rest to the kernel, and the staging is then never reused).
+  void drain_after_failure() noexcept {
+    try {
+      executor_->cancel_all();
+      std::vector<request*> finished;
+      while (executor_->inflight() > 0) {
+        finished.clear();
+        executor_->wait(finished);
+        for (request* r : finished) share_.remove(r->io_nbytes);
+      }
+      if (copier_ != nullptr) copier_->drain();
+    } catch (...) {
+    }
   }
 
   // Only copy groups are left: waits up to k_copy_check_ms for one to land (true: the executor's wait returns at
@@ -1069,6 +1101,7 @@ class driver {
 
   // Starts requests while depth and bytes allow.
   void issue() {
+    share_.wanting(!nothing_left());  // work may have come back (a joined read retried in parts)
     // Writes whose bytes came from GPU memory go first: their staging is already taken.
     while (!ready_writes_.empty() && room(ready_writes_.front()->io_nbytes)) {
       request* r = ready_writes_.front();
@@ -1574,17 +1607,22 @@ class driver {
 // life): the pool keeps a thread for every such job, so that batches side by side run side by side.
 template <class Body>
 void launch(const batch_ptr& b, Body body) {
-  b->hold();
   auto thread = std::make_shared<pool_hold>(1);
-  shared_pool(1).submit([b, thread, body = std::move(body)]() mutable {
-    try {
-      body();
-    } catch (const std::exception& e) {
-      log_warning(fmt::format("batch: {}", e.what()));
-    }
+  b->hold();
+  try {
+    shared_pool(1).submit([b, thread, body = std::move(body)]() mutable {
+      try {
+        body();
+      } catch (const std::exception& e) {
+        log_warning(fmt::format("batch: {}", e.what()));
+      }
+      b->release_hold();
+      *thread = pool_hold();  // the thread is free again
+    });
+  } catch (...) {
     b->release_hold();
-    *thread = pool_hold();  // the thread is free again
-  });
+    throw;
+  }
 }
 
 // Ranges through the single-range routes, `jobs` at a time.
@@ -1665,9 +1703,12 @@ void run_driver(const transfer_core& core, const batch_ptr& b, std::vector<std::
       driver d(b, std::move(ranges), copier.get(), limits);
       d.run();
     } catch (const std::system_error& e) {
-      // The driver could not start: its ranges fail with the reason.
+      // The driver could not start or go on: its open ranges fail with the reason.
       for (std::size_t i : mine) b->complete(i, 0, e.code());
       log_warning(fmt::format("batch driver: {}", e.what()));
+    } catch (const std::bad_alloc&) {
+      for (std::size_t i : mine) b->complete(i, 0, errno_code(ENOMEM));
+      log_warning("batch driver: out of memory");
     }
   });
 }
