@@ -273,16 +273,18 @@ struct block_store::impl {
   bool one_range() const { return options.block_bytes <= k_piece_bytes; }
 
   // Gets of blocks that fit one checked range: one batch straight into `out`.
+  // `t0`: when the call was made (op_result::seconds counts from it).
   std::shared_ptr<detail::op_state> start_get(std::span<const key> keys, std::span<const buffer_view> out,
-                                              clock::time_point deadline, void* stream);
+                                              clock::time_point deadline, void* stream, clock::time_point t0);
   /// Makes the outcome of a core-batch get whose batch is ready (or that has none); once. With s.mutex held.
   void settle_get_locked(detail::op_state& s);
   // Gets of larger blocks: block after block through the store's memory.
   op_result run_large_get(std::span<const key> keys, std::span<const buffer_view> out, clock::time_point deadline,
-                          detail::op_state* ctl);
+                          detail::op_state* ctl, clock::time_point t0);
   // Puts: the data batch (from the caller's memory, checksummed), then the headers.
   std::shared_ptr<detail::put_job> start_put(std::span<const key> keys, std::span<const buffer_view> blocks,
-                                             clock::time_point deadline, void* stream, detail::op_state* ctl);
+                                             clock::time_point deadline, void* stream, detail::op_state* ctl,
+                                             clock::time_point t0);
   op_result finish_put(detail::put_job& job, detail::op_state* ctl);
   /// Waits for `f` (by its deadline at the latest), cancellable through `ctl`.
   static void wait_tracked(const batch_future& f, detail::op_state* ctl) {
@@ -557,12 +559,13 @@ void block_store::impl::reap() {
 
 std::shared_ptr<detail::op_state> block_store::impl::start_get(std::span<const key> keys,
                                                                std::span<const buffer_view> out,
-                                                               clock::time_point deadline, void* stream) {
+                                                               clock::time_point deadline, void* stream,
+                                                               clock::time_point t0) {
   auto s = std::make_shared<detail::op_state>();
   s->core = true;
   auto job = std::make_unique<detail::get_job>();
   job->store = this;
-  job->t0 = clock::now();
+  job->t0 = t0;
   job->keys.assign(keys.begin(), keys.end());
   job->res = undecided(keys.size());
   reap();
@@ -649,8 +652,8 @@ void block_store::impl::settle_get_locked(detail::op_state& s) {
 }
 
 op_result block_store::impl::run_large_get(std::span<const key> keys, std::span<const buffer_view> out,
-                                           clock::time_point deadline, detail::op_state* ctl) {
-  const auto t0 = clock::now();
+                                           clock::time_point deadline, detail::op_state* ctl,
+                                           clock::time_point t0) {
   const std::size_t n = keys.size();
   op_result res = undecided(n);
   reap();
@@ -727,9 +730,9 @@ op_result block_store::impl::run_large_get(std::span<const key> keys, std::span<
 std::shared_ptr<detail::put_job> block_store::impl::start_put(std::span<const key> keys,
                                                               std::span<const buffer_view> blocks,
                                                               clock::time_point deadline, void* stream,
-                                                              detail::op_state* ctl) {
+                                                              detail::op_state* ctl, clock::time_point t0) {
   auto job = std::make_shared<detail::put_job>();
-  job->t0 = clock::now();
+  job->t0 = t0;
   job->deadline = deadline;
   job->keys.assign(keys.begin(), keys.end());
   const std::size_t n = keys.size();
@@ -1074,20 +1077,22 @@ op_result guarded(std::size_t n, F&& f) {
   if ((p).closed) bad(EBADF, "the store is closed")
 
 op_result block_store::put(std::span<const key> keys, std::span<const buffer_view> blocks, const op_options& options) {
+  const auto t0 = clock::now();
   impl& p = open_impl(impl_);
   GDSKIT_KV_SHARED_GATE(p);
   p.check_views(keys, blocks, false, options.stream);
-  const auto job = p.start_put(keys, blocks, p.deadline_of(options), options.stream, nullptr);
+  const auto job = p.start_put(keys, blocks, p.deadline_of(options), options.stream, nullptr, t0);
   return p.finish_put(*job, nullptr);
 }
 
 op_result block_store::get(std::span<const key> keys, std::span<const buffer_view> out, const op_options& options) {
+  const auto t0 = clock::now();
   impl& p = open_impl(impl_);
   GDSKIT_KV_SHARED_GATE(p);
   p.check_views(keys, out, true, options.stream);
   const auto deadline = p.deadline_of(options);
-  if (!p.one_range()) return p.run_large_get(keys, out, deadline, nullptr);
-  const auto s = p.start_get(keys, out, deadline, options.stream);
+  if (!p.one_range()) return p.run_large_get(keys, out, deadline, nullptr, t0);
+  const auto s = p.start_get(keys, out, deadline, options.stream, t0);
   if (s->batch) s->batch->wait();  // by the deadline at the latest
   std::lock_guard lock(s->mutex);
   p.settle_get_locked(*s);
@@ -1096,6 +1101,7 @@ op_result block_store::get(std::span<const key> keys, std::span<const buffer_vie
 
 op_future block_store::submit_put(std::span<const key> keys, std::span<const buffer_view> blocks,
                                   const op_options& options) {
+  const auto t0 = clock::now();
   impl& p = open_impl(impl_);
   auto state = std::make_shared<detail::op_state>();
   state->open_event();
@@ -1104,7 +1110,8 @@ op_future block_store::submit_put(std::span<const key> keys, std::span<const buf
   GDSKIT_KV_SHARED_GATE(p);
   p.check_views(keys, blocks, false, options.stream);
   // The data batch starts here, so that a stream is waited for at the point of this call.
-  std::shared_ptr<detail::put_job> job = p.start_put(keys, blocks, p.deadline_of(options), options.stream, state.get());
+  std::shared_ptr<detail::put_job> job =
+      p.start_put(keys, blocks, p.deadline_of(options), options.stream, state.get(), t0);
   state->batch = job->data;
   auto rest = [&p, state, job] {
     state->finish(guarded(job->keys.size(), [&] { return p.finish_put(*job, state.get()); }));
@@ -1120,12 +1127,13 @@ op_future block_store::submit_put(std::span<const key> keys, std::span<const buf
 
 op_future block_store::submit_get(std::span<const key> keys, std::span<const buffer_view> out,
                                   const op_options& options) {
+  const auto t0 = clock::now();
   impl& p = open_impl(impl_);
   GDSKIT_KV_SHARED_GATE(p);
   p.check_views(keys, out, true, options.stream);
   const auto deadline = p.deadline_of(options);
   if (p.one_range()) {
-    std::shared_ptr<detail::op_state> s = p.start_get(keys, out, deadline, options.stream);
+    std::shared_ptr<detail::op_state> s = p.start_get(keys, out, deadline, options.stream, t0);
     {
       std::lock_guard lock(s->mutex);
       if (s->ready) return op_future(std::move(s));
@@ -1138,8 +1146,8 @@ op_future block_store::submit_get(std::span<const key> keys, std::span<const buf
   state->open_event();
   std::vector<key> k(keys.begin(), keys.end());
   std::vector<buffer_view> v(out.begin(), out.end());
-  auto run = [&p, state, k = std::move(k), v = std::move(v), deadline] {
-    state->finish(guarded(k.size(), [&] { return p.run_large_get(k, v, deadline, state.get()); }));
+  auto run = [&p, state, k = std::move(k), v = std::move(v), deadline, t0] {
+    state->finish(guarded(k.size(), [&] { return p.run_large_get(k, v, deadline, state.get(), t0); }));
   };
   // Blocks too large for one checked range are copied into `out` by the store itself: with a stream, before
   // this returns, so that work queued on it afterwards sees them.
