@@ -335,19 +335,20 @@ std::filesystem::path save_profile(const std::filesystem::path& dir, const devic
 
 const profile_result& profile_for_device(dev_t dev) {
   static std::mutex mutex;
-  static std::map<dev_t, profile_result> cache;
+  // By folder too: a process that points XDG_CACHE_HOME elsewhere reads that folder's profile.
+  static std::map<std::pair<std::string, dev_t>, profile_result> cache;
   std::lock_guard lock(mutex);
-  auto it = cache.find(dev);
+  const auto dir = profile_dir();
+  auto it = cache.find({dir.string(), dev});
   if (it != cache.end()) return it->second;
   profile_result r;
-  const auto dir = profile_dir();
   const device_identity id = identify_device("/", dev);
   if (dir.empty()) {
     r.reason = "no profile folder (neither XDG_CACHE_HOME nor HOME is set)";
   } else {
     r = load_profile(profile_path(dir, id), id);
   }
-  return cache.emplace(dev, std::move(r)).first->second;
+  return cache.emplace(std::make_pair(dir.string(), dev), std::move(r)).first->second;
 }
 
 // ---- Learned profiles ----
@@ -438,18 +439,19 @@ std::mutex learned_mutex;
 // The learned profile of `dev` as this process knows it: read once from the profile folder, then kept up to
 // date by remember_learned(). Called with learned_mutex held.
 learned_cache_entry& learned_entry(dev_t dev) {
-  static std::map<dev_t, learned_cache_entry> cache;
-  auto it = cache.find(dev);
+  // By folder too, as profile_for_device.
+  static std::map<std::pair<std::string, dev_t>, learned_cache_entry> cache;
+  const auto dir = profile_dir();
+  auto it = cache.find({dir.string(), dev});
   if (it != cache.end()) return it->second;
   learned_cache_entry e;
   e.id = identify_device("/", dev);
-  const auto dir = profile_dir();
   if (dir.empty()) {
     e.result.reason = "no profile folder (neither XDG_CACHE_HOME nor HOME is set)";
   } else {
     e.result = load_learned(learned_path(dir, e.id), e.id);
   }
-  return cache.emplace(dev, std::move(e)).first->second;
+  return cache.emplace(std::make_pair(dir.string(), dev), std::move(e)).first->second;
 }
 
 }  // namespace
