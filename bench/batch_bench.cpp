@@ -208,9 +208,20 @@ void print(const result& r) {
 
 }  // namespace
 
+int run(int argc, char** argv);
+
 int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "batch_bench: %s\n", e.what());
+    return 1;
+  }
+}
+
+int run(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT]\n");
+    std::fprintf(stderr, "usage: batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT] [--ring-only]\n");
     return 2;
   }
   const std::filesystem::path path = argv[1];
