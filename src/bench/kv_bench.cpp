@@ -204,8 +204,7 @@ struct raw_rates {
   double fresh_write_gib_s = 0;  // into blocks never written since the file was made (what a new store does)
   double write_gib_s = 0, read_gib_s = 0;
   latency_stats write_latency, read_latency;
-  unsigned depth = 0;  // measure_raw: the requests in flight; the ceiling: those of the best write and read
-  unsigned fresh_write_depth = 0, write_depth = 0, read_depth = 0;
+  unsigned fresh_write_depth = 0, write_depth = 0, read_depth = 0;  // requests in flight of each best rate
   bool direct = false;
   std::string note;
 };
@@ -224,7 +223,6 @@ struct aligned_buffer {
 // O_DIRECT where the file system takes it: what the device gives without any library in between.
 raw_rates measure_raw(const kv_options& o, std::size_t block, unsigned depth, std::uint64_t file_bytes) {
   raw_rates r;
-  r.depth = depth;
   if (o.dirs.empty()) return r;
   const std::uint64_t blocks = std::max<std::uint64_t>(1, file_bytes / block);
   std::vector<int> fds;

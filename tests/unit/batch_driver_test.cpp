@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -55,6 +56,14 @@ batch_future drive(engine::transfer_core& core, io_direction dir, const std::vec
 struct driver_fixture : ::testing::Test {
   temp_dir dir;
   test::copier_stats stats;
+
+  // A sparse file of `bytes` in `dir` (reads return zeros).
+  std::filesystem::path sparse_file(const std::string& name, std::uintmax_t bytes) const {
+    const auto p = dir / name;
+    std::ofstream(p, std::ios::binary).close();
+    std::filesystem::resize_file(p, bytes);
+    return p;
+  }
 };
 
 TEST_F(driver_fixture, device_reads_land_before_they_are_reported_in_few_copy_groups) {
@@ -494,13 +503,7 @@ TEST_F(driver_fixture, batches_side_by_side_share_the_devices_bytes_in_flight) {
   constexpr std::size_t range = std::size_t{2} << 20, n = 32;
   settings s;
   s.engine = engine_kind::threads;
-  for (const char* name : {"a", "b"}) {
-    const int fd = ::open((dir / name).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
-    ASSERT_GE(fd, 0);
-    ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(n * range)), 0);  // sparse: reads return zeros
-    ::close(fd);
-  }
-  file_handle fa(dir / "a", open_mode::read, {}, s), fb(dir / "b", open_mode::read, {}, s);
+  file_handle fa(sparse_file("a", n * range), open_mode::read, {}, s), fb(sparse_file("b", n * range), open_mode::read, {}, s);
   std::atomic<std::size_t> now{0}, peak{0};
   posix::syscall_table t = posix::real_syscalls();
   const auto real_pread = t.pread;
@@ -546,12 +549,8 @@ TEST_F(driver_fixture, batches_side_by_side_share_the_devices_depth) {
   s.engine = engine_kind::threads;
   std::vector<std::unique_ptr<file_handle>> files;
   for (std::size_t b = 0; b < batches; ++b) {
-    const auto p = dir / ("f" + std::to_string(b));
-    const int fd = ::open(p.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
-    ASSERT_GE(fd, 0);
-    ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(2 * n * range)), 0);  // sparse: reads return zeros
-    ::close(fd);
-    files.push_back(std::make_unique<file_handle>(p, open_mode::read, open_options{}, s));
+    files.push_back(std::make_unique<file_handle>(sparse_file("f" + std::to_string(b), 2 * n * range), open_mode::read,
+                                                  open_options{}, s));
   }
   std::mutex m;
   std::map<ino_t, std::size_t> now_of, peak_of;  // by file (a file may be read through more than one descriptor)
@@ -600,18 +599,10 @@ TEST_F(driver_fixture, a_batch_with_nothing_left_to_start_leaves_its_share_to_th
   constexpr std::size_t range = std::size_t{2} << 20, n = 32;
   settings s;
   s.engine = engine_kind::threads;
-  for (const char* name : {"slow", "fast"}) {
-    const int fd = ::open((dir / name).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
-    ASSERT_GE(fd, 0);
-    ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(n * range)), 0);  // sparse: reads return zeros
-    ::close(fd);
-  }
-  file_handle slow(dir / "slow", open_mode::read, {}, s), fast(dir / "fast", open_mode::read, {}, s);
-  const int slow_fd = ::open((dir / "slow").c_str(), O_RDONLY | O_CLOEXEC);
-  ASSERT_GE(slow_fd, 0);
+  file_handle slow(sparse_file("slow", n * range), open_mode::read, {}, s),
+      fast(sparse_file("fast", n * range), open_mode::read, {}, s);
   struct stat slow_st {};
-  ASSERT_EQ(::fstat(slow_fd, &slow_st), 0);
-  ::close(slow_fd);
+  ASSERT_EQ(::stat((dir / "slow").c_str(), &slow_st), 0);
   std::mutex m;
   std::size_t fast_now = 0, fast_peak = 0;  // bytes
   std::atomic<bool> slow_started{false};
