@@ -415,10 +415,13 @@ TEST_F(driver_fixture, concurrent_batches_on_the_thread_engine_all_complete) {
   std::mutex m;
   std::condition_variable cv;
   bool go = false;
+  unsigned blockers_left = threads;  // under m: the jobs use m and cv, which must outlive them
   for (unsigned k = 0; k < threads; ++k) {
     pool.submit([&] {
       std::unique_lock lock(m);
       cv.wait(lock, [&] { return go; });
+      --blockers_left;
+      cv.notify_all();
     });
   }
   const std::size_t nb = std::max(threads, 64u) + 16;  // more than the pool grows to for one batch's workers
@@ -449,6 +452,8 @@ TEST_F(driver_fixture, concurrent_batches_on_the_thread_engine_all_complete) {
       ASSERT_EQ(0, std::memcmp(mem[b].data() + k * 4096, data.data() + off, 4096)) << b;
     }
   }
+  std::unique_lock lock(m);
+  cv.wait(lock, [&] { return blockers_left == 0; });
 }
 
 // A batch that completes before its deadline is let go by the deadline timer at once, not kept (its memory
