@@ -47,11 +47,12 @@ std::uint64_t align_up(std::uint64_t v, std::size_t a) { return (v + a - 1) / a 
 
 // ---- staging memory ----------------------------------------------------------------------------------------
 
-// Idle host staging chunks of the drivers that ended, for the next ones: a batch of a few small ranges (a KV
-// get) would otherwise map, fault in and zero a chunk of 16 MiB for each call, which costs more than its reads.
+// Idle host staging chunks of the drivers that ended, for the next ones, by size: a batch of a few small ranges
+// (a KV get) would otherwise map, fault in and zero a chunk for each call, which costs more than its reads. With
+// a hundred calls in flight that was most of the process's CPU.
 class host_chunks {
  public:
-  static constexpr std::size_t k_idle_cap = 8;  // chunks kept idle, at most (128 MiB)
+  static constexpr std::size_t k_idle_cap_bytes = std::size_t{256} << 20;  // kept idle, at most
 
   static host_chunks& instance() {
     static host_chunks* p = new host_chunks();  // never destroyed: drivers may end during exit
@@ -60,32 +61,54 @@ class host_chunks {
   posix::anon_memory take(std::size_t nbytes) {
     {
       std::lock_guard lock(mutex_);
-      if (!idle_.empty()) {
-        posix::anon_memory m = std::move(idle_.back());
-        idle_.pop_back();
+      auto it = idle_.find(nbytes);
+      if (it != idle_.end() && !it->second.empty()) {
+        posix::anon_memory m = std::move(it->second.back());
+        it->second.pop_back();
+        idle_bytes_ -= nbytes;
         return m;
       }
     }
-    return posix::anon_memory(nbytes);
+    posix::anon_memory m(nbytes);
+    mapped_chunks_.fetch_add(1, std::memory_order_relaxed);
+    mapped_bytes_.fetch_add(nbytes, std::memory_order_relaxed);
+    return m;
   }
   void give(posix::anon_memory m) noexcept {
+    try {
+      std::lock_guard lock(mutex_);
+      const std::size_t n = m.size();
+      if (idle_bytes_ + n > k_idle_cap_bytes) return;  // unmapped as `m` goes
+      idle_[n].push_back(std::move(m));
+      idle_bytes_ += n;
+    } catch (...) {  // no room for the list: unmapped as `m` goes
+    }
+  }
+
+  host_staging_counters counters() {
+    host_staging_counters c;
+    c.chunks_mapped = mapped_chunks_.load(std::memory_order_relaxed);
+    c.bytes_mapped = mapped_bytes_.load(std::memory_order_relaxed);
     std::lock_guard lock(mutex_);
-    if (idle_.size() < k_idle_cap) idle_.push_back(std::move(m));  // reserved: never allocates
+    c.idle_bytes = idle_bytes_;
+    return c;
   }
 
  private:
-  host_chunks() { idle_.reserve(k_idle_cap); }
-
   std::mutex mutex_;
-  std::vector<posix::anon_memory> idle_;  // all of staging::k_chunk bytes
+  std::map<std::size_t, std::vector<posix::anon_memory>> idle_;
+  std::size_t idle_bytes_ = 0;
+  std::atomic<std::uint64_t> mapped_chunks_{0}, mapped_bytes_{0};
 };
 
-// Slots of 4 KiB << k carved from chunks of 16 MiB, kept per size on free lists. Chunks come from the group
-// copier (pinned, for GPU memory) or anonymous memory (host bounces, kept idle across drivers by host_chunks),
-// and go back when the driver ends.
+// Slots of 4 KiB << k carved from chunks of 2 MiB (one huge page), or of one slot where slots are larger, kept
+// per size on free lists. Chunks come from the group copier (pinned, for GPU memory) or anonymous memory (host
+// bounces, kept idle across drivers by host_chunks), and go back when the driver ends. Chunks of few sizes are
+// what lets the idle pools serve the next batches: a batch that keeps one 2 MiB request in flight (one of a
+// hundred KV calls side by side) takes 2 MiB, not a chunk sized for a loader's batch 64 requests deep.
 class staging {
  public:
-  static constexpr std::size_t k_chunk = std::size_t{16} << 20;
+  static constexpr std::size_t k_chunk = std::size_t{2} << 20;
   static constexpr unsigned k_classes = 13;  // 4 KiB .. 16 MiB
 
   explicit staging(group_copier* device) : device_(device) {}
@@ -93,12 +116,12 @@ class staging {
     for (auto& c : chunks_) {
       if (device_ != nullptr) {
         if (reusable_) {
-          device_->give_chunk(c.first, k_chunk);
+          device_->give_chunk(c.data, c.nbytes);
         } else {
-          device_->discard_chunk(c.first, k_chunk);
+          device_->discard_chunk(c.data, c.nbytes);
         }
       } else if (reusable_) {
-        host_chunks::instance().give(std::move(c.second));
+        host_chunks::instance().give(std::move(c.host));
       }  // else unmapped here: a request the kernel may still hold keeps its pages, and no later batch sees them
     }
   }
@@ -113,6 +136,8 @@ class staging {
     while ((k_block << k) < nbytes) ++k;
     return k;
   }
+  /// The bytes of a chunk for slots of class `k`.
+  static std::size_t chunk_bytes(unsigned k) { return std::max(k_chunk, k_block << k); }
   // A slot of at least `nbytes` (<= 16 MiB), 4 KiB aligned; nullptr when no chunk can be had.
   std::byte* take(std::size_t nbytes) {
     const unsigned k = class_of(nbytes);
@@ -125,29 +150,41 @@ class staging {
   void give(std::byte* p, std::size_t nbytes) { free_[class_of(nbytes)].push_back(p); }
 
  private:
+  struct chunk {
+    std::byte* data = nullptr;
+    std::size_t nbytes = 0;
+    posix::anon_memory host;  // host chunks: the mapping
+  };
   bool carve(unsigned k) {
-    std::byte* c = nullptr;
+    const std::size_t bytes = chunk_bytes(k);
+    chunk c;
+    c.nbytes = bytes;
     if (device_ != nullptr) {
-      c = device_->take_chunk(k_chunk);
-      if (c == nullptr) return false;
-      chunks_.emplace_back(c, posix::anon_memory());
+      c.data = device_->take_chunk(bytes);
+      if (c.data == nullptr) return false;
     } else {
       try {
-        posix::anon_memory m = host_chunks::instance().take(k_chunk);
-        c = static_cast<std::byte*>(m.data());
-        chunks_.emplace_back(c, std::move(m));
+        c.host = host_chunks::instance().take(bytes);
+        c.data = static_cast<std::byte*>(c.host.data());
       } catch (const std::exception&) {
         return false;
       }
     }
+    try {
+      chunks_.push_back(std::move(c));
+    } catch (...) {
+      if (device_ != nullptr) device_->give_chunk(c.data, bytes);
+      return false;  // a host chunk is unmapped as `c` goes
+    }
     const std::size_t slot = k_block << k;
-    for (std::size_t off = 0; off + slot <= k_chunk; off += slot) free_[k].push_back(c + off);
+    std::byte* base = chunks_.back().data;
+    for (std::size_t off = 0; off + slot <= bytes; off += slot) free_[k].push_back(base + off);
     return true;
   }
 
   group_copier* device_;
   bool reusable_ = false;
-  std::vector<std::pair<std::byte*, posix::anon_memory>> chunks_;
+  std::vector<chunk> chunks_;
   std::vector<std::byte*> free_[k_classes];
 };
 
@@ -1756,5 +1793,7 @@ void run_batch(const transfer_core& core, const batch_ptr& b, const driver_limit
   if (!gds.empty()) run_cufile(core, b, std::move(gds));
   b->release_hold();  // every job above holds the batch itself
 }
+
+host_staging_counters host_staging() { return host_chunks::instance().counters(); }
 
 }  // namespace gdskit::engine

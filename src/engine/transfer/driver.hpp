@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "engine/transfer/batch_state.hpp"
@@ -38,6 +39,15 @@ struct driver_limits {
   /// depth x request size).
   std::size_t inflight_bytes = std::size_t{32} << 20;
 };
+
+/// The host staging memory of the process's batch drivers (bounce buffers for ranges O_DIRECT cannot use in
+/// place, and every checksummed read): chunks mapped so far, and the bytes kept idle for the next batches.
+struct host_staging_counters {
+  std::uint64_t chunks_mapped = 0;
+  std::uint64_t bytes_mapped = 0;
+  std::size_t idle_bytes = 0;
+};
+host_staging_counters host_staging();
 
 /// Plans and runs `batch` on the shared thread pool and returns at once; takes over the batch's submission
 /// hold. GPU memory uses `core`'s GPU routes.
