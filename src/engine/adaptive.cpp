@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "engine/device_profile.hpp"
 #include "gdskit/settings.hpp"
 
 namespace gdskit::engine {
@@ -436,13 +437,15 @@ void adaptive_controller::decide(double rate, double incumbent_rate, io_shape ca
 std::shared_ptr<adaptive_controller> controller_for(dev_t device, io_dir dir, int client, io_shape start,
                                                     const adaptive_limits& limits, double resume_rate) {
   static std::mutex mutex;
-  static std::map<std::tuple<dev_t, int, int, bool, bool, std::size_t>, std::shared_ptr<adaptive_controller>>
+  static std::map<std::tuple<std::string, dev_t, int, int, bool, bool, std::size_t>,
+                  std::shared_ptr<adaptive_controller>>
       controllers;
-  std::lock_guard lock(mutex);
   // Pinned coordinates and the request ceiling are part of the key: a controller never serves limits it was
-  // not made for.
-  auto key = std::make_tuple(device, static_cast<int>(dir), client, limits.depth_fixed, limits.request_fixed,
-                             limits.max_request_bytes);
+  // not made for. So is the profile folder, as for the profiles it starts from: a process that points
+  // XDG_CACHE_HOME elsewhere starts from that folder's shapes, not from what it learned under the first.
+  auto key = std::make_tuple(profile_dir().string(), device, static_cast<int>(dir), client, limits.depth_fixed,
+                             limits.request_fixed, limits.max_request_bytes);
+  std::lock_guard lock(mutex);
   auto& c = controllers[key];
   if (!c) {
     c = std::make_shared<adaptive_controller>(start, limits);
