@@ -85,6 +85,12 @@ class host_chunks {
     }
   }
 
+  void trim() noexcept {
+    std::map<std::size_t, std::vector<posix::anon_memory>> gone;
+    std::lock_guard lock(mutex_);
+    gone.swap(idle_);  // unmapped as `gone` goes (after the lock: destroyed in reverse order)
+    idle_bytes_ = 0;
+  }
   host_staging_counters counters() {
     host_staging_counters c;
     c.chunks_mapped = mapped_chunks_.load(std::memory_order_relaxed);
@@ -1795,5 +1801,7 @@ void run_batch(const transfer_core& core, const batch_ptr& b, const driver_limit
 }
 
 host_staging_counters host_staging() { return host_chunks::instance().counters(); }
+
+void trim_host_staging() noexcept { host_chunks::instance().trim(); }
 
 }  // namespace gdskit::engine

@@ -48,6 +48,8 @@ struct host_staging_counters {
   std::size_t idle_bytes = 0;
 };
 host_staging_counters host_staging();
+/// Unmaps the idle host staging (the next batches map what they need anew).
+void trim_host_staging() noexcept;
 
 /// Plans and runs `batch` on the shared thread pool and returns at once; takes over the batch's submission
 /// hold. GPU memory uses `core`'s GPU routes.
