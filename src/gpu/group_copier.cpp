@@ -71,12 +71,26 @@ class chunk_pool {
     return std::make_unique<mapped_chunk>(nbytes, device);
   }
 
+  // Keeps `b` idle. Where the pool is full, chunks of other sizes (or devices) go first: the sizes batches give
+  // back are the sizes they ask for, and a pool full of 2 MiB chunks would otherwise turn away every larger
+  // one, which would then be pinned anew for each batch.
   void give(int device, std::size_t nbytes, std::unique_ptr<mapped_chunk> b) noexcept {
+    std::vector<std::unique_ptr<mapped_chunk>> evicted;  // freed after the lock (declared first: destroyed last)
     try {
       std::lock_guard lock(mutex_);
-      if (idle_bytes_ + nbytes > k_idle_cap_bytes) return;  // freed as `b` goes
+      if (nbytes > k_idle_cap_bytes) return;  // freed as `b` goes
+      const std::pair<int, std::size_t> key{device, nbytes};
+      for (auto it = idle_.begin(); idle_bytes_ + nbytes > k_idle_cap_bytes && it != idle_.end(); ++it) {
+        if (it->first == key) continue;
+        while (!it->second.empty() && idle_bytes_ + nbytes > k_idle_cap_bytes) {
+          evicted.push_back(std::move(it->second.back()));
+          it->second.pop_back();
+          idle_bytes_ -= it->first.second;
+        }
+      }
+      if (idle_bytes_ + nbytes > k_idle_cap_bytes) return;  // full of its own size
+      idle_[key].push_back(std::move(b));
       idle_bytes_ += nbytes;
-      idle_[{device, nbytes}].push_back(std::move(b));
     } catch (...) {
     }
   }

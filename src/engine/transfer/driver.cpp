@@ -74,14 +74,26 @@ class host_chunks {
     mapped_bytes_.fetch_add(nbytes, std::memory_order_relaxed);
     return m;
   }
+  // Keeps `m` idle. Where the pool is full, chunks of other sizes go first (the sizes batches give back are
+  // the sizes they ask for: a pool full of 2 MiB chunks would otherwise turn away every larger one for good).
   void give(posix::anon_memory m) noexcept {
+    std::vector<posix::anon_memory> evicted;  // unmapped after the lock (declared first: destroyed last)
     try {
       std::lock_guard lock(mutex_);
       const std::size_t n = m.size();
-      if (idle_bytes_ + n > k_idle_cap_bytes) return;  // unmapped as `m` goes
+      if (n > k_idle_cap_bytes) return;  // unmapped as `m` goes
+      for (auto it = idle_.begin(); idle_bytes_ + n > k_idle_cap_bytes && it != idle_.end(); ++it) {
+        if (it->first == n) continue;
+        while (!it->second.empty() && idle_bytes_ + n > k_idle_cap_bytes) {
+          evicted.push_back(std::move(it->second.back()));
+          it->second.pop_back();
+          idle_bytes_ -= it->first;
+        }
+      }
+      if (idle_bytes_ + n > k_idle_cap_bytes) return;  // full of its own size
       idle_[n].push_back(std::move(m));
       idle_bytes_ += n;
-    } catch (...) {  // no room for the list: unmapped as `m` goes
+    } catch (...) {  // no room for the lists: unmapped as `m` (and any evicted) go
     }
   }
 
@@ -176,13 +188,18 @@ class staging {
         return false;
       }
     }
+    const std::size_t slot = k_block << k;
     try {
+      free_[k].reserve(free_[k].size() + bytes / slot);
       chunks_.push_back(std::move(c));
     } catch (...) {
-      if (device_ != nullptr) device_->give_chunk(c.data, bytes);
-      return false;  // a host chunk is unmapped as `c` goes
+      if (device_ != nullptr) {
+        device_->give_chunk(c.data, bytes);
+      } else {
+        host_chunks::instance().give(std::move(c.host));
+      }
+      return false;
     }
-    const std::size_t slot = k_block << k;
     std::byte* base = chunks_.back().data;
     for (std::size_t off = 0; off + slot <= bytes; off += slot) free_[k].push_back(base + off);
     return true;
