@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "common/idle_pool.hpp"
 #include "common/log.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
@@ -58,47 +59,16 @@ class chunk_pool {
   }
 
   std::unique_ptr<mapped_chunk> take(int device, std::size_t nbytes) {
-    {
-      std::lock_guard lock(mutex_);
-      auto& v = idle_[{device, nbytes}];
-      if (!v.empty()) {
-        auto b = std::move(v.back());
-        v.pop_back();
-        idle_bytes_ -= nbytes;
-        return b;
-      }
-    }
+    if (auto b = idle_.take({device, nbytes})) return std::move(*b);
     return std::make_unique<mapped_chunk>(nbytes, device);
   }
 
-  // Keeps `b` idle. Where the pool is full, chunks of other sizes (or devices) go first: the sizes batches give
-  // back are the sizes they ask for, and a pool full of 2 MiB chunks would otherwise turn away every larger
-  // one, which would then be pinned anew for each batch.
   void give(int device, std::size_t nbytes, std::unique_ptr<mapped_chunk> b) noexcept {
-    std::vector<std::unique_ptr<mapped_chunk>> evicted;  // freed after the lock (declared first: destroyed last)
-    try {
-      std::lock_guard lock(mutex_);
-      if (nbytes > k_idle_cap_bytes) return;  // freed as `b` goes
-      const std::pair<int, std::size_t> key{device, nbytes};
-      for (auto it = idle_.begin(); idle_bytes_ + nbytes > k_idle_cap_bytes && it != idle_.end(); ++it) {
-        if (it->first == key) continue;
-        while (!it->second.empty() && idle_bytes_ + nbytes > k_idle_cap_bytes) {
-          evicted.push_back(std::move(it->second.back()));
-          it->second.pop_back();
-          idle_bytes_ -= it->first.second;
-        }
-      }
-      if (idle_bytes_ + nbytes > k_idle_cap_bytes) return;  // full of its own size
-      idle_[key].push_back(std::move(b));
-      idle_bytes_ += nbytes;
-    } catch (...) {
-    }
+    idle_.give({device, nbytes}, nbytes, std::move(b));
   }
 
  private:
-  std::mutex mutex_;
-  std::map<std::pair<int, std::size_t>, std::vector<std::unique_ptr<mapped_chunk>>> idle_;
-  std::size_t idle_bytes_ = 0;
+  idle_pool<std::pair<int, std::size_t>, std::unique_ptr<mapped_chunk>> idle_{k_idle_cap_bytes};
 };
 
 // The copy kernel (kernels/copy_pieces.cu) in `device`'s primary context, compiled from its PTX once per process;

@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "common/idle_pool.hpp"
 #include "common/log.hpp"
 #include "engine/io_engine.hpp"
 #include "engine/residency.hpp"
@@ -59,63 +60,27 @@ class host_chunks {
     return *p;
   }
   posix::anon_memory take(std::size_t nbytes) {
-    {
-      std::lock_guard lock(mutex_);
-      auto it = idle_.find(nbytes);
-      if (it != idle_.end() && !it->second.empty()) {
-        posix::anon_memory m = std::move(it->second.back());
-        it->second.pop_back();
-        idle_bytes_ -= nbytes;
-        return m;
-      }
-    }
+    if (std::optional<posix::anon_memory> m = idle_.take(nbytes)) return std::move(*m);
     posix::anon_memory m(nbytes);
     mapped_chunks_.fetch_add(1, std::memory_order_relaxed);
     mapped_bytes_.fetch_add(nbytes, std::memory_order_relaxed);
     return m;
   }
-  // Keeps `m` idle. Where the pool is full, chunks of other sizes go first (the sizes batches give back are
-  // the sizes they ask for: a pool full of 2 MiB chunks would otherwise turn away every larger one for good).
   void give(posix::anon_memory m) noexcept {
-    std::vector<posix::anon_memory> evicted;  // unmapped after the lock (declared first: destroyed last)
-    try {
-      std::lock_guard lock(mutex_);
-      const std::size_t n = m.size();
-      if (n > k_idle_cap_bytes) return;  // unmapped as `m` goes
-      for (auto it = idle_.begin(); idle_bytes_ + n > k_idle_cap_bytes && it != idle_.end(); ++it) {
-        if (it->first == n) continue;
-        while (!it->second.empty() && idle_bytes_ + n > k_idle_cap_bytes) {
-          evicted.push_back(std::move(it->second.back()));
-          it->second.pop_back();
-          idle_bytes_ -= it->first;
-        }
-      }
-      if (idle_bytes_ + n > k_idle_cap_bytes) return;  // full of its own size
-      idle_[n].push_back(std::move(m));
-      idle_bytes_ += n;
-    } catch (...) {  // no room for the lists: unmapped as `m` (and any evicted) go
-    }
+    const std::size_t n = m.size();
+    idle_.give(n, n, std::move(m));
   }
-
-  void trim() noexcept {
-    std::map<std::size_t, std::vector<posix::anon_memory>> gone;
-    std::lock_guard lock(mutex_);
-    gone.swap(idle_);  // unmapped as `gone` goes (after the lock: destroyed in reverse order)
-    idle_bytes_ = 0;
-  }
+  void trim() noexcept { idle_.clear(); }
   host_staging_counters counters() {
     host_staging_counters c;
     c.chunks_mapped = mapped_chunks_.load(std::memory_order_relaxed);
     c.bytes_mapped = mapped_bytes_.load(std::memory_order_relaxed);
-    std::lock_guard lock(mutex_);
-    c.idle_bytes = idle_bytes_;
+    c.idle_bytes = idle_.idle_bytes();
     return c;
   }
 
  private:
-  std::mutex mutex_;
-  std::map<std::size_t, std::vector<posix::anon_memory>> idle_;
-  std::size_t idle_bytes_ = 0;
+  idle_pool<std::size_t, posix::anon_memory> idle_{k_idle_cap_bytes};
   std::atomic<std::uint64_t> mapped_chunks_{0}, mapped_bytes_{0};
 };
 
