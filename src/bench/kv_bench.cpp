@@ -210,12 +210,13 @@ struct raw_rates {
 };
 
 struct aligned_buffer {
-  explicit aligned_buffer(std::size_t n) : p(static_cast<std::uint8_t*>(std::aligned_alloc(4096, std::max<std::size_t>(4096, (n + 4095) / 4096 * 4096)))) {
+  explicit aligned_buffer(std::size_t n) : p(static_cast<std::uint8_t*>(std::aligned_alloc(4096, pages(n)))) {
     if (p == nullptr) throw std::bad_alloc();
     // Faulted in here, before any phase's clock: a hundred callers' first puts would otherwise time the
     // kernel zeroing a gigabyte of their memory.
-    std::memset(p, 0, std::max<std::size_t>(4096, (n + 4095) / 4096 * 4096));
+    std::memset(p, 0, pages(n));
   }
+  static std::size_t pages(std::size_t n) { return std::max<std::size_t>(4096, (n + 4095) / 4096 * 4096); }
   ~aligned_buffer() { std::free(p); }
   aligned_buffer(const aligned_buffer&) = delete;
   aligned_buffer& operator=(const aligned_buffer&) = delete;
@@ -815,20 +816,15 @@ block_run run_block(const kv_options& o, std::size_t block, std::ostream& err) {
   const std::uint64_t raw_bytes = std::min<std::uint64_t>(o.capacity_bytes / o.dirs.size(), std::uint64_t{1} << 30);
   for (unsigned depth : {8u, 16u, 64u}) {
     const raw_rates r = measure_raw(o, block, depth, raw_bytes);
-    if (r.fresh_write_gib_s > br.raw.fresh_write_gib_s) {
-      br.raw.fresh_write_gib_s = r.fresh_write_gib_s;
-      br.raw.fresh_write_depth = depth;
-    }
-    if (r.write_gib_s > br.raw.write_gib_s) {
-      br.raw.write_gib_s = r.write_gib_s;
-      br.raw.write_latency = r.write_latency;
-      br.raw.write_depth = depth;
-    }
-    if (r.read_gib_s > br.raw.read_gib_s) {
-      br.raw.read_gib_s = r.read_gib_s;
-      br.raw.read_latency = r.read_latency;
-      br.raw.read_depth = depth;
-    }
+    auto better = [depth](double rate, double& best, unsigned& best_depth) {
+      if (rate <= best) return false;
+      best = rate;
+      best_depth = depth;
+      return true;
+    };
+    better(r.fresh_write_gib_s, br.raw.fresh_write_gib_s, br.raw.fresh_write_depth);
+    if (better(r.write_gib_s, br.raw.write_gib_s, br.raw.write_depth)) br.raw.write_latency = r.write_latency;
+    if (better(r.read_gib_s, br.raw.read_gib_s, br.raw.read_depth)) br.raw.read_latency = r.read_latency;
     br.raw.direct = r.direct;
     if (!r.note.empty()) br.raw.note = r.note;
   }
