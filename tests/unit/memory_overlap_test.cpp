@@ -109,7 +109,8 @@ TEST(memory_overlap, groups_join_through_shared_members_and_keep_spaces_apart) {
 }
 
 // Growth, not a time limit (machines and sanitizers differ): 16 times the tensors must cost far less than the
-// 256 times a pairwise check would (n log n gives about 21; the bound leaves room for a loaded machine).
+// 256 times a pairwise check would (n log n gives about 21; the bound, and the best of five runs of each,
+// leave room for a machine loaded by other work).
 TEST(memory_overlap, many_separate_tensors_take_n_log_n) {
   std::mt19937_64 rng(3);
   auto layouts = [&](std::size_t n) {
@@ -120,7 +121,7 @@ TEST(memory_overlap, many_separate_tensors_take_n_log_n) {
   };
   auto fastest = [](const std::vector<memory_layout>& t) {
     auto best = std::chrono::steady_clock::duration::max();
-    for (int k = 0; k < 3; ++k) {
+    for (int k = 0; k < 5; ++k) {
       const auto start = std::chrono::steady_clock::now();
       EXPECT_TRUE(shared_memory_groups(t).empty());
       best = std::min(best, std::chrono::steady_clock::now() - start);
@@ -130,7 +131,7 @@ TEST(memory_overlap, many_separate_tensors_take_n_log_n) {
   const double small = fastest(layouts(4000));
   std::vector<memory_layout> t = layouts(64000);
   const double large = fastest(t);
-  EXPECT_LT(large, 100 * std::max(small, 1e-4)) << "4,000 tensors " << small << " s, 64,000 " << large << " s";
+  EXPECT_LT(large, 150 * std::max(small, 1e-4)) << "4,000 tensors " << small << " s, 64,000 " << large << " s";
   t.push_back(contiguous(0x100000 + 64 * 1000 + 4, 1));
   ASSERT_EQ(shared_memory_groups(t).size(), 1u);
   EXPECT_EQ(shared_memory_groups(t)[0].size(), 2u);
