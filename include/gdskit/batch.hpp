@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -144,6 +145,13 @@ class batch_future {
   bool released() const;
   /// Blocks until released().
   void wait_released() const;
+  /// Calls `callback` once the batch is ready: at once, on this thread, when it already is; else on a thread
+  /// of gdskit's pool, after the batch's waiters woke. Chains work without a thread that waits: submit the
+  /// next batch, post to an event loop. It must not block for long (the pool runs every batch's callbacks)
+  /// and may call any of gdskit's functions; an exception it throws is logged and dropped. Callbacks added
+  /// before the batch was ready run one after another, in the order they were added. The future may be
+  /// destroyed before they run: they do not need it (get() is for the waiters; capture what you need).
+  void on_ready(std::function<void()> callback) const;
 
  private:
   std::shared_ptr<detail::batch_state> state_;

@@ -99,8 +99,9 @@ struct store_options {
   /// The default deadline of every operation (> 0).
   std::chrono::nanoseconds deadline = std::chrono::seconds(2);
   admission admit = admission::always;
-  /// Threads that finish submitted puts (and gets of blocks over 8 MiB) in the background (0: 4). Gets of
-  /// smaller blocks need none: their future is the transfer core's batch.
+  /// Threads that finish submitted puts of durability::persist (their syncs block) and gets of blocks over
+  /// 8 MiB in the background (0: 4). Other operations need none: a get's future is the transfer core's batch,
+  /// and a cache put writes its headers on its data batch's completion.
   unsigned async_workers = 0;
   /// Reserve each data file's whole size when the store is made (fallocate), so that a disk too small is
   /// refused at open and writes never wait on block allocation; false: sparse files that grow as blocks are

@@ -215,5 +215,10 @@ std::size_t io_future::get() const {
 
 bool batch_future::released() const { return need(state_).released(); }
 void batch_future::wait_released() const { need(state_).wait_released(); }
+void batch_future::on_ready(std::function<void()> callback) const {
+  if (!callback) throw error(errno_code(EINVAL), "batch_future::on_ready: an empty callback");
+  need(state_);
+  state_->add_callback(std::move(callback));
+}
 
 }  // namespace gdskit

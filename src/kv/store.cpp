@@ -82,7 +82,7 @@ struct put_item {
   std::size_t first_range = 0, ranges = 0;  // its pieces among the data batch's ranges
   std::uint32_t crc = 0;
   std::error_code ec;
-  bool in_flight = false;  // failed while a request past the deadline may still write its slot
+  bool given_up = false;  // its slot is handed back (its error recorded)
 };
 
 /// A put whose data batch has been submitted: the rest (headers, syncs, publishing) follows its completion.
@@ -92,6 +92,9 @@ struct put_job {
   op_result res;
   clock::time_point t0, deadline;
   std::shared_ptr<const batch_future> data;
+  std::vector<std::size_t> heads;  // the items whose headers are written (those fine after the data)
+  std::shared_ptr<std::uint8_t[]> header_pages;
+  std::shared_ptr<const batch_future> headers;
 };
 
 /// The shared state of an asynchronous operation. Two kinds: a get of blocks that fit one checked range is a
@@ -250,6 +253,9 @@ struct block_store::impl {
   unsigned idle_workers = 0;
   unsigned max_workers = 4;
   bool stopping = false;
+  // Submitted puts running as a chain of batch completions (chain_put); close() waits until none is left.
+  std::condition_variable chains_cv;
+  std::size_t chains = 0;
 
   explicit impl(const store_options& o);
   void open();
@@ -285,7 +291,19 @@ struct block_store::impl {
   std::shared_ptr<detail::put_job> start_put(std::span<const key> keys, std::span<const buffer_view> blocks,
                                              clock::time_point deadline, void* stream, detail::op_state* ctl,
                                              clock::time_point t0);
+  // The rest of a put, in steps: what the data batch did, the header batch, what it did, the outcome.
+  // finish_put runs them waiting for each batch; chain_put runs each on the completion of the batch before it
+  // (cache durability: nothing in it blocks), so that no thread waits for a submitted put.
   op_result finish_put(detail::put_job& job, detail::op_state* ctl);
+  void chain_put(const std::shared_ptr<detail::put_job>& job, const std::shared_ptr<detail::op_state>& state);
+  void chain_ended();
+  void data_done(detail::put_job& job, detail::op_state* ctl);
+  void submit_headers(detail::put_job& job);
+  void headers_done(detail::put_job& job, detail::op_state* ctl);
+  op_result put_outcome(detail::put_job& job);
+  void give_up(detail::put_job& job, const std::shared_ptr<const batch_future>& f,
+               const std::shared_ptr<std::uint8_t[]>& memory);
+  void sync_fine(detail::put_job& job);
   /// Waits for `f` (by its deadline at the latest), cancellable through `ctl`.
   static void wait_tracked(const batch_future& f, detail::op_state* ctl) {
     if (ctl != nullptr) ctl->track(&f);
@@ -804,125 +822,119 @@ std::shared_ptr<detail::put_job> block_store::impl::start_put(std::span<const ke
   return job;
 }
 
-op_result block_store::impl::finish_put(detail::put_job& job, detail::op_state* ctl) {
-  const detail::layout& g = shards.front()->geometry();
-  const bool persist = options.mode == durability::persist;
-  const std::size_t block_bytes = options.block_bytes;
-  op_result& res = job.res;
-  auto& items = job.items;
-  std::vector<bool> given_up(items.size(), false);
+// Gives up the items that failed and are not given up yet. When `f` (the batch they failed in) may still write
+// past its deadline, their slots wait in the quarantine with `memory` until it has ended.
+void block_store::impl::give_up(detail::put_job& job, const std::shared_ptr<const batch_future>& f,
+                                const std::shared_ptr<std::uint8_t[]>& memory) {
+  const bool late = f != nullptr && !detail::settled(*f);
+  std::vector<std::pair<detail::shard*, std::uint32_t>> slots;
+  for (detail::put_item& it : job.items) {
+    if (!it.ec || it.given_up) continue;
+    it.given_up = true;
+    it.sh->abandon(it.slot, late);
+    if (late) slots.emplace_back(it.sh, it.slot);
+    job.res.errors[it.i] = it.ec;
+    count_error(it.ec, true);
+  }
+  if (late) {
+    held.add(f, [slots = std::move(slots), memory] {
+      for (auto [sh, s] : slots) sh->release_slot(s);
+    });
+  }
+}
 
-  // Gives up the items that failed and are not given up yet. When `f` (the batch they failed in) may still
-  // write past its deadline, their slots wait in the quarantine with `memory` until it has ended.
-  auto give_up = [&](const std::shared_ptr<const batch_future>& f, const std::shared_ptr<std::uint8_t[]>& memory) {
-    const bool late = f != nullptr && !detail::settled(*f);
-    std::vector<std::pair<detail::shard*, std::uint32_t>> slots;
-    for (std::size_t k = 0; k < items.size(); ++k) {
-      const detail::put_item& it = items[k];
-      if (!it.ec || given_up[k]) continue;
-      given_up[k] = true;
-      it.sh->abandon(it.slot, late);
-      if (late) slots.emplace_back(it.sh, it.slot);
-      res.errors[it.i] = it.ec;
-      count_error(it.ec, true);
-    }
-    if (late) {
-      held.add(f, [slots = std::move(slots), memory] {
-        for (auto [sh, s] : slots) sh->release_slot(s);
-      });
-    }
-  };
-  // fdatasync of every volume an item that is still fine was written to; a failed sync fails its items.
-  auto sync_fine = [&] {
-    std::vector<detail::shard*> touched;
-    for (const auto& it : items) {
-      if (!it.ec) touched.push_back(it.sh);
-    }
-    std::sort(touched.begin(), touched.end());
-    touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
-    for (detail::shard* sh : touched) {
-      const std::error_code ec = detail::sync_until(sh->file_ptr(), job.deadline);
-      for (auto& it : items) {
-        if (ec && !it.ec && it.sh == sh) it.ec = ec;
-      }
-    }
-  };
-
-  if (job.data) {
-    wait_tracked(*job.data, ctl);
-    const batch_result& r = job.data->get();
-    for (auto& it : items) {
-      std::uint32_t crc = 0;
-      for (std::size_t k = 0; k < it.ranges; ++k) {
-        const range_result& rr = r.ranges[it.first_range + k];
-        if (!rr.ok()) {
-          if (!it.ec) it.ec = range_error(rr, ctl);
-          continue;
-        }
-        bytes_written += rr.nbytes;
-        const std::size_t len = std::min(k_piece_bytes, block_bytes - k * k_piece_bytes);
-        crc = k == 0 ? rr.crc32c : detail::crc32c_combine(crc, rr.crc32c, len);
-      }
-      it.crc = crc;
-    }
-    give_up(job.data, nullptr);
-
-    // Data first, then the headers (through the page cache; persist: each synced), so a header on disk describes
-    // data on disk; in cache mode a crash between the two leaves a header that does not match the data, and the
-    // block a miss.
-    if (persist) sync_fine();
-    std::vector<std::size_t> heads;
-    for (std::size_t k = 0; k < items.size(); ++k) {
-      if (!items[k].ec) heads.push_back(k);
-    }
-    if (!heads.empty()) {
-      std::shared_ptr<std::uint8_t[]> pages;
-      std::shared_ptr<const batch_future> hf;
-      try {
-        pages = aligned_pages(heads.size() * detail::page_bytes);
-        std::vector<io_range> ranges;
-        ranges.reserve(heads.size());
-        for (std::size_t j = 0; j < heads.size(); ++j) {
-          const detail::put_item& it = items[heads[j]];
-          detail::block_header h;
-          h.uuid = it.sh->uuid();
-          h.namespace_hash = it.sh->namespace_hash();
-          h.sequence = it.sequence;
-          h.volume = it.sh->volume();
-          h.slot = it.slot;
-          h.data_bytes = block_bytes;
-          h.data_crc = it.crc;
-          h.k = job.keys[it.i];
-          std::uint8_t* page = pages.get() + j * detail::page_bytes;
-          detail::encode_header(h, page);
-          ranges.push_back({&it.sh->header_file(), g.header_position(it.slot), buffer_view::host(page, detail::page_bytes)});
-        }
-        batch_options bo;
-        bo.deadline = job.deadline;
-        hf = std::make_shared<const batch_future>(submit_writes(ranges, bo));
-      } catch (const std::system_error& e) {
-        for (std::size_t k : heads) items[k].ec = e.code();
-      } catch (const std::bad_alloc&) {
-        for (std::size_t k : heads) items[k].ec = errno_code(ENOMEM);
-      }
-      if (hf) {
-        wait_tracked(*hf, ctl);
-        const batch_result& r = hf->get();
-        for (std::size_t j = 0; j < heads.size(); ++j) {
-          const range_result& rr = r.ranges[j];
-          if (rr.ok()) {
-            bytes_written += rr.nbytes;
-          } else {
-            items[heads[j]].ec = range_error(rr, ctl);
-          }
-        }
-        give_up(hf, pages);
-      }
-      if (persist) sync_fine();
+// fdatasync of every volume an item that is still fine was written to; a failed sync fails its items.
+void block_store::impl::sync_fine(detail::put_job& job) {
+  std::vector<detail::shard*> touched;
+  for (const auto& it : job.items) {
+    if (!it.ec) touched.push_back(it.sh);
+  }
+  std::sort(touched.begin(), touched.end());
+  touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+  for (detail::shard* sh : touched) {
+    const std::error_code ec = detail::sync_until(sh->file_ptr(), job.deadline);
+    for (auto& it : job.items) {
+      if (ec && !it.ec && it.sh == sh) it.ec = ec;
     }
   }
-  give_up(nullptr, nullptr);  // failed syncs: nothing of theirs is in flight
-  for (const auto& it : items) {
+}
+
+void block_store::impl::data_done(detail::put_job& job, detail::op_state* ctl) {
+  const std::size_t block_bytes = options.block_bytes;
+  const batch_result& r = job.data->get();
+  for (auto& it : job.items) {
+    std::uint32_t crc = 0;
+    for (std::size_t k = 0; k < it.ranges; ++k) {
+      const range_result& rr = r.ranges[it.first_range + k];
+      if (!rr.ok()) {
+        if (!it.ec) it.ec = range_error(rr, ctl);
+        continue;
+      }
+      bytes_written += rr.nbytes;
+      const std::size_t len = std::min(k_piece_bytes, block_bytes - k * k_piece_bytes);
+      crc = k == 0 ? rr.crc32c : detail::crc32c_combine(crc, rr.crc32c, len);
+    }
+    it.crc = crc;
+  }
+  give_up(job, job.data, nullptr);
+}
+
+// Data first, then the headers (through the page cache; persist: each synced), so a header on disk describes data
+// on disk; in cache mode a crash between the two leaves a header that does not match the data, and the block a
+// miss.
+void block_store::impl::submit_headers(detail::put_job& job) {
+  const detail::layout& g = shards.front()->geometry();
+  auto& items = job.items;
+  for (std::size_t k = 0; k < items.size(); ++k) {
+    if (!items[k].ec) job.heads.push_back(k);
+  }
+  if (job.heads.empty()) return;
+  try {
+    job.header_pages = aligned_pages(job.heads.size() * detail::page_bytes);
+    std::vector<io_range> ranges;
+    ranges.reserve(job.heads.size());
+    for (std::size_t j = 0; j < job.heads.size(); ++j) {
+      const detail::put_item& it = items[job.heads[j]];
+      detail::block_header h;
+      h.uuid = it.sh->uuid();
+      h.namespace_hash = it.sh->namespace_hash();
+      h.sequence = it.sequence;
+      h.volume = it.sh->volume();
+      h.slot = it.slot;
+      h.data_bytes = options.block_bytes;
+      h.data_crc = it.crc;
+      h.k = job.keys[it.i];
+      std::uint8_t* page = job.header_pages.get() + j * detail::page_bytes;
+      detail::encode_header(h, page);
+      ranges.push_back({&it.sh->header_file(), g.header_position(it.slot), buffer_view::host(page, detail::page_bytes)});
+    }
+    batch_options bo;
+    bo.deadline = job.deadline;
+    job.headers = std::make_shared<const batch_future>(submit_writes(ranges, bo));
+  } catch (const std::system_error& e) {
+    for (std::size_t k : job.heads) items[k].ec = e.code();
+  } catch (const std::bad_alloc&) {
+    for (std::size_t k : job.heads) items[k].ec = errno_code(ENOMEM);
+  }
+}
+
+void block_store::impl::headers_done(detail::put_job& job, detail::op_state* ctl) {
+  const batch_result& r = job.headers->get();
+  for (std::size_t j = 0; j < job.heads.size(); ++j) {
+    const range_result& rr = r.ranges[j];
+    if (rr.ok()) {
+      bytes_written += rr.nbytes;
+    } else {
+      job.items[job.heads[j]].ec = range_error(rr, ctl);
+    }
+  }
+  give_up(job, job.headers, job.header_pages);
+}
+
+op_result block_store::impl::put_outcome(detail::put_job& job) {
+  give_up(job, nullptr, nullptr);  // failed syncs and header submissions: nothing of theirs is in flight
+  op_result& res = job.res;
+  for (const auto& it : job.items) {
     if (it.ec) continue;
     it.sh->publish(it.slot, it.crc);
     res.ok[it.i] = true;
@@ -932,6 +944,74 @@ op_result block_store::impl::finish_put(detail::put_job& job, detail::op_state* 
   for (bool b : res.ok) res.ok_count += b ? 1 : 0;
   res.seconds = std::chrono::duration<double>(clock::now() - job.t0).count();
   return res;
+}
+
+op_result block_store::impl::finish_put(detail::put_job& job, detail::op_state* ctl) {
+  const bool persist = options.mode == durability::persist;
+  if (job.data) {
+    wait_tracked(*job.data, ctl);
+    data_done(job, ctl);
+    if (persist) sync_fine(job);
+    submit_headers(job);
+    if (job.headers) {
+      wait_tracked(*job.headers, ctl);
+      headers_done(job, ctl);
+    }
+    if (persist && !job.heads.empty()) sync_fine(job);
+  }
+  return put_outcome(job);
+}
+
+void block_store::impl::chain_put(const std::shared_ptr<detail::put_job>& job,
+                                  const std::shared_ptr<detail::op_state>& state) {
+  // Each step runs on the completion of the batch before it and returns whether the put has ended; whatever
+  // goes wrong in one, the put ends (its unfinished keys failed with the error).
+  auto step = [this, job, state](auto&& body) {
+    bool ended = true;
+    std::error_code failed;
+    try {
+      ended = body();
+    } catch (const std::system_error& e) {
+      failed = e.code();
+    } catch (const std::bad_alloc&) {
+      failed = errno_code(ENOMEM);
+    }
+    if (failed) {
+      for (detail::put_item& it : job->items) {
+        if (!it.ec) it.ec = failed;
+      }
+      give_up(*job, job->headers ? job->headers : job->data, job->header_pages);
+      state->finish(put_outcome(*job));
+    }
+    if (ended) chain_ended();
+  };
+  auto headers_written = [this, job, state, step] {
+    step([&] {
+      state->untrack(job->headers.get());
+      headers_done(*job, state.get());
+      state->finish(put_outcome(*job));
+      return true;
+    });
+  };
+  job->data->on_ready([this, job, state, step, headers_written] {
+    step([&] {
+      state->untrack(job->data.get());
+      data_done(*job, state.get());
+      submit_headers(*job);
+      if (!job->headers) {
+        state->finish(put_outcome(*job));
+        return true;
+      }
+      state->track(job->headers.get());
+      job->headers->on_ready(headers_written);
+      return false;
+    });
+  });
+}
+
+void block_store::impl::chain_ended() {
+  std::lock_guard lock(work_mutex);
+  if (--chains == 0) chains_cv.notify_all();
 }
 
 // ---- asynchronous operations ----
@@ -974,6 +1054,11 @@ void block_store::impl::close() {
   work_cv.notify_all();
   for (auto& t : workers) t.join();  // queued operations run to their end (each has a deadline)
   workers.clear();
+  {
+    // Puts running as chains of batch completions end by their deadlines too.
+    std::unique_lock lock(work_mutex);
+    chains_cv.wait(lock, [&] { return chains == 0; });
+  }
 
   std::unique_lock exclusive(gate);
   if (closed) return;
@@ -1116,6 +1201,29 @@ op_future block_store::submit_put(std::span<const key> keys, std::span<const buf
   auto rest = [&p, state, job] {
     state->finish(guarded(job->keys.size(), [&] { return p.finish_put(*job, state.get()); }));
   };
+  // Cache durability: the rest runs on the batches' completions (no thread waits for it). Persist: a store
+  // worker runs it, as its syncs block. Once close() has begun, this thread does.
+  if (job->data && p.options.mode == durability::cache) {
+    bool chained = false;
+    {
+      std::lock_guard lock(p.work_mutex);
+      if (!p.stopping) {
+        ++p.chains;
+        chained = true;
+      }
+    }
+    if (chained) {
+      try {
+        state->track(job->data.get());
+        p.chain_put(job, state);
+      } catch (...) {
+        state->untrack(job->data.get());
+        p.chain_ended();
+        rest();
+      }
+      return op_future(std::move(state));
+    }
+  }
   if (!p.enqueue([&p, rest] {
         std::shared_lock lock(p.gate);
         rest();

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -548,23 +549,25 @@ TEST_F(batch_test, close_waits_for_a_running_batch) {
   EXPECT_EQ(mem, d);
 }
 
+// Reads through the seam at `from` and beyond wait while `hold` is set (20 s at most): a slow device that the
+// test lets go once it has looked, however slowly the machine runs the rest.
+posix::syscall_table reads_held_from(off_t from, const std::atomic<bool>& hold) {
+  posix::syscall_table t = posix::real_syscalls();
+  t.pread = [real = t.pread, from, &hold](int fd, void* b, std::size_t n, off_t off) -> ssize_t {
+    for (int i = 0; off >= from && i < 20000 && hold; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return real(fd, b, n, off);
+  };
+  return t;
+}
+
 }  // namespace
 // wait_pending_at_most returns once no more than that many ranges are left, before the batch is ready: a caller
 // can queue its next batch while this one's slowest range still runs.
 TEST_F(batch_test, waiting_for_all_but_the_last_range) {
   const auto data = random_bytes(4 << 20, 91);
   file_handle f = test::open_for_seam(dir_ / "f", data);
-  posix::syscall_table t = posix::real_syscalls();
-  const auto real_pread = t.pread;
-  std::atomic<bool> let_last_end{false};
-  t.pread = [real_pread, &let_last_end](int fd, void* b, std::size_t n, off_t off) -> ssize_t {
-    // The last range is held until the test has looked (20 s at most), however slowly the machine runs the rest.
-    for (int i = 0; off >= (3 << 20) && i < 20000 && !let_last_end; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return real_pread(fd, b, n, off);
-  };
-  posix::scoped_syscalls guard(t);
+  std::atomic<bool> hold{true};
+  posix::scoped_syscalls guard(reads_held_from(3 << 20, hold));  // the last range
   std::vector<std::uint8_t> mem(4 << 20);
   std::vector<io_range> ranges;
   for (std::size_t i = 0; i < 4; ++i) {  // 1 MiB apart with gaps: never joined into one request
@@ -575,11 +578,87 @@ TEST_F(batch_test, waiting_for_all_but_the_last_range) {
   batch_future fut = submit_reads(ranges, o);
   EXPECT_LE(fut.wait_pending_at_most(1), 1u);
   EXPECT_FALSE(fut.ready()) << "returned only when the slow range was done";
-  let_last_end = true;
+  hold = false;
   EXPECT_EQ(fut.wait_pending_at_most(0), 0u);
   EXPECT_TRUE(fut.ready());
   ASSERT_TRUE(fut.get().ok());
   EXPECT_EQ(std::memcmp(mem.data() + (3 << 20), data.data() + (3 << 20), (1 << 20) - 65536), 0);
+}
+
+}  // namespace gdskit
+
+namespace gdskit {
+
+// on_ready chains work on a batch's completion without a thread that waits: callbacks added before the batch is
+// ready run once its bytes have landed, in the order added, off the caller's thread; one that throws does not stop
+// the next; one may submit the next batch; one added to a ready batch runs at once; a deadline runs them too.
+TEST_F(batch_test, on_ready_runs_callbacks_once_the_bytes_landed) {
+  const auto data = random_bytes(1 << 20, 57);
+  file_handle f = test::open_for_seam(dir_ / "f", data);
+  std::atomic<bool> hold{true};
+  posix::scoped_syscalls guard(reads_held_from(512 << 10, hold));
+
+  // Added to a ready batch: runs at once, here.
+  batch_future empty = submit_reads({});
+  bool ran = false;
+  empty.on_ready([&] { ran = true; });
+  EXPECT_TRUE(ran);
+  EXPECT_THROW(empty.on_ready({}), error);
+
+  std::vector<std::uint8_t> first(4096, 0xEE), second(4096, 0xEE);
+  std::mutex m;
+  std::vector<int> order;
+  std::vector<std::thread::id> threads;
+  std::promise<void> chained_done;
+  std::unique_ptr<batch_future> chained;
+  batch_future fut = submit_reads(std::vector<io_range>{{&f, 600 << 10, buffer_view::host(first.data(), first.size())}});
+  fut.on_ready([&] {
+    std::lock_guard lock(m);
+    order.push_back(1);
+    threads.push_back(std::this_thread::get_id());
+    EXPECT_EQ(0, std::memcmp(first.data(), data.data() + (600 << 10), first.size())) << "ran before the bytes landed";
+  });
+  fut.on_ready([] { throw std::runtime_error("a failing callback"); });
+  fut.on_ready([&] {
+    {
+      std::lock_guard lock(m);
+      order.push_back(3);
+    }
+    // The next batch, submitted from the callback; its own callback ends the test's wait.
+    chained = std::make_unique<batch_future>(
+        submit_reads(std::vector<io_range>{{&f, 4096, buffer_view::host(second.data(), second.size())}}));
+    chained->on_ready([&] { chained_done.set_value(); });
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  {
+    std::lock_guard lock(m);
+    EXPECT_TRUE(order.empty()) << "a callback ran before the batch was ready";
+  }
+  hold = false;
+  ASSERT_EQ(chained_done.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  {
+    std::lock_guard lock(m);
+    EXPECT_EQ(order, (std::vector<int>{1, 3}));
+    ASSERT_EQ(threads.size(), 1u);
+    EXPECT_NE(threads[0], std::this_thread::get_id());
+  }
+  EXPECT_TRUE(fut.get().ok());
+  ASSERT_TRUE(chained->get().ok());
+  EXPECT_EQ(0, std::memcmp(second.data(), data.data() + 4096, second.size()));
+
+  // A deadline completes the batch and runs its callbacks; the held read then ends by itself.
+  hold = true;
+  std::vector<std::uint8_t> late(4096, 0xEE);
+  batch_options o;
+  o.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  batch_future timed = submit_reads(std::vector<io_range>{{&f, 700 << 10, buffer_view::host(late.data(), late.size())}}, o);
+  std::promise<std::error_code> seen;
+  timed.on_ready([&] { seen.set_value(timed.get().ranges[0].error); });
+  auto s = seen.get_future();
+  ASSERT_EQ(s.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(s.get(), std::errc::timed_out);
+  hold = false;
+  timed.wait_released();
 }
 
 }  // namespace gdskit

@@ -51,8 +51,8 @@ std::vector<key> keys_from(std::int64_t first, std::size_t n) {
 
 // What the injected calls do to I/O on the store's data file (other files pass through).
 // some_slow: one call in three (reads and writes alike) sleeps before it goes ahead, as a device that stalls now
-// and then.
-enum class fault { none, enospc_writes, eio_reads, slow_reads, slow_writes, torn_writes, some_slow };
+// and then. hold_first_write: the first write waits until the test lets it go (20 s at most).
+enum class fault { none, enospc_writes, eio_reads, slow_reads, slow_writes, torn_writes, some_slow, hold_first_write };
 
 class kv_faults : public ::testing::TestWithParam<engine_kind> {
  protected:
@@ -95,6 +95,7 @@ class kv_faults : public ::testing::TestWithParam<engine_kind> {
           case fault::enospc_writes: errno = ENOSPC; return -1;
           case fault::slow_writes: std::this_thread::sleep_for(delay_); break;
           case fault::some_slow: stall(); break;
+          case fault::hold_first_write: hold_first(); break;
           case fault::torn_writes:
             if (n > 1) {
               real_syscalls().pwrite(fd, b, n / 2, off);
@@ -131,6 +132,9 @@ class kv_faults : public ::testing::TestWithParam<engine_kind> {
           return res;
         case fault::torn_writes: return is_write ? -EIO : res;
         case fault::some_slow: stall(); return res;
+        case fault::hold_first_write:
+          if (is_write) hold_first();
+          return res;
         default: return res;
       }
       (void)off;
@@ -139,6 +143,10 @@ class kv_faults : public ::testing::TestWithParam<engine_kind> {
     seam_ = std::make_unique<scoped_syscalls>(t);
   }
   void clear() { fault_ = fault::none; }
+  void hold_first() {
+    if (held_.exchange(true)) return;
+    for (int i = 0; i < 20000 && !let_go_; ++i) std::this_thread::sleep_for(1ms);
+  }
   // some_slow: from call `stall_from_` on, one call in three sleeps, `stalls_left_` times at most.
   void stall() {
     const std::uint64_t c = calls_.fetch_add(1);
@@ -183,6 +191,7 @@ class kv_faults : public ::testing::TestWithParam<engine_kind> {
   std::atomic<std::uint64_t> calls_{0};
   std::uint64_t stall_from_ = 0;
   std::atomic<int> stalls_left_{1 << 30};
+  std::atomic<bool> held_{false}, let_go_{false};
   std::unique_ptr<scoped_syscalls> seam_;
 };
 
@@ -250,6 +259,35 @@ TEST_P(kv_faults, slow_writes_end_at_the_deadline_and_their_slots_come_back) {
   for (int round = 0; round < 8; ++round) EXPECT_EQ(put(keys_from(1000 + round * 8, 8)).ok_count, 8u);
   EXPECT_EQ(store_->stats().blocks, 64u);
   EXPECT_LE(store_->stats().physical_bytes, o_.capacity_bytes);
+}
+
+// A submitted put whose data the device holds does not hold up the puts submitted after it, even with one store
+// worker: the rest of a put (its headers, its outcome) runs on its batches' completions, and no thread waits.
+TEST_P(kv_faults, a_held_put_does_not_hold_up_the_puts_after_it) {
+  store_.reset();
+  o_.async_workers = 1;
+  store_ = std::make_unique<block_store>(o_);
+  ASSERT_EQ(put(keys_from(500, 2)).ok_count, 2u);  // a checkpoint is written: the held write is of a block
+  const auto a = keys_from(0, 1), b = keys_from(10, 3);
+  std::vector<buffer_view> va, vb;
+  for (const key& k : a) va.push_back(buffer_view::host(put_memory_.emplace_back(content(k)).data(), block));
+  for (const key& k : b) vb.push_back(buffer_view::host(put_memory_.emplace_back(content(k)).data(), block));
+  inject(fault::hold_first_write);
+  op_future fa = store_->submit_put(a, va);
+  for (int i = 0; i < 5000 && !held_; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(held_) << "the first put's write never reached the device";
+  op_future fb = store_->submit_put(b, vb);
+  const bool b_done = fb.wait_for(5s);
+  EXPECT_TRUE(b_done) << "a put waited behind one the device holds";
+  EXPECT_FALSE(fa.ready());
+  let_go_ = true;
+  ASSERT_TRUE(fa.wait_for(10s));
+  EXPECT_EQ(fa.get().ok_count, 1u);
+  EXPECT_EQ(fb.get().ok_count, 3u);
+  clear();
+  std::vector<std::vector<std::uint8_t>> rows;
+  EXPECT_EQ(get(keys_from(0, 1), rows).ok_count, 1u);
+  EXPECT_EQ(get(b, rows).ok_count, 3u);
 }
 
 // Many threads put and get, synchronously and submitted, while one device call in three stalls far past the

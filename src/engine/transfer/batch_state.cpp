@@ -10,12 +10,23 @@
 #include <thread>
 
 #include "common/log.hpp"
+#include "engine/thread_pool.hpp"
 #include "gdskit/error.hpp"
 
 namespace gdskit::detail {
 
 namespace {
 void disarm_deadline(const batch_state* s, batch_state::clock::time_point when);
+
+void run_callback(const std::function<void()>& f) noexcept {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    log_warning(std::string("batch completion callback: ") + e.what());
+  } catch (...) {
+    log_warning("batch completion callback: an exception that is not a std::exception");
+  }
+}
 }  // namespace
 
 batch_state::batch_state(io_direction d, const batch_options& o, std::size_t nranges)
@@ -128,9 +139,11 @@ void batch_state::became_ready() {
       log_warning(std::string("batch completion: ") + e.what());
     }
   }
+  std::vector<std::function<void()>> callbacks;
   {
     std::lock_guard lock(mutex_);
     ready_.store(true, std::memory_order_release);
+    callbacks.swap(callbacks_);
   }
   const std::uint64_t one = 1;
   if (::write(event_fd_.get(), &one, sizeof one) < 0 && errno != EAGAIN) {
@@ -138,6 +151,22 @@ void batch_state::became_ready() {
   }
   cv_.notify_all();
   maybe_released();
+  if (!callbacks.empty()) {
+    engine::shared_pool(1).submit([callbacks = std::move(callbacks)] {
+      for (const auto& f : callbacks) run_callback(f);
+    });
+  }
+}
+
+void batch_state::add_callback(std::function<void()> f) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!ready_.load(std::memory_order_acquire)) {
+      callbacks_.push_back(std::move(f));
+      return;
+    }
+  }
+  run_callback(f);
 }
 
 void batch_state::maybe_released() {

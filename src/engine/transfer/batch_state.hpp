@@ -77,6 +77,11 @@ struct batch_state {
 
   /// Called once the last range is decided, under no lock, before waiters wake (the routes' own cleanup).
   std::function<void()> on_ready;
+  /// Runs `f` once the batch is ready: at once on this thread when it already is, else on a thread of the
+  /// shared pool after the waiters woke (never on the thread that completed the batch: that may be a CUDA
+  /// callback, where no CUDA call may run, or a driver that must go on). Those added before it was ready run
+  /// one after another in the order they were added; an exception one throws is logged and dropped.
+  void add_callback(std::function<void()> f);
 
   bool ready() const noexcept { return ready_.load(std::memory_order_acquire); }
   bool released() const noexcept { return released_.load(std::memory_order_acquire); }
@@ -111,6 +116,7 @@ struct batch_state {
   posix::unique_fd event_fd_;
   posix::unique_fd stop_fd_;
   std::error_code stop_ec_;  // what complete_rest gave the open ranges (guarded by mutex_)
+  std::vector<std::function<void()>> callbacks_;  // add_callback's, until the batch is ready (guarded by mutex_)
   batch_result result_;
   std::vector<std::shared_ptr<engine::open_file>> files_;
 };
