@@ -826,6 +826,8 @@ std::shared_ptr<detail::put_job> block_store::impl::start_put(std::span<const ke
 // past its deadline, their slots wait in the quarantine with `memory` until it has ended.
 void block_store::impl::give_up(detail::put_job& job, const std::shared_ptr<const batch_future>& f,
                                 const std::shared_ptr<std::uint8_t[]>& memory) {
+  // Nothing to give up (the common case): no wait for the batch's release either.
+  if (std::none_of(job.items.begin(), job.items.end(), [](const auto& it) { return it.ec && !it.given_up; })) return;
   const bool late = f != nullptr && !detail::settled(*f);
   std::vector<std::pair<detail::shard*, std::uint32_t>> slots;
   for (detail::put_item& it : job.items) {

@@ -152,7 +152,10 @@ void batch_state::became_ready() {
   cv_.notify_all();
   maybe_released();
   if (!callbacks.empty()) {
-    engine::shared_pool(1).submit([callbacks = std::move(callbacks)] {
+    // A thread of the pool for them while they run: batches completing side by side run their callbacks side
+    // by side, as threads waiting on each batch would.
+    auto hold = std::make_shared<engine::pool_hold>(1);
+    engine::shared_pool(1).submit([callbacks = std::move(callbacks), hold] {
       for (const auto& f : callbacks) run_callback(f);
     });
   }
