@@ -147,8 +147,9 @@ class batch_future {
   void wait_released() const;
   /// Calls `callback` once the batch is ready: at once, on this thread, when it already is; else on a thread
   /// of gdskit's pool, after the batch's waiters woke. Chains work without a thread that waits: submit the
-  /// next batch, post to an event loop. It must not block for long (the pool runs every batch's callbacks)
-  /// and may call any of gdskit's functions; an exception it throws is logged and dropped. Callbacks added
+  /// next batch, post to an event loop. It must not block for long (the pool runs every batch's callbacks and
+  /// drivers): nor may it drop the last batch_future of a batch not released yet, as that waits for the
+  /// release. It may call any of gdskit's functions; an exception it throws is logged and dropped. Callbacks added
   /// before the batch was ready run one after another, in the order they were added. The future may be
   /// destroyed before they run: they do not need it (get() is for the waiters; capture what you need).
   void on_ready(std::function<void()> callback) const;

@@ -141,7 +141,8 @@ TEST_F(driver_fixture, reads_waiting_for_slow_copies_are_bounded_by_the_depth) {
   for (std::size_t i = 0; i < n; ++i) {
     ASSERT_EQ(0, std::memcmp(mem.data() + i * len, data.data() + i * stride + 100, len)) << i;
   }
-  EXPECT_LE(stats.largest_group.load(), 16) << "more reads waited in staging than the depth allows";
+  // Reads stop starting once 16 wait (four per request in flight); the ones in flight then may still join.
+  EXPECT_LE(stats.largest_group.load(), 16 + 4 - 1) << "more reads waited in staging than the depth allows";
   EXPECT_LE(stats.most_pending.load(), 2);
   fut.wait_released();
 }

@@ -153,11 +153,25 @@ void batch_state::became_ready() {
   maybe_released();
   if (!callbacks.empty()) {
     // A thread of the pool for them while they run: batches completing side by side run their callbacks side
-    // by side, as threads waiting on each batch would.
-    auto hold = std::make_shared<engine::pool_hold>(1);
-    engine::shared_pool(1).submit([callbacks = std::move(callbacks), hold] {
-      for (const auto& f : callbacks) run_callback(f);
-    });
+    // by side, as threads waiting on each batch would. Out of memory for that, they run here (late is better
+    // than never: a callback may be what ends an operation).
+    auto run_all = [](const std::vector<std::function<void()>>& cbs) {
+      for (const auto& f : cbs) run_callback(f);
+    };
+    std::shared_ptr<std::vector<std::function<void()>>> shared;
+    try {
+      shared = std::make_shared<std::vector<std::function<void()>>>(std::move(callbacks));
+    } catch (...) {
+      run_all(callbacks);  // not moved from: the allocation failed before the move
+    }
+    if (shared) {
+      try {
+        auto hold = std::make_shared<engine::pool_hold>(1);
+        engine::shared_pool(1).submit([shared, hold, run_all] { run_all(*shared); });
+      } catch (...) {
+        run_all(*shared);  // not queued
+      }
+    }
   }
 }
 
