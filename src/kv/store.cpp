@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "common/idle_pool.hpp"
 #include "gdskit/batch.hpp"
 #include "gdskit/checksum.hpp"
 #include "gdskit/error.hpp"
@@ -42,15 +43,22 @@ struct aligned_free {
   void operator()(void* p) const noexcept { std::free(p); }
 };
 
-// `n` bytes of host memory aligned for O_DIRECT (4 KiB), zeroed, shared so that a request past its deadline
-// can keep it.
-std::shared_ptr<std::uint8_t[]> aligned_pages(std::size_t n) {
+// `n` bytes of host memory aligned for O_DIRECT (4 KiB), zeroed unless `zeroed` is false, shared so that a
+// request past its deadline can keep it.
+std::shared_ptr<std::uint8_t[]> aligned_pages(std::size_t n, bool zeroed = true) {
   const std::size_t bytes = detail::round_up(std::max<std::size_t>(n, 1), detail::page_bytes);
   void* p = std::aligned_alloc(detail::page_bytes, bytes);
   if (p == nullptr) throw std::bad_alloc();
-  std::memset(p, 0, bytes);
+  if (zeroed) std::memset(p, 0, bytes);
   return {static_cast<std::uint8_t*>(p), aligned_free{}};
 }
+
+// Blocks over k_piece_bytes are read through the store's memory: this many bytes of them in flight per get (at
+// least two blocks, so that one is checked and copied while the next is read; one where a block is larger than
+// k_large_alone_bytes), and this many kept idle between gets (new memory costs its page faults).
+constexpr std::size_t k_large_get_bytes = std::size_t{64} << 20;
+constexpr std::size_t k_large_alone_bytes = std::size_t{256} << 20;
+constexpr std::size_t k_large_idle_bytes = std::size_t{256} << 20;
 
 }  // namespace
 
@@ -287,6 +295,15 @@ struct block_store::impl {
   // Gets of larger blocks: block after block through the store's memory.
   op_result run_large_get(std::span<const key> keys, std::span<const buffer_view> out, clock::time_point deadline,
                           detail::op_state* ctl, clock::time_point t0);
+  // Their memory, one block each, kept idle between gets.
+  idle_pool<int, std::shared_ptr<std::uint8_t[]>> large_idle{k_large_idle_bytes};
+  std::shared_ptr<std::uint8_t[]> take_large_buffer() {
+    if (auto b = large_idle.take(0)) return std::move(*b);
+    return aligned_pages(options.block_bytes, false);  // every byte is read before any is used
+  }
+  void give_large_buffer(std::shared_ptr<std::uint8_t[]> b) noexcept {
+    large_idle.give(0, detail::round_up(options.block_bytes, detail::page_bytes), std::move(b));
+  }
   // Puts: the data batch (from the caller's memory, checksummed), then the headers.
   std::shared_ptr<detail::put_job> start_put(std::span<const key> keys, std::span<const buffer_view> blocks,
                                              clock::time_point deadline, void* stream, detail::op_state* ctl,
@@ -297,6 +314,10 @@ struct block_store::impl {
   op_result finish_put(detail::put_job& job, detail::op_state* ctl);
   void chain_put(const std::shared_ptr<detail::put_job>& job, const std::shared_ptr<detail::op_state>& state);
   void chain_ended();
+  /// Hands a finished put's batches that are not released yet to the quarantine, so that whichever callback
+  /// drops the put's last reference never waits for a batch (the thread it would wait on may be the pool's
+  /// last).
+  void let_go(detail::put_job& job) noexcept;
   void data_done(detail::put_job& job, detail::op_state* ctl);
   void submit_headers(detail::put_job& job);
   void headers_done(detail::put_job& job, detail::op_state* ctl);
@@ -677,56 +698,20 @@ op_result block_store::impl::run_large_get(std::span<const key> keys, std::span<
   reap();
   gets += n;
   const std::size_t block_bytes = options.block_bytes;
-  // Blocks too large to be checked as one range of the core: read into the store's memory, checked there and
-  // copied into the row, one after another (each is large enough to keep the device busy on its own).
-  std::shared_ptr<std::uint8_t[]> buf;
-  for (std::size_t i = 0; i < n; ++i) {
-    detail::shard& sh = shard_for(keys[i]);
-    const auto t = sh.begin_read(keys[i]);
-    if (!t) continue;
-    std::error_code ec;
-    auto outcome = detail::shard::read_outcome::other;
-    if (clock::now() >= deadline || (ctl != nullptr && ctl->cancel.load())) {
-      ec = stop_code(ctl);
-    } else {
-      try {
-        if (!buf) buf = aligned_pages(block_bytes);
-        const io_range r{&sh.file(), sh.geometry().slot_position(t->slot), buffer_view::host(buf.get(), block_bytes)};
-        batch_options bo;
-        bo.deadline = deadline;
-        bo.exact = true;
-        auto f = std::make_shared<const batch_future>(submit_reads(std::span<const io_range>(&r, 1), bo));
-        wait_tracked(*f, ctl);
-        const range_result& rr = f->get().ranges[0];
-        bytes_read += rr.nbytes;
-        if (rr.error == std::errc::bad_message || rr.error == std::errc::no_message_available) {
-          ec = errno_code(EBADMSG);
-          outcome = detail::shard::read_outcome::bad;
-        } else if (!rr.ok()) {
-          ec = range_error(rr, ctl);
-        } else if (crc32c(buf.get(), block_bytes) != t->data_crc) {
-          ec = errno_code(EBADMSG);
-          outcome = detail::shard::read_outcome::bad;
-        } else {
-          if (host_memory(out[i])) {
-            std::memcpy(out[i].data, buf.get(), block_bytes);
-          } else {
-            copy_into(out[i], 0, buf.get(), block_bytes);
-          }
-          outcome = detail::shard::read_outcome::hit;
-        }
-        if (!detail::settled(*f)) {
-          held.add(f, [keep = std::move(buf)] {});  // a request past the deadline may still land in it
-          buf.reset();
-        }
-      } catch (const std::system_error& e) {
-        ec = e.code().category() == std::generic_category() ? e.code() : errno_code(EIO);
-        outcome = detail::shard::read_outcome::other;
-      } catch (const std::bad_alloc&) {
-        ec = errno_code(ENOMEM);
-        outcome = detail::shard::read_outcome::other;
-      }
-    }
+  // Blocks too large to be checked as one range of the core: each read into the store's memory, checked there
+  // and copied into its row, in the order of the keys, while the next ones are read.
+  const std::size_t depth =
+      block_bytes > k_large_alone_bytes ? 1 : std::clamp<std::size_t>(k_large_get_bytes / block_bytes, 2, 8);
+  struct reading {
+    std::size_t i = 0;
+    detail::shard* sh = nullptr;
+    detail::read_ticket t;
+    std::shared_ptr<std::uint8_t[]> buf;
+    std::shared_ptr<const batch_future> f;
+  };
+  std::deque<reading> flight;
+  auto decide = [&](std::size_t i, detail::shard& sh, const detail::read_ticket& t, std::error_code ec,
+                    detail::shard::read_outcome outcome) {
     if (ec) {
       res.errors[i] = ec;
       count_error(ec, false);
@@ -734,7 +719,99 @@ op_result block_store::impl::run_large_get(std::span<const key> keys, std::span<
       res.ok[i] = true;
       res.errors[i] = {};
     }
-    sh.end_read(keys[i], *t, outcome);
+    sh.end_read(keys[i], t, outcome);
+  };
+  // Starts the read of the next held key; false when no key is left to start.
+  std::size_t next = 0;
+  auto start_next = [&]() -> bool {
+    while (next < n) {
+      const std::size_t i = next++;
+      detail::shard& sh = shard_for(keys[i]);
+      const auto t = sh.begin_read(keys[i]);
+      if (!t) continue;
+      std::error_code ec;
+      if (clock::now() >= deadline || (ctl != nullptr && ctl->cancel.load())) {
+        ec = stop_code(ctl);
+      } else {
+        try {
+          reading r{i, &sh, *t, take_large_buffer(), nullptr};
+          const io_range range{&sh.file(), sh.geometry().slot_position(t->slot),
+                               buffer_view::host(r.buf.get(), block_bytes)};
+          batch_options bo;
+          bo.deadline = deadline;
+          bo.exact = true;
+          r.f = std::make_shared<const batch_future>(submit_reads(std::span<const io_range>(&range, 1), bo));
+          flight.push_back(std::move(r));
+          return true;
+        } catch (const std::system_error& e) {
+          ec = e.code().category() == std::generic_category() ? e.code() : errno_code(EIO);
+        } catch (const std::bad_alloc&) {
+          ec = errno_code(ENOMEM);
+        }
+      }
+      decide(i, sh, *t, ec, detail::shard::read_outcome::other);
+    }
+    return false;
+  };
+  // Checks the oldest read once it has ended and copies it into its row.
+  auto finish_oldest = [&] {
+    reading r = std::move(flight.front());
+    flight.pop_front();
+    std::error_code ec;
+    auto outcome = detail::shard::read_outcome::other;
+    try {
+      wait_tracked(*r.f, ctl);
+      const range_result& rr = r.f->get().ranges[0];
+      bytes_read += rr.nbytes;
+      if (rr.error == std::errc::bad_message || rr.error == std::errc::no_message_available) {
+        ec = errno_code(EBADMSG);
+        outcome = detail::shard::read_outcome::bad;
+      } else if (!rr.ok()) {
+        ec = range_error(rr, ctl);
+      } else if (crc32c(r.buf.get(), block_bytes) != r.t.data_crc) {
+        ec = errno_code(EBADMSG);
+        outcome = detail::shard::read_outcome::bad;
+      } else {
+        if (host_memory(out[r.i])) {
+          std::memcpy(out[r.i].data, r.buf.get(), block_bytes);
+        } else {
+          copy_into(out[r.i], 0, r.buf.get(), block_bytes);
+        }
+        outcome = detail::shard::read_outcome::hit;
+      }
+    } catch (const std::system_error& e) {
+      ec = e.code().category() == std::generic_category() ? e.code() : errno_code(EIO);
+      outcome = detail::shard::read_outcome::other;
+    } catch (const std::bad_alloc&) {
+      ec = errno_code(ENOMEM);
+      outcome = detail::shard::read_outcome::other;
+    }
+    if (detail::settled(*r.f)) {
+      give_large_buffer(std::move(r.buf));
+    } else {
+      held.add(r.f, [keep = std::move(r.buf)] {});  // a request past the deadline may still land in it
+    }
+    decide(r.i, *r.sh, r.t, ec, outcome);
+  };
+  try {
+    while (flight.size() < depth && start_next()) {
+    }
+    while (!flight.empty()) {
+      finish_oldest();
+      while (flight.size() < depth && start_next()) {
+      }
+    }
+  } catch (...) {
+    // Whatever failed past the reads' own errors: the reads still in flight end (by their deadline), keep their
+    // memory and give back their claims.
+    while (!flight.empty()) {
+      reading& r = flight.front();
+      r.f->wait();
+      if (!detail::settled(*r.f)) held.add(r.f, [keep = std::move(r.buf)] {});
+      decide(r.i, *r.sh, r.t, errno_code(ENOMEM), detail::shard::read_outcome::other);
+      flight.pop_front();
+    }
+    throw;
   }
   for (bool b : res.ok) res.ok_count += b ? 1 : 0;
   hits += res.ok_count;
@@ -826,9 +903,10 @@ std::shared_ptr<detail::put_job> block_store::impl::start_put(std::span<const ke
 // past its deadline, their slots wait in the quarantine with `memory` until it has ended.
 void block_store::impl::give_up(detail::put_job& job, const std::shared_ptr<const batch_future>& f,
                                 const std::shared_ptr<std::uint8_t[]>& memory) {
-  // Nothing to give up (the common case): no wait for the batch's release either.
   if (std::none_of(job.items.begin(), job.items.end(), [](const auto& it) { return it.ec && !it.given_up; })) return;
-  const bool late = f != nullptr && !detail::settled(*f);
+  // Never waits (it may run in a batch's completion callback): a batch not released yet keeps the slots in the
+  // quarantine until it is.
+  const bool late = f != nullptr && !f->released();
   std::vector<std::pair<detail::shard*, std::uint32_t>> slots;
   for (detail::put_item& it : job.items) {
     if (!it.ec || it.given_up) continue;
@@ -968,7 +1046,7 @@ void block_store::impl::chain_put(const std::shared_ptr<detail::put_job>& job,
                                   const std::shared_ptr<detail::op_state>& state) {
   // Each step runs on the completion of the batch before it and returns whether the put has ended; whatever
   // goes wrong in one, the put ends (its unfinished keys failed with the error).
-  auto step = [this, job, state](auto&& body) {
+  auto step = [this, job, state](auto&& body) noexcept {
     bool ended = true;
     std::error_code failed;
     try {
@@ -977,15 +1055,32 @@ void block_store::impl::chain_put(const std::shared_ptr<detail::put_job>& job,
       failed = e.code();
     } catch (const std::bad_alloc&) {
       failed = errno_code(ENOMEM);
+    } catch (...) {
+      failed = errno_code(EIO);
     }
     if (failed) {
-      for (detail::put_item& it : job->items) {
-        if (!it.ec) it.ec = failed;
+      // Neither batch is waited for or cancelled through the operation any more.
+      state->untrack(job->data.get());
+      if (job->headers) state->untrack(job->headers.get());
+      try {
+        for (detail::put_item& it : job->items) {
+          if (!it.ec) it.ec = failed;
+        }
+        give_up(*job, job->headers ? job->headers : job->data, job->header_pages);
+        state->finish(put_outcome(*job));
+      } catch (...) {
+        // Out of memory again: every key failed; the slots not given back stay claimed until the store reopens.
+        op_result r;
+        r.ok.assign(job->keys.size(), false);
+        r.errors.assign(job->keys.size(), errno_code(ENOMEM));
+        std::lock_guard lock(state->mutex);
+        if (!state->ready) state->set_ready_locked(std::move(r));
       }
-      give_up(*job, job->headers ? job->headers : job->data, job->header_pages);
-      state->finish(put_outcome(*job));
     }
-    if (ended) chain_ended();
+    if (ended) {
+      let_go(*job);
+      chain_ended();
+    }
   };
   auto headers_written = [this, job, state, step] {
     step([&] {
@@ -1009,6 +1104,14 @@ void block_store::impl::chain_put(const std::shared_ptr<detail::put_job>& job,
       return false;
     });
   });
+}
+
+void block_store::impl::let_go(detail::put_job& job) noexcept {
+  try {
+    if (job.headers && !job.headers->released()) held.add(std::move(job.headers), [pages = job.header_pages] {});
+    if (job.data && !job.data->released()) held.add(std::move(job.data), {});
+  } catch (...) {  // out of memory: the batch goes with the job, waited for where its last reference goes
+  }
 }
 
 void block_store::impl::chain_ended() {
@@ -1203,9 +1306,14 @@ op_future block_store::submit_put(std::span<const key> keys, std::span<const buf
   auto rest = [&p, state, job] {
     state->finish(guarded(job->keys.size(), [&] { return p.finish_put(*job, state.get()); }));
   };
+  // Nothing written (every key held already, refused or failed): the outcome is made here.
+  if (!job->data) {
+    rest();
+    return op_future(std::move(state));
+  }
   // Cache durability: the rest runs on the batches' completions (no thread waits for it). Persist: a store
   // worker runs it, as its syncs block. Once close() has begun, this thread does.
-  if (job->data && p.options.mode == durability::cache) {
+  if (p.options.mode == durability::cache) {
     bool chained = false;
     {
       std::lock_guard lock(p.work_mutex);

@@ -734,6 +734,17 @@ TEST_F(kv_store, blocks_over_8_mib_round_trip_and_are_checked) {
   EXPECT_EQ(g.errors[1], std::errc::bad_message);
   EXPECT_TRUE(back.untouched(1));
   EXPECT_TRUE(back.equals(0, content(keys[0], block)) && back.equals(2, content(keys[2], block)));
+  // Read side by side (the next blocks while one is checked), a key never held and the damaged block (which
+  // left the index when it failed its check) between held ones change nothing for the others, and their rows
+  // stay untouched.
+  const std::vector<key> mixed = {keys[2], gdskit::kv::key::from_int(999), keys[1], keys[0]};
+  rows m(4, block);
+  const op_result h = again.get(mixed, m.views(4));
+  EXPECT_EQ(h.ok, (std::vector<bool>{true, false, false, true}));
+  EXPECT_EQ(h.errors[1], std::errc::no_such_file_or_directory);
+  EXPECT_EQ(h.errors[2], std::errc::no_such_file_or_directory);
+  EXPECT_TRUE(m.untouched(1) && m.untouched(2));
+  EXPECT_TRUE(m.equals(0, content(keys[2], block)) && m.equals(3, content(keys[0], block)));
 }
 
 // A submitted get is the transfer core's batch: its descriptor becomes readable when the bytes have landed,
