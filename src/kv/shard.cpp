@@ -59,8 +59,14 @@ std::error_code sync_until(const std::shared_ptr<const file_handle>& file, clock
 }
 
 void quarantine::add(std::shared_ptr<const batch_future> f, std::function<void()> on_release) {
-  std::lock_guard lock(mutex_);
-  entries_.push_back({std::move(f), std::move(on_release)});
+  try {
+    std::lock_guard lock(mutex_);
+    entries_.push_back({f, on_release});
+  } catch (const std::bad_alloc&) {
+    // No room to keep it: wait here until nothing of the batch still targets what `on_release` holds.
+    f->wait_released();
+    on_release();
+  }
 }
 
 void quarantine::reap() {

@@ -771,6 +771,8 @@ op_result block_store::impl::run_large_get(std::span<const key> keys, std::span<
       } else if (crc32c(r.buf.get(), block_bytes) != r.t.data_crc) {
         ec = errno_code(EBADMSG);
         outcome = detail::shard::read_outcome::bad;
+      } else if (clock::now() >= deadline || (ctl != nullptr && ctl->cancel.load())) {
+        ec = stop_code(ctl);  // landed, but after the call's end: its row stays untouched
       } else {
         if (host_memory(out[r.i])) {
           std::memcpy(out[r.i].data, r.buf.get(), block_bytes);
@@ -786,12 +788,12 @@ op_result block_store::impl::run_large_get(std::span<const key> keys, std::span<
       ec = errno_code(ENOMEM);
       outcome = detail::shard::read_outcome::other;
     }
+    decide(r.i, *r.sh, r.t, ec, outcome);
     if (detail::settled(*r.f)) {
       give_large_buffer(std::move(r.buf));
     } else {
       held.add(r.f, [keep = std::move(r.buf)] {});  // a request past the deadline may still land in it
     }
-    decide(r.i, *r.sh, r.t, ec, outcome);
   };
   try {
     while (flight.size() < depth && start_next()) {
@@ -805,11 +807,11 @@ op_result block_store::impl::run_large_get(std::span<const key> keys, std::span<
     // Whatever failed past the reads' own errors: the reads still in flight end (by their deadline), keep their
     // memory and give back their claims.
     while (!flight.empty()) {
-      reading& r = flight.front();
-      r.f->wait();
-      if (!detail::settled(*r.f)) held.add(r.f, [keep = std::move(r.buf)] {});
-      decide(r.i, *r.sh, r.t, errno_code(ENOMEM), detail::shard::read_outcome::other);
+      reading r = std::move(flight.front());
       flight.pop_front();
+      r.f->wait();
+      decide(r.i, *r.sh, r.t, errno_code(ENOMEM), detail::shard::read_outcome::other);
+      if (!detail::settled(*r.f)) held.add(r.f, [keep = std::move(r.buf)] {});
     }
     throw;
   }
@@ -1069,12 +1071,13 @@ void block_store::impl::chain_put(const std::shared_ptr<detail::put_job>& job,
         give_up(*job, job->headers ? job->headers : job->data, job->header_pages);
         state->finish(put_outcome(*job));
       } catch (...) {
-        // Out of memory again: every key failed; the slots not given back stay claimed until the store reopens.
-        op_result r;
-        r.ok.assign(job->keys.size(), false);
-        r.errors.assign(job->keys.size(), errno_code(ENOMEM));
+        // Out of memory again: every key failed (in the outcome made at the start, which needs no memory); the
+        // slots not given back stay claimed until the store reopens.
+        std::fill(job->res.ok.begin(), job->res.ok.end(), false);
+        std::fill(job->res.errors.begin(), job->res.errors.end(), errno_code(ENOMEM));
+        job->res.ok_count = 0;
         std::lock_guard lock(state->mutex);
-        if (!state->ready) state->set_ready_locked(std::move(r));
+        if (!state->ready) state->set_ready_locked(std::move(job->res));
       }
     }
     if (ended) {
@@ -1108,9 +1111,11 @@ void block_store::impl::chain_put(const std::shared_ptr<detail::put_job>& job,
 
 void block_store::impl::let_go(detail::put_job& job) noexcept {
   try {
-    if (job.headers && !job.headers->released()) held.add(std::move(job.headers), [pages = job.header_pages] {});
-    if (job.data && !job.data->released()) held.add(std::move(job.data), {});
-  } catch (...) {  // out of memory: the batch goes with the job, waited for where its last reference goes
+    if (job.headers && !job.headers->released()) held.add(job.headers, [pages = job.header_pages] {});
+    job.headers.reset();
+    if (job.data && !job.data->released()) held.add(job.data, {});
+    job.data.reset();
+  } catch (...) {  // out of memory for the callback's copy: the batch stays with the job
   }
 }
 
@@ -1164,6 +1169,7 @@ void block_store::impl::close() {
     std::unique_lock lock(work_mutex);
     chains_cv.wait(lock, [&] { return chains == 0; });
   }
+  large_idle.clear();
 
   std::unique_lock exclusive(gate);
   if (closed) return;
