@@ -57,7 +57,7 @@ std::shared_ptr<std::uint8_t[]> aligned_pages(std::size_t n, bool zeroed = true)
 // least two blocks, so that one is checked and copied while the next is read; one where a block is larger than
 // k_large_alone_bytes), and this many kept idle between gets (new memory costs its page faults).
 constexpr std::size_t k_large_get_bytes = std::size_t{64} << 20;
-constexpr std::size_t k_large_alone_bytes = std::size_t{256} << 20;
+constexpr std::size_t k_large_alone_bytes = std::size_t{128} << 20;
 constexpr std::size_t k_large_idle_bytes = std::size_t{256} << 20;
 
 }  // namespace
@@ -710,6 +710,7 @@ op_result block_store::impl::run_large_get(std::span<const key> keys, std::span<
     std::shared_ptr<const batch_future> f;
   };
   std::deque<reading> flight;
+  std::shared_ptr<std::uint8_t[]> spare;  // a buffer too large for the pool, free for the next key
   auto decide = [&](std::size_t i, detail::shard& sh, const detail::read_ticket& t, std::error_code ec,
                     detail::shard::read_outcome outcome) {
     if (ec) {
@@ -734,7 +735,13 @@ op_result block_store::impl::run_large_get(std::span<const key> keys, std::span<
         ec = stop_code(ctl);
       } else {
         try {
-          reading r{i, &sh, *t, take_large_buffer(), nullptr};
+          std::shared_ptr<std::uint8_t[]> buf;
+          if (spare) {
+            buf = std::move(spare);
+          } else {
+            buf = take_large_buffer();
+          }
+          reading r{i, &sh, *t, std::move(buf), nullptr};
           const io_range range{&sh.file(), sh.geometry().slot_position(t->slot),
                                buffer_view::host(r.buf.get(), block_bytes)};
           batch_options bo;
@@ -790,7 +797,11 @@ op_result block_store::impl::run_large_get(std::span<const key> keys, std::span<
     }
     decide(r.i, *r.sh, r.t, ec, outcome);
     if (detail::settled(*r.f)) {
-      give_large_buffer(std::move(r.buf));
+      if (block_bytes > k_large_idle_bytes) {
+        spare = std::move(r.buf);  // too large to keep between calls: kept for this call's next key
+      } else {
+        give_large_buffer(std::move(r.buf));
+      }
     } else {
       held.add(r.f, [keep = std::move(r.buf)] {});  // a request past the deadline may still land in it
     }
