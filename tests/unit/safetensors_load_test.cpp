@@ -729,25 +729,31 @@ TEST(SafetensorsLoad, TheNextShardStartsBeforeTheShardBeforeItHasEnded) {
   const auto c = write_checkpoint(dir, 3, 3, std::uint64_t{4} << 20);
   shard_reads reads(c);
   std::mutex m;
+  std::condition_variable cv;
   std::map<std::size_t, int> reading;  // data reads under way per shard
   bool crossed = false;
   int most = 0;
   reads.before = [&](const shard_read& r) {
     if (r.header) return 0;
-    {
-      std::lock_guard lock(m);
-      int all = 1;
-      for (const auto& [shard, n] : reading) {
-        all += n;
-        if (shard != r.shard && n > 0) crossed = true;
-      }
-      most = std::max(most, all);
-      ++reading[r.shard];
+    std::unique_lock lock(m);
+    int all = 1;
+    for (const auto& [shard, n] : reading) {
+      all += n;
+      if (shard != r.shard && n > 0) crossed = true;
     }
-    // A shard's last read is slow: the next shard's first segment must start while it still reads.
+    most = std::max(most, all);
+    ++reading[r.shard];
+    cv.notify_all();
+    // A shard's last read (but the last shard's) is held until another shard's read starts, 5 s at most: the
+    // next shard's first segment must start while it still reads, however slowly this machine runs.
     const bool last = r.end >= std::filesystem::file_size(c.files[r.shard]);
-    std::this_thread::sleep_for(std::chrono::milliseconds(last ? 60 : 5));
-    std::lock_guard lock(m);
+    if (last && r.shard + 1 < c.files.size()) {
+      cv.wait_for(lock, std::chrono::seconds(5), [&] { return crossed; });
+    } else {
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      lock.lock();
+    }
     --reading[r.shard];
     return 0;
   };
