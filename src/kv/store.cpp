@@ -222,6 +222,11 @@ std::error_code submit_checked(io_direction dir, std::span<const io_range> range
   return {};
 }
 
+// An error of a call the store made, as an errno for its keys: a CUDA or other library code becomes EIO.
+std::error_code as_errno(const std::system_error& e) {
+  return e.code().category() == std::generic_category() ? e.code() : errno_code(EIO);
+}
+
 std::error_code stop_code(const detail::op_state* ctl) {
   return errno_code(ctl != nullptr && ctl->cancel.load() ? ECANCELED : ETIMEDOUT);
 }
@@ -751,7 +756,7 @@ op_result block_store::impl::run_large_get(std::span<const key> keys, std::span<
           flight.push_back(std::move(r));
           return true;
         } catch (const std::system_error& e) {
-          ec = e.code().category() == std::generic_category() ? e.code() : errno_code(EIO);
+          ec = as_errno(e);
         } catch (const std::bad_alloc&) {
           ec = errno_code(ENOMEM);
         }
@@ -789,7 +794,7 @@ op_result block_store::impl::run_large_get(std::span<const key> keys, std::span<
         outcome = detail::shard::read_outcome::hit;
       }
     } catch (const std::system_error& e) {
-      ec = e.code().category() == std::generic_category() ? e.code() : errno_code(EIO);
+      ec = as_errno(e);
       outcome = detail::shard::read_outcome::other;
     } catch (const std::bad_alloc&) {
       ec = errno_code(ENOMEM);
