@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -198,12 +197,6 @@ batch_future submit(io_direction dir, std::span<const io_range> ranges, const ba
 
 /// submit() and wait for the result.
 batch_result transfer(io_direction dir, std::span<const io_range> ranges, const batch_options& options = {});
-
-/// How this process's batches that leave their depth to gdskit (batch_options::queue_depth 0) run on the
-/// device that holds `path`: "reads depth 8, adaptive (converged after 4 probes); writes depth 16, adaptive
-/// (measuring)". The depth is the device's, shared by every such batch, and found while they run. Empty before
-/// one ran there or when `path` cannot be looked up. For reports; never throws.
-std::string batch_depth_note(const std::filesystem::path& path) noexcept;
 
 inline batch_future submit_reads(std::span<const io_range> ranges, const batch_options& options = {}) {
   return submit(io_direction::read, ranges, options);

@@ -219,9 +219,6 @@ struct store_stats {
   std::vector<std::string> path_reasons;
   bool direct = false;
   std::string direct_reason;
-  /// The depth the store's reads and writes run at on its devices, shared with the process's other batches
-  /// there and found while they run (gdskit::batch_depth_note); empty before the first read or write.
-  std::string batch_depth;
 };
 
 /// The capacity_bytes a store needs to hold `blocks` blocks of `block_bytes` over `paths` paths (each path

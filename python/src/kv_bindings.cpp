@@ -177,7 +177,6 @@ py::dict stats_dict(const kv::store_stats& s) {
   d["path_reasons"] = s.path_reasons;
   d["direct"] = s.direct;
   d["direct_reason"] = s.direct_reason;
-  d["batch_depth"] = s.batch_depth;
   py::dict r;
   r["seconds"] = s.recovery.seconds;
   r["created"] = s.recovery.created;

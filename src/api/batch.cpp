@@ -1,6 +1,4 @@
 // submit(): checks a batch's ranges before any I/O, then hands them to the transfer core.
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <numeric>
@@ -13,7 +11,6 @@
 #include "engine/transfer/batch_state.hpp"
 #include "engine/thread_pool.hpp"
 #include "engine/transfer/core.hpp"
-#include "engine/transfer/driver.hpp"
 #include "gdskit/batch.hpp"
 #include "gdskit/error.hpp"
 
@@ -99,16 +96,6 @@ void check_ranges(io_direction dir, std::span<const io_range> in, const batch_op
 }
 
 }  // namespace
-
-std::string batch_depth_note(const std::filesystem::path& path) noexcept {
-  try {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) return {};
-    return engine::batch_depth_note(st.st_dev);
-  } catch (...) {
-    return {};
-  }
-}
 
 batch_future submit(io_direction dir, std::span<const io_range> ranges, const batch_options& options) {
   detail::ensure_routes();

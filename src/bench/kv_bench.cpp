@@ -423,7 +423,6 @@ struct block_run {
   std::vector<phase> phases;
   nlohmann::json crash, faults;
   std::string path_note;
-  std::string depth_note;  // the depth the store's batches ran at, after the last phase
   bool direct = false;
   std::string direct_reason;
   std::uint64_t max_physical = 0;
@@ -839,7 +838,6 @@ block_run run_block(const kv_options& o, std::size_t block, std::ostream& err) {
   for (const auto& r : st.path_reasons) br.path_note += (br.path_note.empty() ? "" : "; ") + r;
   auto check_capacity = [&] {
     const kv::store_stats s = store->stats();
-    if (!s.batch_depth.empty()) br.depth_note = s.batch_depth;
     br.max_physical = std::max(br.max_physical, s.physical_bytes);
     if (s.physical_bytes > o.capacity_bytes || s.blocks > s.slots) br.capacity_kept = false;
   };
@@ -876,7 +874,6 @@ block_run run_block(const kv_options& o, std::size_t block, std::ostream& err) {
       return true;
     }, drain);
     p.raw_gib_s = br.raw.read_gib_s;
-    check_capacity();
     br.phases.push_back(p);
   }
 
@@ -1211,7 +1208,6 @@ void print_text(const kv_options& o, const std::vector<block_run>& runs, std::os
     out << fmt::format("  capacity: at most {} of {} on disk{}\n", format_size(br.max_physical),
                        format_size(o.capacity_bytes), br.capacity_kept ? "" : " -- EXCEEDED");
     out << fmt::format("  path: {}\n", printable(br.path_note));
-    if (!br.depth_note.empty()) out << fmt::format("  batches on the device: {}\n", printable(br.depth_note));
   }
 }
 
@@ -1261,7 +1257,6 @@ int run_kv(const std::function<kv_options()>& make_options, std::ostream& out, s
                             {"direct", br.direct},
                             {"direct_reason", br.direct_reason},
                             {"path", br.path_note},
-                            {"batch_depth", br.depth_note},
                             {"raw", {{"fresh_write_gib_per_s", br.raw.fresh_write_gib_s},
                                      {"write_gib_per_s", br.raw.write_gib_s},
                                      {"read_gib_per_s", br.raw.read_gib_s},

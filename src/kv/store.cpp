@@ -1472,13 +1472,6 @@ store_stats block_store::stats() const {
   s.mode = p.options.mode;
   s.path = p.path;
   s.path_reasons = p.path_reasons;
-  std::vector<std::string> notes;
-  for (const auto& dir : p.options.paths) {
-    std::string n = batch_depth_note(dir);
-    if (n.empty() || std::find(notes.begin(), notes.end(), n) != notes.end()) continue;
-    s.batch_depth += (s.batch_depth.empty() ? "" : " | ") + n;
-    notes.push_back(std::move(n));
-  }
   s.direct = p.direct;
   s.direct_reason = p.direct_reason;
   return s;

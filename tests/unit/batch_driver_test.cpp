@@ -553,8 +553,6 @@ TEST_F(driver_fixture, batches_side_by_side_share_the_devices_depth) {
   constexpr std::size_t range = std::size_t{64} << 10, n = 96, batches = 8;
   settings s;
   s.engine = engine_kind::threads;
-  s.direct_depth = engine::driver_limits{}.default_depth;  // the depth pinned: shares are what this looks at
-  s.direct_depth_set = true;
   std::vector<std::unique_ptr<file_handle>> files;
   for (std::size_t b = 0; b < batches; ++b) {
     files.push_back(std::make_unique<file_handle>(sparse_file("f" + std::to_string(b), 2 * n * range), open_mode::read,
@@ -598,54 +596,6 @@ TEST_F(driver_fixture, batches_side_by_side_share_the_devices_depth) {
   ASSERT_EQ(peak_of.size(), batches);
   for (const auto& [fd, p] : peak_of) EXPECT_GE(p, 4u) << "a batch kept too few requests in flight";
   for (const auto& v : mem) EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](std::uint8_t x) { return x == 0; }));
-}
-
-// The device's depth is found while batches run. On a device whose rate falls past 4 requests in flight (each
-// request takes longer the more are in flight), batches that leave the depth to the process settle below the 16
-// they start at, and the note says so.
-TEST_F(driver_fixture, batches_find_the_devices_depth_while_they_run) {
-  constexpr std::size_t range = std::size_t{1} << 20, n = 128;
-  settings s;
-  s.engine = engine_kind::threads;
-  s.threads = 4;
-  file_handle f(sparse_file("f", 2 * n * range), open_mode::read, open_options{}, s);
-  if (!f.choice().direct) GTEST_SKIP() << "O_DIRECT refused here (" << f.choice().direct_reason << "): only O_DIRECT requests are measured";
-  struct stat st {};
-  ASSERT_EQ(::stat(dir.path().c_str(), &st), 0);
-  engine::forget_batch_depth(st.st_dev);
-  std::mutex m;
-  std::size_t now = 0;
-  posix::syscall_table t = posix::real_syscalls();
-  const auto real_pread = t.pread;
-  t.pread = [&, real_pread](int fd, void* b, std::size_t len, off_t off) -> ssize_t {
-    std::size_t in_flight = 0;
-    {
-      std::lock_guard lock(m);
-      in_flight = ++now;
-    }
-    // 4 in flight: 4 requests a millisecond; 8: 2; 16: 1; 32: 0.5.
-    std::this_thread::sleep_for(std::chrono::microseconds(1000 * std::max<std::size_t>(1, in_flight * in_flight / 16)));
-    const ssize_t got = real_pread(fd, b, len, off);
-    std::lock_guard lock(m);
-    --now;
-    return got;
-  };
-  posix::scoped_syscalls guard(t);
-  std::vector<std::uint8_t> mem(n * range, 1);
-  std::vector<io_range> r;
-  for (std::size_t i = 0; i < n; ++i) r.push_back({&f, 2 * i * range, buffer_view::host(mem.data() + i * range, range)});
-  const auto give_up = std::chrono::steady_clock::now() + 30s;
-  unsigned depth = 0;
-  std::string note;
-  while (std::chrono::steady_clock::now() < give_up) {
-    ASSERT_TRUE(read_batch(r).ok());
-    note = batch_depth_note(dir.path());
-    ASSERT_EQ(note.rfind("reads depth ", 0), 0u) << note;
-    depth = static_cast<unsigned>(std::stoul(note.substr(12)));
-    if (note.find("converged") != std::string::npos && depth <= 8) break;
-  }
-  EXPECT_LE(depth, 8u) << note;
-  EXPECT_TRUE(std::all_of(mem.begin(), mem.end(), [](std::uint8_t x) { return x == 0; }));
 }
 
 // A batch whose last requests are in flight leaves its share of the device to the batches that still have

@@ -272,8 +272,7 @@ class BlockStore:
 
     def stats(self) -> dict:
         """Counters since open (keys, bytes), the state now (blocks, pinned, physical_bytes), how the store was
-        found at open (recovery), the path blocks take (path, path_reasons, direct, direct_reason), and the depth
-        their reads and writes run at on the store's devices (batch_depth)."""
+        found at open (recovery), and the path blocks take (path, path_reasons, direct, direct_reason)."""
         return self._store.stats()
 
     def close(self) -> None:

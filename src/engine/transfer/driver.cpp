@@ -23,7 +23,6 @@
 
 #include "common/idle_pool.hpp"
 #include "common/log.hpp"
-#include "engine/adaptive.hpp"
 #include "engine/io_engine.hpp"
 #include "engine/residency.hpp"
 #include "engine/thread_pool.hpp"
@@ -44,9 +43,6 @@ namespace {
 using batch_ptr = std::shared_ptr<detail::batch_state>;
 
 constexpr std::size_t k_block = 4096;
-// Where a device's batch depth starts (see device_share): deep enough for one batch of large ranges to keep a
-// device busy, and a step from both the loop device's 8 and NVMe's 32 or more.
-constexpr unsigned k_batch_start_depth = 16;
 std::uint64_t align_down(std::uint64_t v, std::size_t a) { return v / a * a; }
 std::uint64_t align_up(std::uint64_t v, std::size_t a) { return (v + a - 1) / a * a; }
 
@@ -181,18 +177,13 @@ class staging {
 };
 
 // Bytes and requests in flight on each device, over every batch driver of the process. The bytes a device's
-// scheduler keeps in flight, and the depth, are the device's budget, not each batch's: batches that run side by
-// side (the calls of a KV store's callers) share them, so that together they queue no more on the device than one
-// batch would. Each driver that still has requests to start keeps at most an equal share of both (a driver only
-// looks again when one of its own requests ends, so without shares the first to fill the budget would keep it),
-// and always one request; a driver whose last requests are in flight leaves its share to the others.
-//
-// The depth is found while the batches run: a device past its best depth loses rate (a RAM-backed loop device
-// reads 2 MiB requests at 5.3 GiB/s 8 deep and at 3.6 GiB/s 16 or 32 deep; an NVMe drive wants 32 or more), and
-// the best depth moves with the request size. One adaptive controller per device and direction (adaptive.hpp,
-// depth only) measures every O_DIRECT request of the batches that leave the depth to the process, from the
-// moment the first of them starts on the device until the last ends; time with none running is not counted.
-// GDSKIT_DIRECT_DEPTH pins the depth, GDSKIT_ADAPTIVE=off keeps the driver's default.
+// scheduler keeps in flight, and the default depth, are the device's budget, not each batch's: batches that run
+// side by side (the calls of a KV store's callers) share them, so that together they queue no more on the device
+// than one batch would. A device past its best depth loses rate: a RAM-backed loop device reads 2 MiB requests
+// at 5.0 GiB/s 16 deep and at 3.6 GiB/s 32 deep. Each driver that still has requests to start keeps at most an
+// equal share of both (a driver only looks again when one of its own requests ends, so without shares the first
+// to fill the budget would keep it), and always one request; a driver whose last requests are in flight leaves
+// its share to the others.
 class device_share {
  public:
   device_share() = default;
@@ -201,80 +192,19 @@ class device_share {
     dev_->bytes.fetch_sub(mine_, std::memory_order_relaxed);  // what was never taken back
     dev_->requests.fetch_sub(mine_requests_, std::memory_order_relaxed);
     wanting(false);
-    if (lane_ != nullptr) {
-      std::lock_guard lock(lane_->mutex);
-      if (--lane_->active == 0) lane_->ctl->end(lane_->probing, now_s());
-    }
   }
   device_share(const device_share&) = delete;
   device_share& operator=(const device_share&) = delete;
 
-  /// Counts this driver's requests against `dev`'s totals from now on, within the device's depth for `dir`
-  /// (at most `cap`; see above).
-  void attach(dev_t dev, io_dir dir, const settings& config, unsigned cap) {
+  /// Counts this driver's requests against `dev`'s totals from now on.
+  void attach(dev_t dev) {
     dev_ = &counters(dev);
     wanting(true);
-    depth_cap_ = cap;
-    if (config.direct_depth_set) {
-      depth_cap_ = std::min(cap, config.direct_depth);
-    } else if (config.adaptive) {
-      lane_ = &dev_->lanes[dir == io_dir::read ? 0 : 1];
-      std::lock_guard lock(lane_->mutex);
-      if (!lane_->ctl) {
-        adaptive_limits l;
-        l.min_depth = 1;
-        l.max_depth = cap;
-        l.request_fixed = true;  // a batch's ranges decide its request sizes
-        l.min_request_bytes = l.max_request_bytes = std::size_t{1} << 20;
-        l.min_probe_transfer_bytes = 0;
-        lane_->ctl = std::make_unique<adaptive_controller>(io_shape{std::min(k_batch_start_depth, cap), l.min_request_bytes}, l);
-        lane_->depth.store(lane_->ctl->shape().depth, std::memory_order_relaxed);
-      }
-      if (lane_->active++ == 0) lane_->probing = lane_->ctl->begin(SIZE_MAX, now_s());
-    }
   }
-  /// The device's depth now: the controller's, else the cap.
-  std::size_t device_depth() const noexcept {
-    return lane_ == nullptr ? depth_cap_ : std::min<std::size_t>(depth_cap_, lane_->depth.load(std::memory_order_relaxed));
-  }
-  /// One O_DIRECT request of this driver moved `nbytes`: a measurement for the device's controller.
-  void measured(std::size_t nbytes) {
-    if (lane_ == nullptr || !lane_->probing || nbytes == 0) return;
-    lane_->ctl->complete(nbytes, now_s());
-    lane_->depth.store(lane_->ctl->shape().depth, std::memory_order_relaxed);
-  }
-  /// Drops the controllers of `dev` that no driver uses (forget_batch_depth).
-  static void forget(dev_t dev) noexcept {
-    try {
-      for (lane& l : counters(dev).lanes) {
-        std::lock_guard lock(l.mutex);
-        if (l.active == 0) l.ctl.reset();
-      }
-    } catch (...) {  // no memory for the device's entry: nothing was learned there
-    }
-  }
-  /// The depth of each direction on `dev` (batch_depth_note).
-  static std::string describe(dev_t dev) {
-    std::string out;
-    const char* names[2] = {"reads", "writes"};
-    for (int d = 0; d < 2; ++d) {
-      lane& l = counters(dev).lanes[d];
-      std::lock_guard lock(l.mutex);
-      if (!l.ctl) continue;
-      // The controller's own words, less the request size it is not asked about ("depth 8, 1.00 MiB; adaptive
-      // (...)" -> "depth 8, adaptive (...)").
-      std::string what = l.ctl->describe();
-      const auto comma = what.find(", ");
-      const auto semi = what.find("; ");
-      if (comma != std::string::npos && semi != std::string::npos && comma < semi) what.replace(comma, semi - comma + 2, ", ");
-      out += fmt::format("{}{} {}", out.empty() ? "" : "; ", names[d], what);
-    }
-    return out;
-  }
-  /// This driver's share of the device's depth now (`depth` when not attached).
+  /// This driver's share of `depth` requests now (all of it when not attached).
   std::size_t depth_share(std::size_t depth) const noexcept {
     if (dev_ == nullptr) return depth;
-    return std::max<std::size_t>(1, device_depth() / std::max<std::size_t>(1, dev_->drivers.load(std::memory_order_relaxed)));
+    return std::max<std::size_t>(1, depth / std::max<std::size_t>(1, dev_->drivers.load(std::memory_order_relaxed)));
   }
   /// Whether this driver has requests still to start: only such drivers divide the device's budget.
   void wanting(bool w) noexcept {
@@ -286,12 +216,11 @@ class device_share {
       dev_->drivers.fetch_sub(1, std::memory_order_relaxed);
     }
   }
-  /// Whether one more request of `nbytes` keeps this driver within its share of `budget` bytes and of the
-  /// device's depth (`own_depth` when not attached), and the device within both.
-  bool fits(std::size_t nbytes, std::size_t budget, std::size_t own_depth) const noexcept {
+  /// Whether one more request of `nbytes` keeps this driver within its share of `budget` bytes and `depth`
+  /// requests, and the device within both.
+  bool fits(std::size_t nbytes, std::size_t budget, std::size_t depth) const noexcept {
     if (mine_requests_ == 0) return true;  // one request always: no batch waits on another
-    if (dev_ == nullptr) return mine_ + nbytes <= budget && mine_requests_ < own_depth;
-    const std::size_t depth = device_depth();
+    if (dev_ == nullptr) return mine_ + nbytes <= budget && mine_requests_ < depth;
     const std::size_t drivers = std::max<std::size_t>(1, dev_->drivers.load(std::memory_order_relaxed));
     const std::size_t share = budget / drivers;
     const std::size_t share_depth = std::max<std::size_t>(1, depth / drivers);
@@ -317,23 +246,11 @@ class device_share {
   }
 
  private:
-  // The depth of one device and direction, and the controller that finds it.
-  struct lane {
-    std::mutex mutex;
-    std::unique_ptr<adaptive_controller> ctl;
-    unsigned active = 0;  // drivers attached
-    bool probing = false;
-    std::atomic<unsigned> depth{0};
-  };
   struct device {
     std::atomic<std::size_t> bytes{0};
     std::atomic<std::size_t> requests{0};
     std::atomic<std::size_t> drivers{0};  // those with requests still to start
-    lane lanes[2];                        // reads, writes
   };
-  static double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  }
   static device& counters(dev_t dev) {
     static std::mutex mutex;
     static auto* devices = new std::map<dev_t, std::unique_ptr<device>>();  // never destroyed
@@ -344,8 +261,6 @@ class device_share {
   }
 
   device* dev_ = nullptr;
-  lane* lane_ = nullptr;
-  std::size_t depth_cap_ = 0;
   std::size_t mine_ = 0;
   std::size_t mine_requests_ = 0;
   bool wanting_ = false;
@@ -1105,8 +1020,7 @@ class driver {
     } else {
       depth_ = limits_.default_depth;
       budget_ = std::max(limits_.inflight_bytes, shape.depth * shape.request_bytes);
-      // The bytes and requests in flight are the device's, shared with other batches on it.
-      share_.attach(f0.st_dev, write ? io_dir::write : io_dir::read, f0.config, depth_);
+      share_.attach(f0.st_dev);  // the bytes in flight are the device's, shared with other batches on it
     }
     if (!write) sample_residency();
     cursor_.emplace(b_, ranges_, max_request_, sizes_, warm_);
@@ -1320,7 +1234,6 @@ class driver {
 
   void on_finished(request& r) {
     share_.remove(r.io_nbytes);
-    if (r.direct && !r.ec) share_.measured(r.done);
     if (r.ec && !r.write && r.parts.size() > 1 && !b_.stopping()) {
       cursor_->retry_separately(r);
       release(r);
@@ -1872,9 +1785,5 @@ void run_batch(const transfer_core& core, const batch_ptr& b, const driver_limit
 host_staging_counters host_staging() { return host_chunks::instance().counters(); }
 
 void trim_host_staging() noexcept { host_chunks::instance().trim(); }
-
-std::string batch_depth_note(dev_t dev) { return device_share::describe(dev); }
-
-void forget_batch_depth(dev_t dev) noexcept { device_share::forget(dev); }
 
 }  // namespace gdskit::engine

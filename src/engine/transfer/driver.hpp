@@ -16,12 +16,9 @@
 // reported; a request that reads straight into the caller's memory is covered by released() instead.
 #pragma once
 
-#include <sys/types.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <string>
 
 #include "engine/transfer/batch_state.hpp"
 #include "engine/transfer/route.hpp"
@@ -53,14 +50,6 @@ struct host_staging_counters {
 host_staging_counters host_staging();
 /// Unmaps the idle host staging (the next batches map what they need anew).
 void trim_host_staging() noexcept;
-
-/// The depth this process's batches share on device `dev` (those that leave it to the process):
-/// "reads depth 8, adaptive (converged after 4 probes); writes depth 16, adaptive (measuring)"; empty before
-/// any such batch ran there.
-std::string batch_depth_note(dev_t dev);
-/// Forgets what was learned about device `dev`'s depth: the next batch there starts the search again (a device
-/// that changed; tests). Batches running there keep what they have.
-void forget_batch_depth(dev_t dev) noexcept;
 
 /// Plans and runs `batch` on the shared thread pool and returns at once; takes over the batch's submission
 /// hold. GPU memory uses `core`'s GPU routes.
