@@ -56,9 +56,12 @@ void thread_pool::work() {
 }
 
 thread_pool& shared_pool(unsigned min_threads) {
-  static thread_pool pool(0);
-  if (pool.size() < min_threads) pool.ensure_threads(min_threads);
-  return pool;
+  // Never destroyed, like the deadline thread that completes batches: a batch may end after static destructors
+  // ran (a deadline at exit), and its callbacks are then still handed to this pool. Exit does not wait for jobs
+  // that a request the kernel holds keeps busy.
+  static thread_pool* pool = new thread_pool(0);
+  if (pool->size() < min_threads) pool->ensure_threads(min_threads);
+  return *pool;
 }
 
 namespace {
