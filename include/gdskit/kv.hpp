@@ -179,6 +179,8 @@ class op_future {
   /// it). A put: ready() and no request past the deadline still reads `blocks` (such a request may read them
   /// for a while; what it writes is never served).
   bool released() const;
+  /// Blocks until released() (never past the kernel's end of a request the deadline left behind).
+  void wait_released() const;
 
  private:
   std::shared_ptr<detail::op_state> state_;

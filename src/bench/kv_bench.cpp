@@ -533,7 +533,7 @@ struct caller {
     const kv::op_result& r = c.future.get();
     account(t, c, r);
     // A put past its deadline may still be read by the kernel: its memory is not refilled before that ends.
-    while (!c.future.released()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    c.future.wait_released();
     l.idle.push_back(std::move(c.memory));
   }
 

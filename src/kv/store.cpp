@@ -1577,6 +1577,12 @@ const op_result& op_future::get() const {
   wait();
   return state_->result;
 }
+void op_future::wait_released() const {
+  wait();
+  const auto& s = *state_;
+  if (!s.core && s.batch) s.batch->wait_released();
+}
+
 bool op_future::released() const {
   if (!ready()) return false;
   const auto& s = *state_;
