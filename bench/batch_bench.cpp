@@ -219,9 +219,19 @@ int main(int argc, char** argv) {
   }
 }
 
+constexpr const char* k_usage =
+    "usage: batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT] [--ring-only]\n"
+    "  Cold random reads of FILE (made with random data when absent; an existing file is used only when it has\n"
+    "  exactly SIZE bytes) for SECONDS each (default 6): a raw io_uring ring at each case's size and depth, the\n"
+    "  ring over as much memory as a batch, then one thread's batches into host and GPU memory, with ratios.\n"
+    "  CASES: SIZE:DEPTH,... (default 4K:64,64K:64,2M:16; SIZE a multiple of 4K). --json OUT writes the rows;\n"
+    "  --ring-only measures the rings alone.\n";
+
 int run(int argc, char** argv) {
+  const args_verdict v = check_args(argc, argv, k_usage, {"--json", "--ring-only"});
+  if (v != args_verdict::run) return v == args_verdict::help ? 0 : 2;
   if (argc < 3) {
-    std::fprintf(stderr, "usage: batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT] [--ring-only]\n");
+    std::fputs(k_usage, stderr);
     return 2;
   }
   const std::filesystem::path path = argv[1];
@@ -231,11 +241,21 @@ int run(int argc, char** argv) {
   std::string json_path;
   bool ring_only = false;
   for (int i = 3; i < argc; ++i) {
-    if (std::string(argv[i]) == "--json" && i + 1 < argc) json_path = argv[i + 1];
+    if (std::string(argv[i]) == "--json") {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "batch_bench: --json needs a file\n");
+        return 2;
+      }
+      json_path = argv[++i];
+    }
     if (std::string(argv[i]) == "--ring-only") ring_only = true;
   }
   if (size == 0 || seconds <= 0) {
     std::fprintf(stderr, "batch_bench: bad SIZE or SECONDS\n");
+    return 2;
+  }
+  if (!json_path.empty() && std::filesystem::is_directory(json_path)) {
+    std::fprintf(stderr, "batch_bench: --json %s is a folder\n", json_path.c_str());
     return 2;
   }
   ensure_file(path, size);

@@ -12,12 +12,14 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <stdexcept>
 #include <thread>
 #include <vector>
 
+#include "common/printable.hpp"
 #include "posix/anon_memory.hpp"
 
 namespace gdskit::bench_support {
@@ -58,10 +60,30 @@ double cpu_s() {
          static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
+namespace {
+
+// What is at `path` now: nothing (false), a regular file of `size` bytes (true); throws for anything else.
+bool regular_of_size(const std::filesystem::path& path, std::uint64_t size, const char* what) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return false;
+    throw std::runtime_error(path.string() + ": " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw std::runtime_error(path.string() + " is not a regular file (a symbolic link, FIFO, device or folder): " + what);
+  }
+  if (static_cast<std::uint64_t>(st.st_size) != size) {
+    throw std::runtime_error(path.string() + " exists with " + std::to_string(st.st_size) + " bytes, not " +
+                             std::to_string(size) + ": " + what + "; remove it, or give its size");
+  }
+  return true;
+}
+
+}  // namespace
+
 void ensure_file(const std::filesystem::path& path, std::uint64_t nbytes) {
-  std::error_code ec;
-  if (std::filesystem::exists(path, ec) && std::filesystem::file_size(path, ec) == nbytes) return;
-  fd_guard g{open_or_throw(path, O_WRONLY | O_CREAT | O_TRUNC)};
+  if (regular_of_size(path, nbytes, "the bench reads a file of random data it makes itself and overwrites none")) return;
+  fd_guard g{open_or_throw(path, O_WRONLY | O_CREAT | O_EXCL)};
   std::vector<std::uint64_t> buf(kIo / 8);
   std::mt19937_64 rng(42);
   for (std::uint64_t off = 0; off < nbytes; off += kIo) {
@@ -81,6 +103,36 @@ void ensure_file(const std::filesystem::path& path, std::uint64_t nbytes) {
     }
   }
   ::fsync(g.fd);
+}
+
+void check_scratch(const std::filesystem::path& path, std::uint64_t nbytes) {
+  (void)regular_of_size(path, nbytes, "the bench writes and removes this file itself and overwrites none");
+}
+
+args_verdict check_args(int argc, char** argv, const char* usage, std::initializer_list<std::string_view> options) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::fputs(usage, stdout);
+      return args_verdict::help;
+    }
+  }
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a.size() < 2 || a[0] != '-' || std::find(options.begin(), options.end(), a) != options.end()) continue;
+    std::fprintf(stderr, "unknown option %s\n%s", printable(a.substr(0, 64)).c_str(), usage);
+    return args_verdict::bad;
+  }
+  return args_verdict::run;
+}
+
+std::optional<unsigned long> parse_count(const char* s, unsigned long lo, unsigned long hi) {
+  if (s == nullptr || *s < '0' || *s > '9') return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long v = std::strtoul(s, &end, 10);
+  if (errno != 0 || *end != '\0' || v < lo || v > hi) return std::nullopt;
+  return v;
 }
 
 double resident(const std::filesystem::path& path) {

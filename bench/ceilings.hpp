@@ -5,6 +5,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <initializer_list>
+#include <optional>
+#include <string_view>
 #include <vector>
 #include <string>
 
@@ -16,8 +19,22 @@ struct rate {
   double cpu_s_per_gib = 0;  ///< user + sys CPU seconds of the process per GiB moved
 };
 
-/// Creates `path` with `nbytes` of random data if it does not exist with that size.
+/// Creates `path` with `nbytes` of random data where nothing is there yet; uses it as it is where a regular file
+/// of exactly `nbytes` is. Throws std::runtime_error, touching nothing, for anything else: a file of another size
+/// (someone's data, never overwritten), a symbolic link, a FIFO, a device or a folder.
 void ensure_file(const std::filesystem::path& path, std::uint64_t nbytes);
+/// For a file the bench will write (and remove) itself: throws std::runtime_error where `path` holds anything but
+/// nothing or a regular file of `nbytes` (what an earlier run of the same bench left).
+void check_scratch(const std::filesystem::path& path, std::uint64_t nbytes);
+
+/// What a bench program's arguments ask for.
+enum class args_verdict { run, help, bad };
+/// `-h` or `--help` anywhere: `usage` goes to stdout (help). An argument that starts with '-' and is not one of
+/// `options` (flags the program reads itself) is refused with `usage` on stderr (bad): it would otherwise be
+/// taken for a file name, or a number read as 0.
+args_verdict check_args(int argc, char** argv, const char* usage, std::initializer_list<std::string_view> options = {});
+/// `s` as a whole number in [lo, hi]; nullopt for anything else ("", "4x", "-1", out of range).
+std::optional<unsigned long> parse_count(const char* s, unsigned long lo, unsigned long hi);
 /// Drops the file from the page cache and returns the resident fraction afterwards (mincore).
 double drop_cache(const std::filesystem::path& path);
 /// Reads the whole file through the page cache (so it becomes resident) and returns the resident fraction.

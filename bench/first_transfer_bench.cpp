@@ -25,14 +25,24 @@ using namespace gdskit::bench_support;
 
 namespace {
 
+constexpr const char* k_usage =
+    "usage: first_transfer_bench [FILE] [SIZE] [READS >= 2]\n"
+    "  What the first GPU read of a process costs beyond the later ones: READS cold reads (default 4) of FILE\n"
+    "  (default gdskit-first.dat, 3G) into GPU memory, the first against the median of the others and each\n"
+    "  against a raw parallel O_DIRECT read in the same run. Run it in a fresh process each time. FILE is made\n"
+    "  with random data when absent; an existing file is used only when it has exactly SIZE bytes.\n";
+
 int run(int argc, char** argv) {
+  const args_verdict v = check_args(argc, argv, k_usage);
+  if (v != args_verdict::run) return v == args_verdict::help ? 0 : 2;
   const std::filesystem::path path = argc > 1 ? argv[1] : "gdskit-first.dat";
   const std::uint64_t size = argc > 2 ? parse_size(argv[2]).value_or(0) : (std::uint64_t{3} << 30);
-  const int reads = argc > 3 ? std::atoi(argv[3]) : 4;
-  if (size == 0 || reads < 2) {
-    std::fprintf(stderr, "usage: first_transfer_bench [FILE] [SIZE] [READS >= 2]\n");
+  const auto counted = argc > 3 ? parse_count(argv[3], 2, 1000) : std::optional<unsigned long>(4);
+  if (size == 0 || !counted || argc > 4) {
+    std::fputs(k_usage, stderr);
     return 2;
   }
+  const int reads = static_cast<int>(*counted);
   std::string why;
   if (!gpu_available(&why)) {
     std::printf("first_transfer_bench: no usable GPU (%s)\n", why.c_str());

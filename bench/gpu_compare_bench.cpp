@@ -260,18 +260,41 @@ int cpu_profile(const std::filesystem::path& path, std::uint64_t size, device_bu
   return 0;
 }
 
+constexpr const char* k_usage =
+    "usage: gpu_compare_bench [FILE] [SIZE] [MAX_THREADS] [tune|cpu]\n"
+    "  FILE (default gdskit-gpu-bench.dat, 8G, rounded down to 64 MiB) <-> GPU memory through gdskit's paths,\n"
+    "  cold and warm, against raw parallel reads and writes with 1 .. MAX_THREADS threads (default 16), pinned\n"
+    "  copies and read() + copy, in one run. It writes FILE.w and FILE.tw and removes them. FILE is made with\n"
+    "  random data when absent; an existing FILE is used only when it has exactly SIZE bytes. tune: a sweep of\n"
+    "  the staged path's slot size, workers and O_DIRECT depth; cpu: where a cold staged read's CPU time goes.\n";
+
 int main(int argc, char** argv) {
+  const args_verdict v = check_args(argc, argv, k_usage);
+  if (v != args_verdict::run) return v == args_verdict::help ? 0 : 2;
   std::filesystem::path path = argc > 1 ? argv[1] : "gdskit-gpu-bench.dat";
   std::uint64_t size = argc > 2 ? parse_size(argv[2]).value_or(0) : (std::uint64_t{8} << 30);
-  unsigned max_threads = argc > 3 ? static_cast<unsigned>(std::atoi(argv[3])) : 16;
+  const auto threads_arg = argc > 3 ? parse_count(argv[3], 1, 1024) : std::optional<unsigned long>(16);
+  const std::string_view mode = argc > 4 ? std::string_view(argv[4]) : std::string_view();
+  if (size < (64u << 20) || !threads_arg || argc > 5 || !(mode.empty() || mode == "tune" || mode == "cpu")) {
+    std::fputs(k_usage, stderr);
+    return 2;
+  }
+  unsigned max_threads = static_cast<unsigned>(*threads_arg);
   std::string reason;
   if (!gpu_available(&reason)) {
     std::printf("gpu_compare_bench: no usable GPU (%s)\n", reason.c_str());
     return 77;
   }
   size = size / (64u << 20) * (64u << 20);
-  ensure_file(path, size);
   std::filesystem::path wpath = path.string() + ".w";
+  try {
+    ensure_file(path, size);
+    check_scratch(wpath, size);
+    check_scratch(path.string() + ".tw", size);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpu_compare_bench: %s\n", e.what());
+    return 2;
+  }
   device_buffer d(size, 0);
   if (argc > 4 && std::string_view(argv[4]) == "tune") return tune(path, size, d);
   if (argc > 4 && std::string_view(argv[4]) == "cpu") return cpu_profile(path, size, d);

@@ -48,16 +48,39 @@ measured gdskit_read(const std::filesystem::path& path, std::uint8_t* dst, std::
 
 }  // namespace
 
+namespace {
+int run(const std::filesystem::path& path, std::uint64_t size, unsigned max_threads, int repeats);
+}  // namespace
+
+constexpr const char* k_usage =
+    "usage: host_read_bench [FILE] [SIZE] [MAX_THREADS] [REPEATS]\n"
+    "  Cold and warm reads of FILE (default gdskit-bench.dat, 2G) into host memory through gdskit against raw\n"
+    "  parallel reads with 1 .. MAX_THREADS threads (default 16), best of REPEATS (default 3), in one run.\n"
+    "  FILE is made with random data when absent; an existing file is used only when it has exactly SIZE bytes.\n";
+
 int main(int argc, char** argv) {
+  const args_verdict v = check_args(argc, argv, k_usage);
+  if (v != args_verdict::run) return v == args_verdict::help ? 0 : 2;
   std::filesystem::path path = argc > 1 ? argv[1] : "gdskit-bench.dat";
   std::uint64_t size = argc > 2 ? parse_size(argv[2]).value_or(0) : (std::uint64_t{2} << 30);
-  unsigned max_threads = argc > 3 ? static_cast<unsigned>(std::atoi(argv[3])) : 16;
-  int repeats = argc > 4 ? std::atoi(argv[4]) : 3;
-  if (size == 0 || max_threads == 0 || repeats <= 0) {
-    std::fprintf(stderr, "usage: host_read_bench [FILE] [SIZE] [MAX_THREADS] [REPEATS]\n");
+  const auto max_threads = argc > 3 ? parse_count(argv[3], 1, 1024) : std::optional<unsigned long>(16);
+  const auto repeats = argc > 4 ? parse_count(argv[4], 1, 1000) : std::optional<unsigned long>(3);
+  if (size == 0 || !max_threads || !repeats || argc > 5) {
+    std::fputs(k_usage, stderr);
     return 2;
   }
-  ensure_file(path, size);
+  try {
+    ensure_file(path, size);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "host_read_bench: %s\n", e.what());
+    return 2;
+  }
+  return run(path, size, static_cast<unsigned>(*max_threads), static_cast<int>(*repeats));
+}
+
+namespace {
+
+int run(const std::filesystem::path& path, std::uint64_t size, unsigned max_threads, int repeats) {
   file_handle probe(path, open_mode::read);
   const settings& s = probe.config();
   std::printf("file %s, %s, O_DIRECT: %s; engine %s (%s); threads %u, chunk %s\n", path.c_str(),
@@ -178,3 +201,5 @@ int main(int argc, char** argv) {
   std::free(dst);
   return 0;
 }
+
+}  // namespace
