@@ -35,10 +35,16 @@ def drop(path):
 
 def make(path, size_gib, row_bytes):
     rows = int(size_gib * (1 << 30)) // row_bytes
-    if os.path.exists(path):
-        a = np.load(path, mmap_mode="r")
-        if a.shape == (rows, row_bytes // 4) and a.dtype == np.float32:
+    if os.path.lexists(path):
+        # Reused only when it is what this bench made: never overwrite someone's file.
+        try:
+            a = np.load(path, mmap_mode="r") if os.path.isfile(path) and not os.path.islink(path) else None
+        except (OSError, ValueError):
+            a = None
+        if a is not None and a.shape == (rows, row_bytes // 4) and a.dtype == np.float32:
             return rows
+        sys.exit(f"gather-bench: {path!r} exists and is not a float32 .npy of {rows} x {row_bytes // 4} made by this "
+                 "bench; remove it or pass another --file")
     a = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, row_bytes // 4))
     rng = np.random.default_rng(0)
     chunk = max(1, (256 << 20) // row_bytes)
