@@ -37,6 +37,7 @@ import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 
 GIB = 1 << 30
@@ -491,10 +492,11 @@ def main():
     done = []
     for disk in disks:
         made_fast = False
+        folder = None
         try:
             if disk == "virtio":
+                os.makedirs(a.virtio_dir, exist_ok=True)
                 folder = a.virtio_dir
-                os.makedirs(folder, exist_ok=True)
             elif disk == "fast":
                 if not os.path.ismount(a.fast_mnt):
                     gib = int(a.fast_gib) or int(3 * a.size_gib + 2)  # fastdisk.sh takes whole GiB
@@ -509,11 +511,13 @@ def main():
                 folder = disk
                 disk = os.path.basename(disk.rstrip("/")) or "dir"
                 os.makedirs(folder, exist_ok=True)
+            # A folder of this run's own inside the one given: nothing there is overwritten or removed.
+            folder = tempfile.mkdtemp(prefix="gdskit-compare-", dir=folder)
             measure_disk(r, a, disk, folder, gpu_ok, gpu_why)
             done.append(disk)
         finally:
-            if not a.keep and disk == "virtio":
-                shutil.rmtree(a.virtio_dir, ignore_errors=True)
+            if not a.keep and folder is not None and os.path.basename(folder).startswith("gdskit-compare-"):
+                shutil.rmtree(folder, ignore_errors=True)
             if made_fast and not a.keep:
                 r.run(disk, "fastdisk_down", ["bash", a.fastdisk, "down", a.fast_mnt])
     t = table(r, done)

@@ -24,6 +24,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -309,7 +310,8 @@ def main():
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gib", type=float, default=2.0, help="checkpoint and state dict size in GiB (default 2)")
-    ap.add_argument("--folder", default="/tmp/gdskit-dist", help="scratch folder (removed at the end)")
+    ap.add_argument("--folder", default="/tmp",
+                    help="where the test makes a scratch folder of its own (that one is removed at the end)")
     ap.add_argument("--only", choices=("load", "dcp"), help="run only the load/save checks (1, 2) or only the "
                                                            "Distributed Checkpoint check (3)")
     a = ap.parse_args()
@@ -325,6 +327,7 @@ def main():
         return 77
     print(f"torch {torch.__version__}, gdskit {gdskit.__version__}, {torch.cuda.get_device_name(0)}")
     os.makedirs(a.folder, exist_ok=True)
+    a.folder = tempfile.mkdtemp(prefix="gdskit-dist-", dir=a.folder)  # nothing of the given folder is touched
     failed = 0
     try:
         common = {"folder": a.folder, "index": None, "gib": a.gib}
