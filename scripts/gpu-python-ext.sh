@@ -8,8 +8,14 @@ set -uo pipefail
 tree=${1:?usage: gpu-python-ext.sh SOURCE_TREE LIB_DIR OUT_DIR}
 lib=${2:?usage: gpu-python-ext.sh SOURCE_TREE LIB_DIR OUT_DIR}
 dst=${3:?usage: gpu-python-ext.sh SOURCE_TREE LIB_DIR OUT_DIR}
+# OUT_DIR is replaced only when it is absent, empty, or an earlier output of this script (its marker file).
+if [ -e "$dst" ] && [ -n "$(ls -A "$dst" 2>/dev/null)" ] && [ ! -f "$dst/.gdskit-python-ext" ]; then
+  echo "gpu-python-ext: $dst exists and is not an earlier output of this script; give a new OUT_DIR" >&2
+  exit 2
+fi
 rm -rf "$dst"
 mkdir -p "$dst/obj"
+: > "$dst/.gdskit-python-ext"
 cp -r "$tree/python/gdskit" "$dst/"
 inc=$(python3 -c 'import sysconfig;print(sysconfig.get_paths()["include"])')
 pyb=$(python3 -c 'import pybind11;print(pybind11.get_include())' 2>/dev/null || echo /usr/include)
