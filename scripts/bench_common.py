@@ -112,9 +112,8 @@ def write_once(path, prepare, nbytes, threads, request, source_bytes=0):
     afterwards), then fdatasync; returns GiB/s, the file's preparation included. prepare: "fallocate" (reserved
     blocks, as gdskit's saves do), "ftruncate" (a hole) or "grown" (nothing: the writes grow the file).
     source_bytes 0: each thread writes one reused buffer (which stays in the CPU's cache); else the requests take
-    their bytes in file order from one buffer of that size (a source the cache cannot hold)."""
-    if os.path.exists(path):
-        os.unlink(path)
+    their bytes in file order from one buffer of that size (a source the cache cannot hold). A file already at
+    `path` is left alone (FileExistsError): the caller names a file of its own."""
     count = (nbytes + request - 1) // request
     if source_bytes:
         src = mmap.mmap(-1, source_bytes)

@@ -125,8 +125,8 @@ def main():
     if a.child:
         return child(a)
     if a.precondition_gib > 0:
-        rate = raw_write(os.path.join(a.dir, "precondition.bin"), int(a.precondition_gib * GIB) // (8 * MIB) * 8 * MIB,
-                         16, 8 * MIB)
+        rate = raw_write(os.path.join(a.dir, f"save-rounds.{os.getpid()}.precondition.bin"),
+                         int(a.precondition_gib * GIB) // (8 * MIB) * 8 * MIB, 16, 8 * MIB)
         print(f"preconditioned: {a.precondition_gib:.0f} GiB written once and deleted, {rate:.2f} GiB/s", flush=True)
     profiles = a.profiles or tempfile.mkdtemp(prefix="gdskit-save-rounds.")
     variants = {"gdskit": {"XDG_CACHE_HOME": profiles}, "gdskit LEARN=off": {"GDSKIT_LEARN": "off"}}
@@ -166,10 +166,10 @@ def main():
         size = nbytes or int(a.size_gib * GIB)
         for t, m in cells_of(a.cells):
             rows.setdefault(f"raw {t}x{m}M", []).append(
-                raw_write(os.path.join(a.dir, "raw.bin"), size // (m * MIB) * m * MIB, t, m * MIB))
+                raw_write(os.path.join(a.dir, f"save-rounds.{os.getpid()}.raw.bin"), size // (m * MIB) * m * MIB, t, m * MIB))
         for t, m in cells_of(a.source_cells):
             rows.setdefault(f"raw source {t}x{m}M", []).append(
-                raw_write(os.path.join(a.dir, "raw.bin"), size // (m * MIB) * m * MIB, t, m * MIB, GIB))
+                raw_write(os.path.join(a.dir, f"save-rounds.{os.getpid()}.raw.bin"), size // (m * MIB) * m * MIB, t, m * MIB, GIB))
         print(f"round {k}: " + ", ".join(f"{n} {v[-1]:.2f}" for n, v in rows.items() if len(v) > k), flush=True)
     print(f"\n{(nbytes or 0) / GIB:.2f} GiB each, fdatasync included, GiB/s")
     print(f"{'row':34} median   samples")
