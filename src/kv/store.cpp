@@ -1577,6 +1577,7 @@ const op_result& op_future::get() const {
   wait();
   return state_->result;
 }
+
 void op_future::wait_released() const {
   wait();
   const auto& s = *state_;

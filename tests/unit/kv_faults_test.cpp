@@ -290,6 +290,35 @@ TEST_P(kv_faults, a_held_put_does_not_hold_up_the_puts_after_it) {
   EXPECT_EQ(get(b, rows).ok_count, 3u);
 }
 
+// A put whose write the device holds past the call's deadline is ready (its keys fail) but not released: the
+// kernel may still read its blocks. wait_released() returns once that write has ended, not before.
+TEST_P(kv_faults, wait_released_waits_for_a_write_left_past_the_deadline) {
+  ASSERT_EQ(put(keys_from(500, 2)).ok_count, 2u);  // a checkpoint is written: the held write is of a block
+  const auto a = keys_from(0, 1);
+  std::vector<buffer_view> va;
+  for (const key& k : a) va.push_back(buffer_view::host(put_memory_.emplace_back(content(k)).data(), block));
+  inject(fault::hold_first_write);
+  op_options oo;
+  oo.deadline = std::chrono::steady_clock::now() + 200ms;
+  op_future f = store_->submit_put(a, va, oo);
+  ASSERT_TRUE(f.wait_for(5s));
+  EXPECT_EQ(f.get().ok_count, 0u);
+  for (int i = 0; i < 5000 && !held_; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(held_) << "the put's write never reached the device";
+  EXPECT_FALSE(f.released());
+  std::atomic<bool> returned{false};
+  std::thread waiter([&] {
+    f.wait_released();
+    returned = true;
+  });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(returned) << "wait_released returned while the device still held the write";
+  let_go_ = true;
+  waiter.join();
+  EXPECT_TRUE(returned);
+  EXPECT_TRUE(f.released());
+}
+
 // Many threads put and get, synchronously and submitted, while one device call in three stalls far past the
 // deadline: every operation still ends by its deadline (a stalled request is left to the kernel, never waited
 // for, and does not hold up the operations after it: checkpoints, header writes, locks).
