@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <charconv>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -127,11 +128,11 @@ args_verdict check_args(int argc, char** argv, const char* usage, std::initializ
 }
 
 std::optional<unsigned long> parse_count(const char* s, unsigned long lo, unsigned long hi) {
-  if (s == nullptr || *s < '0' || *s > '9') return std::nullopt;
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long v = std::strtoul(s, &end, 10);
-  if (errno != 0 || *end != '\0' || v < lo || v > hi) return std::nullopt;
+  if (s == nullptr) return std::nullopt;
+  const std::string_view t(s);
+  unsigned long v = 0;
+  const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+  if (t.empty() || ec != std::errc() || end != t.data() + t.size() || v < lo || v > hi) return std::nullopt;
   return v;
 }
 

@@ -231,6 +231,27 @@ std::error_code stop_code(const detail::op_state* ctl) {
   return errno_code(ctl != nullptr && ctl->cancel.load() ? ECANCELED : ETIMEDOUT);
 }
 
+// Whether the call has ended: its deadline passed or it was cancelled (stop_code says which).
+bool stopped(clock::time_point deadline, const detail::op_state* ctl) {
+  return clock::now() >= deadline || (ctl != nullptr && ctl->cancel.load());
+}
+
+// The verdict on one key's read: a hit (no error), bytes other than the block's or fewer of them (EBADMSG, a bad
+// block), or the read's own error.
+std::error_code read_verdict(const range_result& rr, bool sum_matches, const detail::op_state* ctl,
+                             detail::shard::read_outcome& outcome) {
+  outcome = detail::shard::read_outcome::other;
+  if (rr.ok() && sum_matches) {
+    outcome = detail::shard::read_outcome::hit;
+    return {};
+  }
+  if (rr.ok() || rr.error == std::errc::bad_message || rr.error == std::errc::no_message_available) {
+    outcome = detail::shard::read_outcome::bad;
+    return errno_code(EBADMSG);
+  }
+  return range_error(rr, ctl);
+}
+
 }  // namespace
 
 struct block_store::impl {
@@ -277,6 +298,18 @@ struct block_store::impl {
   }
   /// Makes the outcome of submitted gets that are ready, and hands back what finished requests held.
   void reap();
+  /// A get's key `i` decided: its result and counters, and the end of its read claim.
+  void settle_key(op_result& res, std::size_t i, const key& k, detail::shard& sh, const detail::read_ticket& t,
+                  std::error_code ec, detail::shard::read_outcome outcome) {
+    if (ec) {
+      res.errors[i] = ec;
+      count_error(ec, false);
+    } else {
+      res.ok[i] = true;
+      res.errors[i] = {};
+    }
+    sh.end_read(k, t, outcome);
+  }
   void count_error(const std::error_code& ec, bool put) {
     switch (classify(ec)) {
       case why::timeout: ++timeouts; break;
@@ -658,28 +691,11 @@ void block_store::impl::settle_get_locked(detail::op_state& s) {
       const detail::get_item& it = j.items[k];
       const range_result& rr = r.ranges[k];
       bytes_read += rr.nbytes;
+      // A range reported moved whose sum differs would be a route that did not check; the store's files send
+      // GPU memory through staging, so that cannot happen, and the key is a miss all the same.
       auto outcome = detail::shard::read_outcome::other;
-      std::error_code ec;
-      if (rr.ok() && rr.crc32c == it.t.data_crc) {
-        outcome = detail::shard::read_outcome::hit;
-      } else if (rr.ok() || rr.error == std::errc::bad_message ||
-                 rr.error == std::errc::no_message_available) {
-        // Bytes other than the block's (or fewer: the file was cut short). A range reported moved whose sum
-        // differs would be a route that did not check; the store's files send GPU memory through staging,
-        // so that cannot happen, and the key is a miss all the same.
-        ec = errno_code(EBADMSG);
-        outcome = detail::shard::read_outcome::bad;
-      } else {
-        ec = range_error(rr, &s);
-      }
-      if (ec) {
-        j.res.errors[it.i] = ec;
-        count_error(ec, false);
-      } else {
-        j.res.ok[it.i] = true;
-        j.res.errors[it.i] = {};
-      }
-      it.sh->end_read(j.keys[it.i], it.t, outcome);
+      const std::error_code ec = read_verdict(rr, rr.crc32c == it.t.data_crc, &s, outcome);
+      settle_key(j.res, it.i, j.keys[it.i], *it.sh, it.t, ec, outcome);
     }
     // Checked reads move through the core's staging, so once the batch is ready nothing lands in `out`; a
     // request the kernel still holds targets that staging only, and the batch is kept until it ends.
@@ -717,16 +733,7 @@ op_result block_store::impl::run_large_get(std::span<const key> keys, std::span<
   std::deque<reading> flight;
   std::shared_ptr<std::uint8_t[]> spare;  // a buffer too large for the pool, free for the next key
   auto decide = [&](std::size_t i, detail::shard& sh, const detail::read_ticket& t, std::error_code ec,
-                    detail::shard::read_outcome outcome) {
-    if (ec) {
-      res.errors[i] = ec;
-      count_error(ec, false);
-    } else {
-      res.ok[i] = true;
-      res.errors[i] = {};
-    }
-    sh.end_read(keys[i], t, outcome);
-  };
+                    detail::shard::read_outcome outcome) { settle_key(res, i, keys[i], sh, t, ec, outcome); };
   // Starts the read of the next held key; false when no key is left to start.
   std::size_t next = 0;
   auto start_next = [&]() -> bool {
@@ -736,17 +743,11 @@ op_result block_store::impl::run_large_get(std::span<const key> keys, std::span<
       const auto t = sh.begin_read(keys[i]);
       if (!t) continue;
       std::error_code ec;
-      if (clock::now() >= deadline || (ctl != nullptr && ctl->cancel.load())) {
+      if (stopped(deadline, ctl)) {
         ec = stop_code(ctl);
       } else {
         try {
-          std::shared_ptr<std::uint8_t[]> buf;
-          if (spare) {
-            buf = std::move(spare);
-          } else {
-            buf = take_large_buffer();
-          }
-          reading r{i, &sh, *t, std::move(buf), nullptr};
+          reading r{i, &sh, *t, spare ? std::move(spare) : take_large_buffer(), nullptr};
           const io_range range{&sh.file(), sh.geometry().slot_position(t->slot),
                                buffer_view::host(r.buf.get(), block_bytes)};
           batch_options bo;
@@ -775,23 +776,16 @@ op_result block_store::impl::run_large_get(std::span<const key> keys, std::span<
       wait_tracked(*r.f, ctl);
       const range_result& rr = r.f->get().ranges[0];
       bytes_read += rr.nbytes;
-      if (rr.error == std::errc::bad_message || rr.error == std::errc::no_message_available) {
-        ec = errno_code(EBADMSG);
-        outcome = detail::shard::read_outcome::bad;
-      } else if (!rr.ok()) {
-        ec = range_error(rr, ctl);
-      } else if (crc32c(r.buf.get(), block_bytes) != r.t.data_crc) {
-        ec = errno_code(EBADMSG);
-        outcome = detail::shard::read_outcome::bad;
-      } else if (clock::now() >= deadline || (ctl != nullptr && ctl->cancel.load())) {
+      ec = read_verdict(rr, rr.ok() && crc32c(r.buf.get(), block_bytes) == r.t.data_crc, ctl, outcome);
+      if (!ec && stopped(deadline, ctl)) {
         ec = stop_code(ctl);  // landed, but after the call's end: its row stays untouched
-      } else {
+        outcome = detail::shard::read_outcome::other;
+      } else if (!ec) {
         if (host_memory(out[r.i])) {
           std::memcpy(out[r.i].data, r.buf.get(), block_bytes);
         } else {
           copy_into(out[r.i], 0, r.buf.get(), block_bytes);
         }
-        outcome = detail::shard::read_outcome::hit;
       }
     } catch (const std::system_error& e) {
       ec = as_errno(e);
@@ -863,7 +857,7 @@ std::shared_ptr<detail::put_job> block_store::impl::start_put(std::span<const ke
   std::vector<io_range> ranges;
   try {
     for (std::size_t i = 0; i < n; ++i) {
-      if (clock::now() >= deadline || (ctl != nullptr && ctl->cancel.load())) {
+      if (stopped(deadline, ctl)) {
         for (; i < n; ++i) decide(i, stop_code(ctl));
         break;
       }
