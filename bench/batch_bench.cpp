@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "ceilings.hpp"
+#include "common/printable.hpp"
 #include "gdskit/batch.hpp"
 #include "gdskit/buffer.hpp"
 #include "gdskit/file.hpp"
@@ -236,7 +237,12 @@ int run(int argc, char** argv) {
   }
   const std::filesystem::path path = argv[1];
   const std::uint64_t size = parse_size(argv[2]).value_or(0);
-  const double seconds = argc > 3 ? std::atof(argv[3]) : 6.0;
+  double seconds = 6.0;
+  if (argc > 3 && argv[3][0] != '-') {
+    char* end = nullptr;
+    seconds = std::strtod(argv[3], &end);
+    if (end == argv[3] || *end != '\0' || !(seconds > 0 && seconds <= 3600)) seconds = 0;  // refused below
+  }
   const std::string cases = argc > 4 && argv[4][0] != '-' ? argv[4] : "4K:64,64K:64,2M:16";
   std::string json_path;
   bool ring_only = false;
@@ -251,7 +257,7 @@ int run(int argc, char** argv) {
     if (std::string(argv[i]) == "--ring-only") ring_only = true;
   }
   if (size == 0 || seconds <= 0) {
-    std::fprintf(stderr, "batch_bench: bad SIZE or SECONDS\n");
+    std::fprintf(stderr, "batch_bench: bad SIZE or SECONDS (SECONDS: more than 0, at most 3600)\n%s", k_usage);
     return 2;
   }
   if (!json_path.empty() && std::filesystem::is_directory(json_path)) {
@@ -273,13 +279,21 @@ int run(int argc, char** argv) {
     pos = comma == std::string::npos ? cases.size() : comma + 1;
     const std::size_t colon = c.find(':');
     const std::size_t io = static_cast<std::size_t>(parse_size(c.substr(0, colon)).value_or(0));
-    const unsigned depth = colon == std::string::npos ? 64 : static_cast<unsigned>(std::atoi(c.c_str() + colon + 1));
-    if (io == 0 || io % 4096 != 0 || depth == 0) {
-      std::fprintf(stderr, "batch_bench: bad case '%s' (SIZE:DEPTH, SIZE a multiple of 4K)\n", c.c_str());
+    const auto counted = colon == std::string::npos ? std::optional<unsigned long>(64)
+                                                    : parse_count(c.c_str() + colon + 1, 1, 256);
+    if (io == 0 || io % 4096 != 0 || io > (std::size_t{64} << 20) || !counted) {
+      std::fprintf(stderr, "batch_bench: bad case '%s' (SIZE:DEPTH, SIZE a multiple of 4K up to 64M, DEPTH 1..256)\n",
+                   printable(c).c_str());
       return 2;
     }
+    const auto depth = static_cast<unsigned>(*counted);
     // Destinations: enough ranges per batch that the queue stays full for nearly all of each batch.
     const std::size_t per_batch = std::max<std::size_t>(depth * 64, std::min<std::size_t>(65536, (std::size_t{256} << 20) / io));
+    if (per_batch * io > (std::size_t{32} << 30)) {
+      std::fprintf(stderr, "batch_bench: case '%s' would need %s of destinations (64 x DEPTH ranges); at most 32 GiB\n",
+                   printable(c).c_str(), format_size(per_batch * io).c_str());
+      return 2;
+    }
     std::printf("%s random reads, depth %u (%zu ranges per batch):\n", format_size(io).c_str(), depth, per_batch);
     std::vector<result> rs;
     drop_cache(path);

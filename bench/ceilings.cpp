@@ -68,13 +68,13 @@ bool regular_of_size(const std::filesystem::path& path, std::uint64_t size, cons
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return false;
-    throw std::runtime_error(path.string() + ": " + std::strerror(errno));
+    throw std::runtime_error(printable(path.string()) + ": " + std::strerror(errno));
   }
   if (!S_ISREG(st.st_mode)) {
-    throw std::runtime_error(path.string() + " is not a regular file (a symbolic link, FIFO, device or folder): " + what);
+    throw std::runtime_error(printable(path.string()) + " is not a regular file (a symbolic link, FIFO, device or folder): " + what);
   }
   if (static_cast<std::uint64_t>(st.st_size) != size) {
-    throw std::runtime_error(path.string() + " exists with " + std::to_string(st.st_size) + " bytes, not " +
+    throw std::runtime_error(printable(path.string()) + " exists with " + std::to_string(st.st_size) + " bytes, not " +
                              std::to_string(size) + ": " + what + "; remove it, or give its size");
   }
   return true;
@@ -84,8 +84,8 @@ bool regular_of_size(const std::filesystem::path& path, std::uint64_t size, cons
 
 void ensure_file(const std::filesystem::path& path, std::uint64_t nbytes) {
   if (regular_of_size(path, nbytes, "the bench reads a file of random data it makes itself and overwrites none")) return;
+  std::vector<std::uint64_t> buf(kIo / 8);  // before the file exists: no empty file is left when it fails
   fd_guard g{open_or_throw(path, O_WRONLY | O_CREAT | O_EXCL)};
-  std::vector<std::uint64_t> buf(kIo / 8);
   std::mt19937_64 rng(42);
   for (std::uint64_t off = 0; off < nbytes; off += kIo) {
     for (auto& w : buf) w = rng();
