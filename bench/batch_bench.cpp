@@ -264,16 +264,14 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "batch_bench: --json %s is a folder\n", json_path.c_str());
     return 2;
   }
-  ensure_file(path, size);
-  std::string reason;
-  const bool gpu = gpu_available(&reason);
-  std::printf("batch_bench %s (%s), %.0f s per run, cold; GPU: %s\n", path.c_str(), format_size(size).c_str(), seconds,
-              gpu ? "yes" : reason.c_str());
-  std::FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
-  if (json != nullptr) std::fprintf(json, "[\n");
-  bool first_json = true;
-  std::size_t pos = 0;
-  while (pos < cases.size()) {
+  // Every case is checked before the data file is made: a typo costs no file and no minutes of writing.
+  struct bench_case {
+    std::size_t io;
+    unsigned depth;
+    std::size_t per_batch;
+  };
+  std::vector<bench_case> todo;
+  for (std::size_t pos = 0; pos < cases.size();) {
     const std::size_t comma = cases.find(',', pos);
     const std::string c = cases.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     pos = comma == std::string::npos ? cases.size() : comma + 1;
@@ -294,6 +292,17 @@ int run(int argc, char** argv) {
                    printable(c).c_str(), format_size(per_batch * io).c_str());
       return 2;
     }
+    todo.push_back({io, depth, per_batch});
+  }
+  ensure_file(path, size);
+  std::string reason;
+  const bool gpu = gpu_available(&reason);
+  std::printf("batch_bench %s (%s), %.0f s per run, cold; GPU: %s\n", path.c_str(), format_size(size).c_str(), seconds,
+              gpu ? "yes" : reason.c_str());
+  std::FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
+  if (json != nullptr) std::fprintf(json, "[\n");
+  bool first_json = true;
+  for (const auto& [io, depth, per_batch] : todo) {
     std::printf("%s random reads, depth %u (%zu ranges per batch):\n", format_size(io).c_str(), depth, per_batch);
     std::vector<result> rs;
     drop_cache(path);
