@@ -136,6 +136,19 @@ std::filesystem::path profile_file(const std::filesystem::path& dir, std::string
   return dir / fmt::format("{}-{}-{:016x}.json", kind, name, fnv1a(id.key));
 }
 
+constexpr const char* k_no_profile_folder = "no profile folder (neither XDG_CACHE_HOME nor HOME is set)";
+
+// What this process keeps of `dev`'s files in the profile folder: `cache`'s entry, made by `make(folder)` the
+// first time (an empty folder: none is set). Kept by folder too: a process that points XDG_CACHE_HOME elsewhere
+// reads that folder's files. Call with the cache's lock held.
+template <class Entry, class Make>
+Entry& entry_per_folder(std::map<std::pair<std::string, dev_t>, Entry>& cache, dev_t dev, Make make) {
+  const auto dir = profile_dir();
+  std::pair<std::string, dev_t> key{dir.string(), dev};
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  return cache.emplace(std::move(key), make(dir)).first->second;
+}
+
 // Writes a profile's text atomically (temp file + rename) as `file` inside `dir` (created).
 std::filesystem::path write_profile_file(const std::filesystem::path& dir, const std::filesystem::path& file,
                                          const std::string& text) {
@@ -335,20 +348,18 @@ std::filesystem::path save_profile(const std::filesystem::path& dir, const devic
 
 const profile_result& profile_for_device(dev_t dev) {
   static std::mutex mutex;
-  // By folder too: a process that points XDG_CACHE_HOME elsewhere reads that folder's profile.
   static std::map<std::pair<std::string, dev_t>, profile_result> cache;
   std::lock_guard lock(mutex);
-  const auto dir = profile_dir();
-  auto it = cache.find({dir.string(), dev});
-  if (it != cache.end()) return it->second;
-  profile_result r;
-  const device_identity id = identify_device("/", dev);
-  if (dir.empty()) {
-    r.reason = "no profile folder (neither XDG_CACHE_HOME nor HOME is set)";
-  } else {
-    r = load_profile(profile_path(dir, id), id);
-  }
-  return cache.emplace(std::make_pair(dir.string(), dev), std::move(r)).first->second;
+  return entry_per_folder(cache, dev, [dev](const std::filesystem::path& dir) {
+    profile_result r;
+    const device_identity id = identify_device("/", dev);
+    if (dir.empty()) {
+      r.reason = k_no_profile_folder;
+    } else {
+      r = load_profile(profile_path(dir, id), id);
+    }
+    return r;
+  });
 }
 
 // ---- Learned profiles ----
@@ -439,19 +450,17 @@ std::mutex learned_mutex;
 // The learned profile of `dev` as this process knows it: read once from the profile folder, then kept up to
 // date by remember_learned(). Called with learned_mutex held.
 learned_cache_entry& learned_entry(dev_t dev) {
-  // By folder too, as profile_for_device.
   static std::map<std::pair<std::string, dev_t>, learned_cache_entry> cache;
-  const auto dir = profile_dir();
-  auto it = cache.find({dir.string(), dev});
-  if (it != cache.end()) return it->second;
-  learned_cache_entry e;
-  e.id = identify_device("/", dev);
-  if (dir.empty()) {
-    e.result.reason = "no profile folder (neither XDG_CACHE_HOME nor HOME is set)";
-  } else {
-    e.result = load_learned(learned_path(dir, e.id), e.id);
-  }
-  return cache.emplace(std::make_pair(dir.string(), dev), std::move(e)).first->second;
+  return entry_per_folder(cache, dev, [dev](const std::filesystem::path& dir) {
+    learned_cache_entry e;
+    e.id = identify_device("/", dev);
+    if (dir.empty()) {
+      e.result.reason = k_no_profile_folder;
+    } else {
+      e.result = load_learned(learned_path(dir, e.id), e.id);
+    }
+    return e;
+  });
 }
 
 }  // namespace
