@@ -27,6 +27,9 @@ f = phases["faults"]
 assert f["enospc_puts"]["stored"] == 0 and f["enospc_puts"]["keys"] > 0, f
 assert f["gets_while_full"]["hits"] > 0, f
 assert f["eio_gets"]["hits"] == 0, f
+b = phases["baseline put"]
+assert b["writeback_seconds"] >= 0, b
+assert 0 < b["gib_per_s_with_writeback"] <= b["gib_per_s"], b
 c = phases["kill -9 + reopen"]
 assert c["kills"][0]["capacity_kept"] and c["wrong_bytes"] == 0, c
 PY
