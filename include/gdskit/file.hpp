@@ -60,8 +60,9 @@ class file_handle {
  public:
   /// An empty handle (see above).
   file_handle() noexcept;
-  /// Opens `path`. Throws gdskit::error (errno category) naming the path when it cannot be opened, and
-  /// EINVAL when settings.direct is `on` but the file system refuses O_DIRECT.
+  /// Opens `path`: a regular file or a block device. Throws gdskit::error (errno category) naming the path when
+  /// it cannot be opened, EISDIR for a folder, EINVAL at once (never waiting for the other end) for a FIFO, a
+  /// socket or a character device, and EINVAL when settings.direct is `on` but the file system refuses O_DIRECT.
   file_handle(const std::filesystem::path& path, open_mode mode, open_options options = {},
               const settings& config = default_settings());
   ~file_handle();

@@ -69,6 +69,9 @@ class BatchResult(Sequence):
         return f"<gdskit.BatchResult items={len(self)} failed={self.failed} nbytes={self.nbytes}>"
 
 
+# The largest offset a file has (off_t): ranges reaching past it are refused before any I/O.
+_MAX_OFFSET = (1 << 63) - 1
+
 class BatchError(OSError):
     """Some items of a batch failed. `results` holds every item's outcome (a BatchResult); `failed` the indices
     of the failed items. errno, strerror and filename are those of the first failed item."""
@@ -136,6 +139,16 @@ def _memory(buf, *, writable: bool, what: str):
     raise TypeError(f"{what}: a read-only buffer other than bytes needs numpy; pass a bytearray")
 
 
+def _naming_item(e: Exception, what: str, i: int) -> Exception:
+    """`e` again (same type, errno and file name) with the item it came from in its message."""
+    try:
+        if isinstance(e, OSError) and e.errno is not None:
+            return type(e)(e.errno, f"{what}: item {i}: {e.strerror}", e.filename)
+        return type(e)(f"{what}: item {i}: {e}")
+    except Exception:  # noqa: BLE001 - an exception type that takes other arguments: kept as it is
+        return e
+
+
 def _prepare(items, write: bool):
     """Opens the items' files (once per path) and takes their memory; TypeError/ValueError naming the item."""
     from ._file import File  # noqa: PLC0415
@@ -155,11 +168,17 @@ def _prepare(items, write: bool):
             offset = operator.index(offset)
             if offset < 0:
                 raise ValueError(f"{what}: item {i}: offset must be >= 0, not {offset}")
+            if offset > _MAX_OFFSET:
+                raise _gdskit.InvalidArgumentError(
+                    _errno.EINVAL, f"{what}: item {i}: offset {offset} is past the largest file offset (2**63 - 1)")
             if isinstance(file, File):
                 key = ("file", id(file))
                 if key not in by_key:
-                    by_key[key] = len(handles)
-                    handles.append(file._open())
+                    try:
+                        handles.append(file._open())
+                    except (OSError, ValueError) as e:  # closed, or a file of the wrong mode
+                        raise _naming_item(e, what, i) from e
+                    by_key[key] = len(handles) - 1
                     keep.append(file)
                 path = file.path
             else:
@@ -171,7 +190,10 @@ def _prepare(items, write: bool):
                 key = ("path", path)
                 if key not in by_key:
                     # A path to write is created when missing and never truncated.
-                    f = File(path, ("r+" if os.path.exists(path) else "x+") if write else "r")
+                    try:
+                        f = File(path, ("r+" if os.path.exists(path) else "x+") if write else "r")
+                    except (OSError, ValueError) as e:  # missing, a FIFO or device, a folder, no permission
+                        raise _naming_item(e, what, i) from e
                     opened.append(f)
                     by_key[key] = len(handles)
                     handles.append(f._open())
@@ -457,11 +479,20 @@ def _indices(indices, nrows: int):
         indices = indices.detach().cpu().numpy() if np is not None else indices.tolist()
     if np is not None:
         idx = np.asarray(indices)
+        if idx.dtype == object:  # integers past 64 bits: checked one by one below
+            indices, np = idx.reshape(-1).tolist(), None
+    if np is not None:
         if idx.dtype == bool:
             raise IndexError("boolean masks are not row indices: pass numpy.flatnonzero(mask)")
         if idx.size and not np.issubdtype(idx.dtype, np.integer):
             raise IndexError(f"indices must be integers, not {idx.dtype}")
-        idx = np.ascontiguousarray(idx.reshape(-1), dtype=np.int64)
+        idx = idx.reshape(-1)
+        if idx.dtype.kind == "u" and idx.size:
+            # Checked before the conversion to int64, which would wrap the largest into negative indices.
+            big = idx >= nrows
+            if big.any():
+                raise IndexError(f"index {int(idx[np.flatnonzero(big)[0]])} is out of bounds for axis 0 with size {nrows}")
+        idx = np.ascontiguousarray(idx, dtype=np.int64)
         bad = (idx < -nrows) | (idx >= nrows)
         if bad.any():
             k = int(np.flatnonzero(bad)[0])

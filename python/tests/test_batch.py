@@ -103,6 +103,8 @@ def test_bad_items_are_refused_before_any_io():
     with tempfile.TemporaryDirectory() as d:
         path, _ = _file(d, "f", 4096, 2)
         buf = bytearray(100)
+        closed = gdskit.File(path, "r")
+        closed.close()
         cases = [
             ([(path, 0, buf), (path, -1, bytearray(4))], ValueError, "item 1"),
             ([(path, 0, buf), (path, 0)], TypeError, "item 1"),
@@ -110,6 +112,9 @@ def test_bad_items_are_refused_before_any_io():
             ([(path, 0, buf), (path, 0, b"read-only")], ValueError, "item 1"),
             ([(path, 0, buf), (path, 0, memoryview(buf)[10:20])], OSError, "item 1"),  # overlapping destinations
             ([(path, 0, buf), (path, 1 << 63, bytearray(4))], OSError, "item 1"),
+            ([(path, 0, buf), (path, 1 << 64, bytearray(4))], OSError, "item 1"),  # past what C++ can take
+            ([(path, 0, buf), (path, (1 << 63) - 2, bytearray(4))], OSError, "item 1"),  # ends past it
+            ([(path, 0, buf), (closed, 0, bytearray(4))], ValueError, "item 1"),
             ([(path, 0, buf), (os.path.join(d, "missing"), 0, bytearray(4))], FileNotFoundError, None),
         ]
         for items, exc, text in cases:
@@ -127,15 +132,36 @@ def test_bad_items_are_refused_before_any_io():
                 pass
 
 
-def test_fifo_is_refused():
+def test_fifo_and_device_files_are_refused_without_blocking():
+    import threading
+
     with tempfile.TemporaryDirectory() as d:
         fifo = os.path.join(d, "fifo")
         os.mkfifo(fifo)
-        try:
-            gdskit.read_into([(fifo, 0, bytearray(10))])
-            raise AssertionError("a FIFO was read")
-        except OSError as e:
-            assert e.errno in (errno.EINVAL, errno.ENXIO, errno.ESPIPE), e
+        for path, write in ((fifo, False), (fifo, True), ("/dev/null", False), ("/dev/zero", True)):
+            outcome = []
+
+            def attempt():
+                try:
+                    if write:
+                        gdskit.write_from([(path, 0, bytearray(10))])
+                    else:
+                        gdskit.read_into([(path, 0, bytearray(10))])
+                    outcome.append("moved bytes")
+                except OSError as e:
+                    outcome.append(e)
+
+            t = threading.Thread(target=attempt, daemon=True)
+            t.start()
+            t.join(10)
+            if t.is_alive():  # a regression: open the other end so that the blocked open returns, then fail
+                os.close(os.open(fifo, os.O_RDWR | os.O_NONBLOCK))
+                t.join(10)
+                raise AssertionError(f"{path}: the batch blocked")
+            e = outcome[0]
+            assert isinstance(e, OSError), (path, write, e)
+            assert e.errno == errno.EINVAL, (path, write, e)
+            assert "item 0" in str(e) and path in str(e), (path, write, str(e))
 
 
 def test_deadline_zero_times_out_every_item():
@@ -204,12 +230,25 @@ def test_gather_rows_npy_equals_numpy():
             out = np.empty_like(expect)
             assert gdskit.gather_rows(path, idx, out=out) is out and out.tobytes() == expect.tobytes()
             assert gdskit.gather_rows(path, []).shape[0] == 0
-            for bad in ([shape[0]], [-shape[0] - 1]):
+            # Out of range however they come. numpy refuses all but the largest unsigned one, which it wraps into
+            # the index -1 (the last row); gather_rows refuses that too rather than read a row nobody asked for.
+            for bad in ([shape[0]], [-shape[0] - 1], np.array([2**64 - 1], dtype=np.uint64),
+                        np.array([shape[0]], dtype=np.uint8 if shape[0] < 256 else np.uint32), [2**70], [-(2**70)]):
+                if not (isinstance(bad, np.ndarray) and bad.dtype == np.uint64):
+                    try:
+                        np.load(path, mmap_mode="r")[bad]
+                        raise AssertionError(f"numpy accepted {bad!r}")
+                    except IndexError:
+                        pass
                 try:
                     gdskit.gather_rows(path, bad)
-                    raise AssertionError("out-of-range index accepted")
-                except IndexError:
-                    pass
+                    raise AssertionError(f"out-of-range index accepted: {bad!r}")
+                except IndexError as e:
+                    assert "out of bounds" in str(e), str(e)
+            ok = np.array([shape[0] - 1, 0], dtype=np.uint64)
+            got = gdskit.gather_rows(path, ok)
+            got_np = got.numpy() if torch is not None and isinstance(got, torch.Tensor) else got
+            assert got_np.tobytes() == np.ascontiguousarray(np.load(path, mmap_mode="r")[ok]).tobytes()
 
 
 def test_gather_rows_rowfile_and_bad_files():

@@ -1,5 +1,6 @@
 // submit(): checks a batch's ranges before any I/O, then hands them to the transfer core.
 #include <algorithm>
+#include <limits>
 #include <cerrno>
 #include <numeric>
 
@@ -23,8 +24,11 @@ constexpr std::size_t k_max_checksummed_bytes = (std::size_t{16} << 20) - (std::
 
 [[noreturn]] void bad_item(std::error_code ec, std::size_t i, const detail::batch_range* r, std::uint64_t offset,
                            std::size_t nbytes, const std::string& what) {
+  // An offset past the largest file offset has no signed form: said in the text instead.
+  const bool signed_offset = offset <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
   throw error(ec, "batch", r != nullptr && r->file ? r->file->path.string() : std::string(),
-              static_cast<std::int64_t>(offset), nbytes, fmt::format("item {}: {}", i, what));
+              signed_offset ? static_cast<std::int64_t>(offset) : -1, nbytes,
+              signed_offset ? fmt::format("item {}: {}", i, what) : fmt::format("item {} at offset {}: {}", i, offset, what));
 }
 
 // Every check that can be made before the first byte moves; throws naming the first bad item.

@@ -220,19 +220,36 @@ open_file::open_file(const std::filesystem::path& p, open_mode md, const open_op
     flags |= O_TRUNC;
   }
   std::error_code ec;
-  m.fd.reset(posix::open_retry(path.c_str(), flags, options.permissions, ec));
-  if (ec) throw error(ec, "open", path.string(), -1, 0);
+  // O_NONBLOCK until the file is known to be one this reads and writes by offset: opening a FIFO would
+  // otherwise wait for its other end forever. O_NOCTTY: a terminal named by mistake must not become the
+  // controlling terminal.
+  m.fd.reset(posix::open_retry(path.c_str(), flags | O_NONBLOCK | O_NOCTTY, options.permissions, ec));
   struct stat st {};
+  const auto refuse_kind = [&] {
+    throw error(errno_code(EINVAL), "open", path.string(), -1, 0,
+                fmt::format("a {}: only regular files and block devices are read and written by offset",
+                            posix::file_kind(st.st_mode)));
+  };
+  if (ec) {
+    // A FIFO opened for writing without a reader fails with ENXIO: named as what it is.
+    if (ec == std::errc::no_such_device_or_address && ::stat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode)) {
+      refuse_kind();
+    }
+    throw error(ec, "open", path.string(), -1, 0);
+  }
   if (posix::sys().fstat(m.fd.get(), &st) != 0) throw error(errno_code(errno), "fstat", path.string(), -1, 0);
   if (S_ISDIR(st.st_mode)) throw error(errno_code(EISDIR), "open", path.string(), -1, 0);
+  if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) refuse_kind();
+  const int status = ::fcntl(m.fd.get(), F_GETFL);
+  if (status < 0 || ::fcntl(m.fd.get(), F_SETFL, status & ~O_NONBLOCK) != 0) {
+    throw error(errno_code(errno), "fcntl", path.string(), -1, 0);
+  }
 
   const std::string fs = posix::fs_type_of(m.fd.get());
   m.st_dev = st.st_dev;
   m.fs_type = fs;
   if (config.direct == direct_mode::off) {
     m.choice.direct_reason = "GDSKIT_DIRECT=off";
-  } else if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
-    m.choice.direct_reason = "not a regular file or block device";
   } else {
     // The second descriptor carries O_DIRECT; creation and truncation happened on the first.
     m.direct_fd.reset(posix::open_retry(path.c_str(), access_flags(mode) | O_DIRECT, 0, ec));

@@ -9,20 +9,9 @@
 #include "gdskit/error.hpp"
 #include "gdskit/file.hpp"
 #include "gdskit/safetensors.hpp"
+#include "posix/fs_info.hpp"
 
 namespace gdskit::formats {
-namespace {
-
-const char* kind_of(mode_t mode) {
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  return "not a regular file";
-}
-
-}  // namespace
-
 regular_file open_regular(const std::filesystem::path& path) {
   std::error_code ec;
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever. O_NOCTTY: a terminal
@@ -35,7 +24,7 @@ regular_file open_regular(const std::filesystem::path& path) {
   if (S_ISDIR(st.st_mode)) throw error(errno_code(EISDIR), "open", path.string(), -1, 0, "a folder, not a file");
   if (!S_ISREG(st.st_mode)) {
     throw error(errno_code(EINVAL), "open", path.string(), -1, 0,
-                fmt::format("{}: only regular files are read", kind_of(st.st_mode)));
+                fmt::format("a {}: only regular files are read", posix::file_kind(st.st_mode)));
   }
   f.nbytes = static_cast<std::uint64_t>(st.st_size);
   f.device = st.st_dev;

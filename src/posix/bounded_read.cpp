@@ -7,18 +7,11 @@
 #include <array>
 #include <cerrno>
 
+#include "posix/fs_info.hpp"
 #include "posix/syscalls.hpp"
 
 namespace gdskit {
 namespace {
-
-const char* kind_of(mode_t m) {
-  if (S_ISFIFO(m)) return "FIFO";
-  if (S_ISCHR(m)) return "character device";
-  if (S_ISBLK(m)) return "block device";
-  if (S_ISSOCK(m)) return "socket";
-  return "special file";
-}
 
 // Accepts only regular files; returns the fd (and its size) or sets `out`.
 posix::unique_fd check_regular(posix::unique_fd fd, bounded_text& out, std::uint64_t& size) {
@@ -33,7 +26,7 @@ posix::unique_fd check_regular(posix::unique_fd fd, bounded_text& out, std::uint
   }
   if (!S_ISREG(st.st_mode)) {
     out.error = std::make_error_code(std::errc::invalid_argument);
-    out.why = std::string("not a regular file (") + kind_of(st.st_mode) + ")";
+    out.why = std::string("not a regular file (") + posix::file_kind(st.st_mode) + ")";
     return {};
   }
   size = static_cast<std::uint64_t>(st.st_size);

@@ -13,6 +13,16 @@
 
 namespace gdskit::posix {
 
+const char* file_kind(mode_t mode) noexcept {
+  if (S_ISREG(mode)) return "regular file";
+  if (S_ISDIR(mode)) return "folder";
+  if (S_ISFIFO(mode)) return "FIFO";
+  if (S_ISSOCK(mode)) return "socket";
+  if (S_ISCHR(mode)) return "character device";
+  if (S_ISBLK(mode)) return "block device";
+  return "special file";
+}
+
 std::string fs_type_name(std::int64_t magic) {
   switch (static_cast<std::uint32_t>(magic)) {
     case 0xEF53: return "ext4";

@@ -1,6 +1,8 @@
 // What the kernel says about the file system and alignment of an open file.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -9,6 +11,10 @@ namespace gdskit::posix {
 
 /// Name of a file system from its statfs magic ("ext4", "xfs", "tmpfs", ...), or "0x<magic>".
 std::string fs_type_name(std::int64_t magic);
+
+/// What kind of file `mode` (st_mode) is, for messages: "regular file", "folder", "FIFO", "socket",
+/// "character device", "block device" or "special file".
+const char* file_kind(mode_t mode) noexcept;
 
 /// File system type of an open file ("unknown" when fstatfs fails).
 std::string fs_type_of(int fd);

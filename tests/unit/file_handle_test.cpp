@@ -328,6 +328,50 @@ TEST(file_handle, open_errors_name_the_path) {
   EXPECT_EQ(std::filesystem::file_size(dir / "exists"), 3u);
 }
 
+// A FIFO, a socket or a character device is refused at once, naming what it is: a FIFO opened without its
+// other end would otherwise block the open forever (checked with a watchdog that opens the other end, so that a
+// regression fails here instead of hanging the suite).
+TEST(file_handle, fifos_sockets_and_character_devices_are_refused_without_blocking) {
+  temp_dir dir;
+  const auto fifo = dir / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto refused = [](const std::filesystem::path& p, open_mode mode, const char* kind) {
+    auto attempt = std::async(std::launch::async, [&] {
+      try {
+        file_handle f(p, mode);
+        return std::string("opened");
+      } catch (const error& e) {
+        return std::string(e.what()) + (e.code() == std::errc::invalid_argument ? "" : " (not EINVAL)");
+      }
+    });
+    if (attempt.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+      const int other_end = ::open(p.c_str(), O_RDWR | O_NONBLOCK);  // lets the blocked open return
+      const std::string what = attempt.get();
+      if (other_end >= 0) ::close(other_end);
+      ADD_FAILURE() << p << ": the open blocked (" << what << ")";
+      return;
+    }
+    const std::string what = attempt.get();
+    EXPECT_NE(what.find(kind), std::string::npos) << what;
+    EXPECT_NE(what.find(p.filename().string()), std::string::npos) << what;
+    EXPECT_EQ(what.find("not EINVAL"), std::string::npos) << what;
+  };
+  refused(fifo, open_mode::read, "a FIFO");
+  refused(fifo, open_mode::write, "a FIFO");  // no reader: ENXIO from the kernel, said as what it is
+  refused(fifo, open_mode::read_write, "a FIFO");
+  refused("/dev/null", open_mode::read, "a character device");
+  refused("/dev/zero", open_mode::read_write, "a character device");
+  EXPECT_EQ(std::filesystem::status(fifo).type(), std::filesystem::file_type::fifo);  // left as it was
+
+  // A regular file opened the same way works as before: blocking reads and writes (no O_NONBLOCK left on it).
+  test::write_file(dir / "plain", random_bytes(10000, 5));
+  file_handle f(dir / "plain", open_mode::read_write);
+  std::vector<std::uint8_t> back(10000);
+  EXPECT_EQ(f.pread(back.data(), back.size(), 0), back.size());
+  EXPECT_EQ(back, random_bytes(10000, 5));
+  EXPECT_EQ(f.pwrite(back.data(), 100, 20000), 100u);
+}
+
 TEST(file_handle, read_exact_throws_with_counts) {
   temp_dir dir;
   auto data = random_bytes(10000, 3);
