@@ -235,10 +235,10 @@ class block_store {
   block_store() noexcept;
   /// Opens or creates the store. Throws gdskit::error naming the path: EINVAL for bad options (no path, block
   /// size 0 or over 1 GiB, capacity below one block per path, namespace over 1024 bytes, deadline <= 0);
-  /// ENOTDIR for a path that is a regular file; EBUSY when another process has it open; EEXIST when it holds a
-  /// store of another block size, capacity, namespace or set of paths (nothing is changed); EBADMSG when its
-  /// superblock is damaged or a block device holds something else; and the errno of a failed open or write
-  /// (EACCES, EROFS, ENOSPC).
+  /// ENOTDIR for a path that is a regular file; EBUSY when another process (or another store of this process)
+  /// has it open; EEXIST when it holds a store of another block size, capacity, namespace or set of paths
+  /// (nothing is changed); EBADMSG when its superblock is damaged or a block device holds something else; and
+  /// the errno of a failed open or write (EACCES, EROFS, ENOSPC).
   explicit block_store(const store_options& options);
   /// Closes (see close()); errors are logged, not thrown.
   ~block_store();

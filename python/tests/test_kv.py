@@ -174,7 +174,7 @@ def test_bad_stores_are_refused_with_clear_errors():
         expect(ValueError, lambda: new_store(os.path.join(d, "s"), deadline_s=0), text="deadline")
         expect(TypeError, lambda: new_store(os.path.join(d, "s"), block_bytes=1.5))
         with new_store(os.path.join(d, "s")):
-            expect(OSError, lambda: new_store(os.path.join(d, "s")), errno_is=errno.EBUSY, text="another process")
+            expect(OSError, lambda: new_store(os.path.join(d, "s")), errno_is=errno.EBUSY, text="in this process")
         expect(FileExistsError, lambda: new_store(os.path.join(d, "s"), namespace="other"), text="namespace")
         expect(FileExistsError, lambda: new_store(os.path.join(d, "s"), block_bytes=2 * BLOCK), text="blocks")
         s = new_store(os.path.join(d, "s"))
@@ -308,6 +308,31 @@ CHILD = textwrap.dedent("""
         s.put(keys, np.stack([content(k) for k in keys]))
         i += 8
 """)
+
+
+HOLDER = textwrap.dedent("""
+    import sys
+    from gdskit.kv import BlockStore
+    s = BlockStore(sys.argv[1], capacity_bytes=16 << 20, block_bytes=8192, namespace="test/fp16", deadline_s=10.0)
+    print("open", flush=True)
+    sys.stdin.read()  # until the test closes the pipe
+    s.close()
+""")
+
+
+def test_a_store_open_in_another_process_is_refused_naming_it():
+    with tempfile.TemporaryDirectory() as d:
+        folder = os.path.join(d, "s")
+        p = subprocess.Popen([sys.executable, "-c", HOLDER, folder], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             env=dict(os.environ))
+        try:
+            assert p.stdout.readline().strip() == b"open", "the holder did not open the store"
+            expect(OSError, lambda: new_store(folder), errno_is=errno.EBUSY, text=f"another process (pid {p.pid})")
+        finally:
+            p.stdin.close()
+            assert p.wait(30) == 0
+        with new_store(folder):  # the lock went with the holder
+            pass
 
 
 def test_kill_9_of_a_writer_then_right_bytes_or_misses():

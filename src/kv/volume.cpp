@@ -48,7 +48,10 @@ void take_lock(const file_handle& h, const fs::path& shown) {
     const int e = errno;
     if (e == EWOULDBLOCK) {
       struct stat st {};
-      long pid = ::fstat(h.fd(), &st) == 0 ? lock_holder(st.st_ino) : 0;
+      const long pid = ::fstat(h.fd(), &st) == 0 ? lock_holder(st.st_ino) : 0;
+      if (pid == static_cast<long>(::getpid())) {
+        fail(EBUSY, shown, "the store is already open in this process (close that store first); one writer per store");
+      }
       fail(EBUSY, shown,
            pid > 0 ? fmt::format("the store is open in another process (pid {}); one process writes a store at a time", pid)
                    : std::string("the store is open in another process; one process writes a store at a time"));
