@@ -58,7 +58,7 @@ npy_header read_npy_header(const file_handle& f);
 /// Reads rows `indices` (any order, duplicates allowed; each in [0, nrows)) of `layout` in `f` into `out`, row
 /// k of the result at out + k x row_bytes. `out` is host or GPU memory of at least indices.size() x row_bytes.
 /// Throws gdskit::error before any I/O for bad arguments: EINVAL for an index out of range (naming it and its
-/// position) or `out` too small. Returns the batch's result (exact reads: a row cut short by the end of the
+/// position), `out` too small, rows of 0 bytes, or a layout whose rows end past the largest file offset. Returns the batch's result (exact reads: a row cut short by the end of the
 /// file fails with ENODATA); the caller checks ok().
 batch_result gather_rows(const file_handle& f, const row_layout& layout, std::span<const std::int64_t> indices,
                          buffer_view out, const batch_options& options = {});

@@ -245,6 +245,22 @@ def test_gather_rows_npy_equals_numpy():
                     raise AssertionError(f"out-of-range index accepted: {bad!r}")
                 except IndexError as e:
                     assert "out of bounds" in str(e), str(e)
+            # An `out` of the wrong size, or read-only, is refused before any I/O and left as it was.
+            for bad_out in (np.full((len(idx) - 1,) + expect.shape[1:], 7, dtype=expect.dtype),
+                            np.full(expect.size * 2, 7, dtype=expect.dtype)):
+                try:
+                    gdskit.gather_rows(path, idx, out=bad_out)
+                    raise AssertionError(f"an out of {bad_out.nbytes} bytes was accepted")
+                except ValueError as e:
+                    assert "out holds" in str(e), str(e)
+                assert (bad_out == 7).all()
+            frozen = np.zeros_like(expect)
+            frozen.flags.writeable = False
+            try:
+                gdskit.gather_rows(path, idx, out=frozen)
+                raise AssertionError("a read-only out was accepted")
+            except (ValueError, TypeError):
+                pass
             ok = np.array([shape[0] - 1, 0], dtype=np.uint64)
             got = gdskit.gather_rows(path, ok)
             got_np = got.numpy() if torch is not None and isinstance(got, torch.Tensor) else got

@@ -219,6 +219,15 @@ batch_result gather_rows(const file_handle& f, const row_layout& layout, std::sp
                 fmt::format("the destination holds {} bytes; {} rows of {} bytes need more", out.nbytes, indices.size(),
                             layout.row_bytes));
   }
+  // The last row must end within the largest file offset: a layout past it would wrap the offsets of its rows
+  // around to the start of the file.
+  constexpr std::uint64_t k_max_end = std::uint64_t{1} << 63;
+  if (layout.nrows > 0 && layout.row_bytes > 0 &&
+      (layout.data_offset_bytes > k_max_end || layout.nrows > (k_max_end - layout.data_offset_bytes) / layout.row_bytes)) {
+    throw error(errno_code(EINVAL), "gather_rows", path, -1, 0,
+                fmt::format("{} rows of {} bytes after byte {} end past the largest file offset (2^63 - 1)",
+                            layout.nrows, layout.row_bytes, layout.data_offset_bytes));
+  }
   std::vector<io_range> ranges;
   ranges.reserve(indices.size());
   for (std::size_t k = 0; k < indices.size(); ++k) {
