@@ -190,8 +190,8 @@ class io_future {
 /// Checks every range before any I/O and throws gdskit::error naming the first bad one by index: EINVAL for a
 /// null file or memory, a range past the largest file offset, reads whose destinations overlap in memory, or
 /// writes that overlap in one file; EBADF for a closed handle or one not opened for that direction; ENODEV
-/// for GPU memory without a usable GPU. Any number of ranges: they are queued internally and memory stays
-/// bounded by the number of ranges. Ranges of size 0 complete at once with 0 bytes.
+/// for GPU memory without a usable GPU or on a GPU this process does not see. Any number of ranges: they are
+/// queued internally and memory stays bounded by the number of ranges (a few hundred bytes each). Ranges of size 0 complete at once with 0 bytes.
 /// Each range then succeeds or fails on its own: one failing never fails or delays the others.
 batch_future submit(io_direction dir, std::span<const io_range> ranges, const batch_options& options = {});
 

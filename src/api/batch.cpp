@@ -36,12 +36,17 @@ void check_ranges(io_direction dir, std::span<const io_range> in, const batch_op
                   std::vector<detail::batch_range>& out) {
   const bool write = dir == io_direction::write;
   const char* op = write ? "pwrite" : "pread";
-  bool gpu_checked = false;
-  auto need_gpu = [&](std::size_t i, const detail::batch_range* r, std::uint64_t off, std::size_t n) {
-    if (gpu_checked) return;
-    std::string reason;
-    if (!gpu_available(&reason)) bad_item(errno_code(ENODEV), i, r, off, n, "GPU memory but no usable GPU: " + reason);
-    gpu_checked = true;
+  int gpus = -1;  // counted at the first item in GPU memory
+  auto need_gpu = [&](std::size_t i, const detail::batch_range* r, std::uint64_t off, std::size_t n, int device) {
+    if (gpus < 0) {
+      std::string reason;
+      if (!gpu_available(&reason)) bad_item(errno_code(ENODEV), i, r, off, n, "GPU memory but no usable GPU: " + reason);
+      gpus = gpu_count();
+    }
+    if (device >= gpus || (r != nullptr && r->memory.kind == memory_kind::device && device < 0)) {
+      bad_item(errno_code(ENODEV), i, r, off, n,
+               fmt::format("memory of GPU {}, but this process sees {} GPU(s)", device, gpus));
+    }
   };
   for (std::size_t i = 0; i < in.size(); ++i) {
     const io_range& r = in[i];
@@ -64,10 +69,10 @@ void check_ranges(io_direction dir, std::span<const io_range> in, const batch_op
       bad_item(errno_code(EINVAL), i, &br, r.offset_bytes, n,
                fmt::format("a checksummed range is at most {} bytes", k_max_checksummed_bytes));
     }
-    if (!engine::host_memory(r.memory)) need_gpu(i, &br, r.offset_bytes, n);
+    if (!engine::host_memory(r.memory)) need_gpu(i, &br, r.offset_bytes, n, r.memory.device);
     out.push_back(std::move(br));
   }
-  if (options.stream != nullptr && !in.empty()) need_gpu(0, &out.front(), in.front().offset_bytes, 0);
+  if (options.stream != nullptr && !in.empty()) need_gpu(0, &out.front(), in.front().offset_bytes, 0, 0);
 
   std::vector<std::size_t> order(in.size());
   std::iota(order.begin(), order.end(), std::size_t{0});

@@ -352,6 +352,27 @@ TEST(gpu_paths, batches_through_the_copy_engines) {
   batch_round_trip(false);
 }
 
+// Memory said to be on a GPU this process does not see is refused before any I/O, naming the item; the real
+// device's memory in the same batch is never touched.
+TEST(gpu_paths, a_batch_naming_a_gpu_that_is_not_there_is_refused_before_any_io) {
+  REQUIRE_GPU();
+  temp_dir dir;
+  test::write_file(dir / "f", random_bytes(1 << 16, 31));
+  file_handle f(dir / "f", open_mode::read);
+  device_buffer mem(1 << 16, 0);
+  const int missing = gpu_count();
+  const io_range ranges[] = {{&f, 0, mem.view().sub(0, 4096)},
+                             {&f, 4096, buffer_view{static_cast<std::uint8_t*>(mem.data()) + 8192, 4096,
+                                                    memory_kind::device, missing}}};
+  try {
+    read_batch(ranges);
+    ADD_FAILURE() << "memory of GPU " << missing << " was accepted";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errno_code(ENODEV)) << e.what();
+    EXPECT_NE(std::string(e.what()).find("item 1"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace gdskit
 
