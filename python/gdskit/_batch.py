@@ -72,6 +72,7 @@ class BatchResult(Sequence):
 # The largest offset a file has (off_t): ranges reaching past it are refused before any I/O.
 _MAX_OFFSET = (1 << 63) - 1
 
+
 class BatchError(OSError):
     """Some items of a batch failed. `results` holds every item's outcome (a BatchResult); `failed` the indices
     of the failed items. errno, strerror and filename are those of the first failed item."""

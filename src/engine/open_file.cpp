@@ -201,6 +201,35 @@ std::size_t open_file::write(const void* buf, std::size_t nbytes, std::uint64_t 
   return nbytes;
 }
 
+namespace {
+
+[[noreturn]] void refuse_kind(const std::filesystem::path& path, const struct stat& st) {
+  throw error(errno_code(EINVAL), "open", path.string(), -1, 0,
+              fmt::format("a {}: only regular files and block devices are read and written by offset",
+                          posix::file_kind(st.st_mode)));
+}
+
+// Opens `path` for reading and writing by offset: a regular file or a block device, returned in blocking mode
+// with its stat in `st`; `ec` set (and no descriptor) when the open itself fails. Throws at once for anything
+// else: EISDIR for a folder, EINVAL naming a FIFO, socket or character device (never waited for).
+posix::unique_fd open_by_offset(const std::filesystem::path& path, int flags, mode_t permissions, struct stat& st,
+                                std::error_code& ec) {
+  posix::unique_fd fd(posix::open_without_waiting(path.c_str(), flags, permissions, st, ec));
+  if (ec) {
+    if (ec == std::errc::no_such_device_or_address && st.st_mode != 0 && !S_ISREG(st.st_mode) &&
+        !S_ISBLK(st.st_mode) && !S_ISDIR(st.st_mode)) {
+      refuse_kind(path, st);  // a FIFO without a reader, a socket: said as what they are
+    }
+    return {};
+  }
+  if (S_ISDIR(st.st_mode)) throw error(errno_code(EISDIR), "open", path.string(), -1, 0);
+  if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) refuse_kind(path, st);
+  if (!posix::set_blocking(fd.get())) throw error(errno_code(errno), "fcntl", path.string(), -1, 0);
+  return fd;
+}
+
+}  // namespace
+
 open_file::open_file(const std::filesystem::path& p, open_mode md, const open_options& options, const settings& cfg) {
   cfg.validate();
   open_file& m = *this;
@@ -220,30 +249,9 @@ open_file::open_file(const std::filesystem::path& p, open_mode md, const open_op
     flags |= O_TRUNC;
   }
   std::error_code ec;
-  // O_NONBLOCK until the file is known to be one this reads and writes by offset: opening a FIFO would
-  // otherwise wait for its other end forever. O_NOCTTY: a terminal named by mistake must not become the
-  // controlling terminal.
-  m.fd.reset(posix::open_retry(path.c_str(), flags | O_NONBLOCK | O_NOCTTY, options.permissions, ec));
   struct stat st {};
-  const auto refuse_kind = [&] {
-    throw error(errno_code(EINVAL), "open", path.string(), -1, 0,
-                fmt::format("a {}: only regular files and block devices are read and written by offset",
-                            posix::file_kind(st.st_mode)));
-  };
-  if (ec) {
-    // A FIFO opened for writing without a reader fails with ENXIO: named as what it is.
-    if (ec == std::errc::no_such_device_or_address && ::stat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode)) {
-      refuse_kind();
-    }
-    throw error(ec, "open", path.string(), -1, 0);
-  }
-  if (posix::sys().fstat(m.fd.get(), &st) != 0) throw error(errno_code(errno), "fstat", path.string(), -1, 0);
-  if (S_ISDIR(st.st_mode)) throw error(errno_code(EISDIR), "open", path.string(), -1, 0);
-  if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) refuse_kind();
-  const int status = ::fcntl(m.fd.get(), F_GETFL);
-  if (status < 0 || ::fcntl(m.fd.get(), F_SETFL, status & ~O_NONBLOCK) != 0) {
-    throw error(errno_code(errno), "fcntl", path.string(), -1, 0);
-  }
+  m.fd = open_by_offset(path, flags, options.permissions, st, ec);
+  if (ec) throw error(ec, "open", path.string(), -1, 0);
 
   const std::string fs = posix::fs_type_of(m.fd.get());
   m.st_dev = st.st_dev;
@@ -251,8 +259,13 @@ open_file::open_file(const std::filesystem::path& p, open_mode md, const open_op
   if (config.direct == direct_mode::off) {
     m.choice.direct_reason = "GDSKIT_DIRECT=off";
   } else {
-    // The second descriptor carries O_DIRECT; creation and truncation happened on the first.
-    m.direct_fd.reset(posix::open_retry(path.c_str(), access_flags(mode) | O_DIRECT, 0, ec));
+    // The second descriptor carries O_DIRECT; creation and truncation happened on the first. It must be the
+    // same file: a path replaced in between is refused rather than read or written as another file.
+    struct stat direct_st {};
+    m.direct_fd = open_by_offset(path, access_flags(mode) | O_DIRECT, 0, direct_st, ec);
+    if (m.direct_fd && (direct_st.st_dev != st.st_dev || direct_st.st_ino != st.st_ino)) {
+      throw error(errno_code(ESTALE), "open O_DIRECT", path.string(), -1, 0, "the path was replaced while it was opened");
+    }
     if (m.direct_fd) {
       m.choice.direct = true;
       m.choice.alignment = posix::direct_alignment(m.direct_fd.get());

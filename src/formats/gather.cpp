@@ -221,7 +221,7 @@ batch_result gather_rows(const file_handle& f, const row_layout& layout, std::sp
   }
   // The last row must end within the largest file offset: a layout past it would wrap the offsets of its rows
   // around to the start of the file.
-  constexpr std::uint64_t k_max_end = std::uint64_t{1} << 63;
+  constexpr std::uint64_t k_max_end = (std::uint64_t{1} << 63) - 1;  // as check_file_range: the last byte's end
   if (layout.nrows > 0 && layout.row_bytes > 0 &&
       (layout.data_offset_bytes > k_max_end || layout.nrows > (k_max_end - layout.data_offset_bytes) / layout.row_bytes)) {
     throw error(errno_code(EINVAL), "gather_rows", path, -1, 0,

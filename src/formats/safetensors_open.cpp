@@ -14,18 +14,18 @@
 namespace gdskit::formats {
 regular_file open_regular(const std::filesystem::path& path) {
   std::error_code ec;
-  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever. O_NOCTTY: a terminal
-  // named by mistake must not become the controlling terminal.
+  // Never waiting on a FIFO, a terminal or a lease: posix::open_without_waiting.
   regular_file f;
-  f.fd.reset(posix::open_retry(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY, 0, ec));
-  if (ec) throw error(ec, "open", path.string(), -1, 0);
   struct stat st {};
-  if (posix::sys().fstat(f.fd.get(), &st) != 0) throw error(errno_code(errno), "fstat", path.string(), -1, 0);
-  if (S_ISDIR(st.st_mode)) throw error(errno_code(EISDIR), "open", path.string(), -1, 0, "a folder, not a file");
-  if (!S_ISREG(st.st_mode)) {
+  f.fd.reset(posix::open_without_waiting(path.c_str(), O_RDONLY, 0, st, ec));
+  const auto refuse = [&] {
     throw error(errno_code(EINVAL), "open", path.string(), -1, 0,
                 fmt::format("a {}: only regular files are read", posix::file_kind(st.st_mode)));
-  }
+  };
+  if (ec == std::errc::no_such_device_or_address && st.st_mode != 0 && !S_ISREG(st.st_mode)) refuse();  // a socket
+  if (ec) throw error(ec, "open", path.string(), -1, 0);
+  if (S_ISDIR(st.st_mode)) throw error(errno_code(EISDIR), "open", path.string(), -1, 0, "a folder, not a file");
+  if (!S_ISREG(st.st_mode)) refuse();
   f.nbytes = static_cast<std::uint64_t>(st.st_size);
   f.device = st.st_dev;
   f.inode = st.st_ino;

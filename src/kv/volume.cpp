@@ -3,11 +3,16 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <fstream>
+#include <memory>
+#include <mutex>
+#include <set>
 #include <sstream>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -22,10 +27,11 @@ namespace fs = std::filesystem;
   throw error(errno_code(e), "open block store", p.string(), -1, 0, what);
 }
 
-// The process holding a flock on the file of inode `ino`, from /proc/locks ("1: FLOCK ADVISORY WRITE 4242
-// 08:01:1234 0 EOF"); 0 when it cannot be told.
-long lock_holder(ino_t ino) {
+// The process holding a flock on the file `st` describes, from /proc/locks ("1: FLOCK ADVISORY WRITE 4242
+// 08:01:1234 0 EOF": device major:minor in hex, then the inode); 0 when it cannot be told.
+long lock_holder(const struct stat& st) {
   std::ifstream in("/proc/locks");
+  const std::string want = fmt::format("{:02x}:{:02x}:{}", major(st.st_dev), minor(st.st_dev), st.st_ino);
   std::string line;
   while (std::getline(in, line)) {
     std::istringstream fields(line);
@@ -34,30 +40,57 @@ long lock_holder(ino_t ino) {
     if (!(fields >> id >> type)) continue;
     if (type == "->") fields >> type;  // a waiter, listed under the holder
     if (!(fields >> advisory >> mode >> pid >> dev_ino) || type != "FLOCK") continue;
-    const auto colon = dev_ino.rfind(':');
-    if (colon == std::string::npos) continue;
-    if (dev_ino.substr(colon + 1) == std::to_string(ino)) return pid;
+    if (dev_ino == want) return pid;
   }
   return 0;
 }
 
-void take_lock(const file_handle& h, const fs::path& shown) {
+// The lock files (device, inode) this process's open stores hold: a second open in the same process is told
+// apart from another process's without /proc/locks.
+struct held_locks {
+  std::mutex mutex;
+  std::set<std::pair<dev_t, ino_t>> files;
+};
+held_locks& held() {
+  static auto* h = new held_locks();  // never destroyed: stores may close during exit
+  return *h;
+}
+
+// Takes the writer's lock on `h` (an open of its own) and returns the handle that holds it until its last owner
+// lets it go. Throws EBUSY naming who holds it.
+std::shared_ptr<const file_handle> take_lock(std::unique_ptr<file_handle> h, const fs::path& shown) {
+  struct stat st {};
+  if (::fstat(h->fd(), &st) != 0) fail(errno, shown, "fstat");
+  const std::pair<dev_t, ino_t> key{st.st_dev, st.st_ino};
   for (;;) {
-    if (::flock(h.fd(), LOCK_EX | LOCK_NB) == 0) return;
+    if (::flock(h->fd(), LOCK_EX | LOCK_NB) == 0) break;
     if (errno == EINTR) continue;
     const int e = errno;
-    if (e == EWOULDBLOCK) {
-      struct stat st {};
-      const long pid = ::fstat(h.fd(), &st) == 0 ? lock_holder(st.st_ino) : 0;
-      if (pid == static_cast<long>(::getpid())) {
-        fail(EBUSY, shown, "the store is already open in this process (close that store first); one writer per store");
-      }
-      fail(EBUSY, shown,
-           pid > 0 ? fmt::format("the store is open in another process (pid {}); one process writes a store at a time", pid)
-                   : std::string("the store is open in another process; one process writes a store at a time"));
+    if (e != EWOULDBLOCK) fail(e, shown, "flock");
+    bool mine = false;
+    {
+      std::lock_guard lock(held().mutex);
+      mine = held().files.count(key) != 0;
     }
-    fail(e, shown, "flock");
+    const long pid = mine ? 0 : lock_holder(st);
+    if (mine || pid == static_cast<long>(::getpid())) {
+      fail(EBUSY, shown, "the store is already open in this process (close that store first); one writer per store");
+    }
+    fail(EBUSY, shown,
+         pid > 0 ? fmt::format("the store is open in another process (pid {}); one process writes a store at a time", pid)
+                 : std::string("the store is open in another process; one process writes a store at a time"));
   }
+  {
+    std::lock_guard lock(held().mutex);
+    held().files.insert(key);
+  }
+  return std::shared_ptr<const file_handle>(h.release(), [key](const file_handle* p) {
+    {
+      std::lock_guard lock(held().mutex);
+      held().files.erase(key);
+    }
+    delete p;  // closes the descriptor: the lock ends
+  });
 }
 
 // A store file must be a regular file (or not exist): never follow a link or open a FIFO or device there.
@@ -108,8 +141,7 @@ opened_volume open_volume(const fs::path& path, const settings& io) {
     v.data_path = path;
     // The lock on an open of its own: the data handle's descriptor may stay open a moment after close (a batch
     // of the transfer core lets go of its files after it is released), and the lock must end with close().
-    v.lock = std::make_shared<const file_handle>(path, open_mode::read, open_options{}, io);
-    take_lock(*v.lock, path);
+    v.lock = take_lock(std::make_unique<file_handle>(path, open_mode::read, open_options{}, io), path);
     v.file = std::make_shared<const file_handle>(path, open_mode::read_write, open_options{}, io);
     v.device_bytes = v.file->size();
     read_superblock(v);
@@ -127,8 +159,7 @@ opened_volume open_volume(const fs::path& path, const settings& io) {
   check_regular(lock_path);
   open_options create;
   create.create = true;
-  v.lock = std::make_shared<const file_handle>(lock_path, open_mode::read_write, create, io);
-  take_lock(*v.lock, path);
+  v.lock = take_lock(std::make_unique<file_handle>(lock_path, open_mode::read_write, create, io), path);
   // A temporary data file is what a create that did not finish leaves: never a store.
   const fs::path tmp = path / (std::string(data_file_name) + ".tmp");
   if (check_regular(tmp)) fs::remove(tmp, ec);

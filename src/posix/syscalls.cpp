@@ -1,14 +1,19 @@
 #include "posix/syscalls.hpp"
 
+#include <fcntl.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/ioctl.h>
 #include <stdio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <deque>
 #include <mutex>
+#include <thread>
 
 #ifdef GDSKIT_HAVE_URING
 #include <liburing.h>
@@ -94,6 +99,32 @@ int open_retry(const char* path, int flags, mode_t mode, std::error_code& ec) no
     ec = std::error_code(errno, std::generic_category());
     return -1;
   }
+}
+
+int open_without_waiting(const char* path, int flags, mode_t mode, struct stat& st, std::error_code& ec) noexcept {
+  st = {};
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  int fd = -1;
+  for (auto pause = std::chrono::milliseconds(5);; pause = std::min(pause * 2, std::chrono::milliseconds(200))) {
+    fd = open_retry(path, flags | O_NONBLOCK | O_NOCTTY, mode, ec);
+    if (ec != std::errc::resource_unavailable_try_again || std::chrono::steady_clock::now() > give_up) break;
+    std::this_thread::sleep_for(pause);
+  }
+  if (fd < 0) {
+    if (ec == std::errc::no_such_device_or_address && ::stat(path, &st) != 0) st = {};
+    return -1;
+  }
+  if (sys().fstat(fd, &st) != 0) {
+    ec = std::error_code(errno, std::generic_category());
+    sys().close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool set_blocking(int fd) noexcept {
+  const int status = ::fcntl(fd, F_GETFL);
+  return status >= 0 && ::fcntl(fd, F_SETFL, status & ~O_NONBLOCK) == 0;
 }
 
 std::size_t pread_full(int fd, void* buf, std::size_t nbytes, std::uint64_t offset, std::error_code& ec) noexcept {

@@ -69,6 +69,19 @@ class scoped_syscalls {
 /// open(2) retried on EINTR. Returns the fd or -1 with `ec` set.
 int open_retry(const char* path, int flags, mode_t mode, std::error_code& ec) noexcept;
 
+/// open(2) that never waits on what it opens: with O_NONBLOCK (still set on the fd it returns: see
+/// set_blocking) and O_NOCTTY, so that a FIFO without its other end or a terminal cannot hold it up or take
+/// over. A lease someone else holds (a Samba oplock, an NFS delegation) fails such an open while its holder is
+/// asked to give it up: tried again for up to 60 s, as a blocking open would wait. On success `st` is the
+/// file's fstat; on ENXIO (a FIFO opened for writing without a reader, a socket) `st` is the path's stat where
+/// it can be had (st_mode 0 otherwise), so that the caller can say what the path is. Returns the fd or -1 with
+/// `ec` set.
+int open_without_waiting(const char* path, int flags, mode_t mode, struct stat& st, std::error_code& ec) noexcept;
+
+/// Clears O_NONBLOCK on `fd` (io_uring completes requests on a non-blocking file with EAGAIN instead of
+/// waiting). False with errno set when fcntl fails.
+bool set_blocking(int fd) noexcept;
+
 /// Reads until `nbytes` are in or the file ends; EINTR retried, short reads looped. Returns the bytes read
 /// (fewer only at end of file); on error returns the bytes read so far with `ec` set.
 std::size_t pread_full(int fd, void* buf, std::size_t nbytes, std::uint64_t offset, std::error_code& ec) noexcept;

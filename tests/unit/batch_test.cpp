@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -544,13 +545,13 @@ TEST_F(batch_test, a_file_truncated_while_its_batch_runs) {
   file_handle f = test::open_for_seam(dir_ / "f", d);
   constexpr std::uint64_t cut = 295'000;  // not page aligned, and inside range 18
   std::atomic<bool> truncated{false};
+  std::once_flag once;
   posix::syscall_table t = posix::real_syscalls();
   const auto real_pread = t.pread;
   const std::string path = (dir_ / "f").string();
   t.pread = [&, real_pread](int fd, void* b, std::size_t n, off_t off) -> ssize_t {
-    if (!truncated.exchange(true)) {
-      if (::truncate(path.c_str(), static_cast<off_t>(cut)) != 0) return -1;
-    }
+    // Every read waits until the file is cut (the engine's workers read side by side).
+    std::call_once(once, [&] { truncated = ::truncate(path.c_str(), static_cast<off_t>(cut)) == 0; });
     return real_pread(fd, b, n, off);
   };
   std::vector<std::vector<std::uint8_t>> out(64, std::vector<std::uint8_t>(10'000, 0xEE));

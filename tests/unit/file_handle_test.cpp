@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -363,13 +366,64 @@ TEST(file_handle, fifos_sockets_and_character_devices_are_refused_without_blocki
   refused("/dev/zero", open_mode::read_write, "a character device");
   EXPECT_EQ(std::filesystem::status(fifo).type(), std::filesystem::file_type::fifo);  // left as it was
 
-  // A regular file opened the same way works as before: blocking reads and writes (no O_NONBLOCK left on it).
+  const auto sock_path = dir / "sock";
+  const int sock = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(sock, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(sock_path.string().size(), sizeof addr.sun_path);
+  std::strcpy(addr.sun_path, sock_path.c_str());
+  ASSERT_EQ(::bind(sock, reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0);
+  refused(sock_path, open_mode::read, "a socket");  // the kernel answers ENXIO: said as what it is
+  refused(sock_path, open_mode::write, "a socket");
+  ::close(sock);
+
+  // A regular file opened the same way works as before: blocking reads and writes, no O_NONBLOCK left on
+  // either descriptor (io_uring would answer EAGAIN on one that keeps it).
   test::write_file(dir / "plain", random_bytes(10000, 5));
   file_handle f(dir / "plain", open_mode::read_write);
+  EXPECT_EQ(::fcntl(f.fd(), F_GETFL) & O_NONBLOCK, 0);
+  if (f.direct_fd() >= 0) EXPECT_EQ(::fcntl(f.direct_fd(), F_GETFL) & O_NONBLOCK, 0);
   std::vector<std::uint8_t> back(10000);
   EXPECT_EQ(f.pread(back.data(), back.size(), 0), back.size());
   EXPECT_EQ(back, random_bytes(10000, 5));
   EXPECT_EQ(f.pwrite(back.data(), 100, 20000), 100u);
+}
+
+// A file under a lease someone else holds (a Samba oplock, an NFS delegation; here a read lease of this
+// process's own, which an open for writing breaks) is opened once the holder lets go, as a blocking open
+// waits: the non-blocking open the FIFO check needs must not turn the lease into an error.
+TEST(file_handle, an_open_waits_for_a_lease_to_be_given_up) {
+  temp_dir dir;
+  test::write_file(dir / "leased", random_bytes(4096, 8));
+  const int holder = ::open((dir / "leased").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(holder, 0);
+  struct sigaction quiet {};
+  quiet.sa_handler = SIG_IGN;
+  struct sigaction before {};
+  ::sigaction(SIGIO, &quiet, &before);  // the kernel tells the holder by SIGIO: ignored here
+  if (::fcntl(holder, F_SETLEASE, F_RDLCK) != 0) {
+    const int e = errno;
+    ::close(holder);
+    ::sigaction(SIGIO, &before, nullptr);
+    GTEST_SKIP() << "no leases here: " << std::strerror(e);
+  }
+  std::thread let_go([holder] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ::fcntl(holder, F_SETLEASE, F_UNLCK);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string outcome = "opened";
+  try {
+    file_handle f(dir / "leased", open_mode::read_write);
+  } catch (const error& e) {
+    outcome = e.what();
+  }
+  let_go.join();
+  ::close(holder);
+  ::sigaction(SIGIO, &before, nullptr);
+  EXPECT_EQ(outcome, "opened");
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(250)) << "the lease was not in the way";
 }
 
 TEST(file_handle, read_exact_throws_with_counts) {
