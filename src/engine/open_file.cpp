@@ -214,6 +214,10 @@ namespace {
 // else: EISDIR for a folder, EINVAL naming a FIFO, socket or character device (never waited for).
 posix::unique_fd open_by_offset(const std::filesystem::path& path, int flags, mode_t permissions, struct stat& st,
                                 std::error_code& ec) {
+  // Looked at first: opening some devices does something (a tape rewinds, a watchdog starts).
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode) && !S_ISDIR(st.st_mode)) {
+    refuse_kind(path, st);
+  }
   posix::unique_fd fd(posix::open_without_waiting(path.c_str(), flags, permissions, st, ec));
   if (ec) {
     if (ec == std::errc::no_such_device_or_address && st.st_mode != 0 && !S_ISREG(st.st_mode) &&
