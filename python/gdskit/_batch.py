@@ -156,7 +156,7 @@ def _prepare(items, write: bool):
 
     handles, by_key, keep = [], {}, []
     which, offsets, ptrs, sizes, devices, paths = [], [], [], [], [], []
-    opened = []
+    opened, created = [], []
     what = "write_from" if write else "read_into"
     try:
         for i, item in enumerate(items):
@@ -191,11 +191,14 @@ def _prepare(items, write: bool):
                 key = ("path", path)
                 if key not in by_key:
                     # A path to write is created when missing and never truncated.
+                    mode = ("r+" if os.path.exists(path) else "x+") if write else "r"
                     try:
-                        f = File(path, ("r+" if os.path.exists(path) else "x+") if write else "r")
+                        f = File(path, mode)
                     except (OSError, ValueError) as e:  # missing, a FIFO or device, a folder, no permission
                         raise _naming_item(e, what, i) from e
                     opened.append(f)
+                    if mode == "x+":
+                        created.append(path)
                     by_key[key] = len(handles)
                     handles.append(f._open())
             ptr, nbytes, device, holder = _memory(buf, writable=not write, what=f"{what}: item {i}")
@@ -207,10 +210,22 @@ def _prepare(items, write: bool):
             paths.append(path)
             keep.append(holder)
     except BaseException:
-        for f in opened:
-            f.close()
+        _discard(opened, created)
         raise
-    return handles, which, offsets, ptrs, sizes, devices, paths, keep, opened
+    return handles, which, offsets, ptrs, sizes, devices, paths, keep, opened, created
+
+
+def _discard(opened, created):
+    """Closes the files a refused batch opened. A batch refused before any I/O leaves nothing behind: the files
+    it made for its writes go too (while still empty, as it made them)."""
+    for f in opened:
+        f.close()
+    for path in created:
+        try:
+            if os.path.getsize(path) == 0:
+                os.unlink(path)
+        except OSError:
+            pass
 
 
 def _stream_handle(stream) -> int:
@@ -238,13 +253,12 @@ def _submit(items, write, deadline_s, queue_depth, exact, coalesce_gap_bytes, st
     if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 0:
         raise ValueError(f"queue_depth must be an int >= 0, not {queue_depth!r}")
     deadline = _deadline(deadline_s)
-    handles, which, offsets, ptrs, sizes, devices, paths, keep, opened = _prepare(items, write)
+    handles, which, offsets, ptrs, sizes, devices, paths, keep, opened, created = _prepare(items, write)
     try:
         batch = _gdskit.submit_batch(write, handles, which, offsets, ptrs, sizes, devices, deadline, queue_depth,
                                      exact, coalesce_gap_bytes, _stream_handle(stream))
     except BaseException:
-        for f in opened:
-            f.close()
+        _discard(opened, created)
         raise
     return batch, paths, keep, opened
 

@@ -130,6 +130,18 @@ def test_bad_items_are_refused_before_any_io():
                 raise AssertionError("bad deadline accepted")
             except (ValueError, TypeError):
                 pass
+        # Writes refused before any I/O leave no file behind, whether a later item fails in Python's checks or
+        # in the engine's (two writes to overlapping bytes), and an existing file is never touched.
+        before = os.listdir(d)
+        for items in ([(os.path.join(d, "new1"), 0, b"abc"), (path, -1, b"x")],
+                      [(os.path.join(d, "new2"), 0, b"abcdef"), (os.path.join(d, "new2"), 3, b"xyz")],
+                      [(os.path.join(d, "new3"), 0, b"abc"), (os.path.join(d, "missing-dir", "f"), 0, b"x")]):
+            try:
+                gdskit.write_from(items)
+                raise AssertionError(f"accepted {items!r}")
+            except (OSError, ValueError):
+                pass
+            assert sorted(os.listdir(d)) == sorted(before), os.listdir(d)
 
 
 def test_fifo_and_device_files_are_refused_without_blocking():
