@@ -2,6 +2,7 @@
 #include "bench/kv_bench.hpp"
 
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/resource.h>
@@ -15,6 +16,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -630,9 +633,91 @@ void wait_quiet(kv::block_store& s, double limit_s) {
   while (s.stats().quarantined != 0 && seconds_since(t0) < limit_s) std::this_thread::sleep_for(std::chrono::milliseconds(20));
 }
 
+// ---- an interrupted run ----
+
+// SIGINT or SIGTERM during a run: a thread of its own, woken through a pipe by the handler (which does nothing
+// else), ends the crash phase's writer, removes every file and folder the bench makes (none existed before the
+// run: the flags' check refuses folders that hold them), says so and exits with 128 + the signal. A signal the
+// process inherited as ignored stays ignored.
+class interrupt_cleanup {
+ public:
+  /// Installs the handlers (once per process) and says what this run makes.
+  static void arm(const kv_options& o) {
+    std::vector<fs::path> paths;
+    for (const auto& d : o.dirs) {
+      if (!o.keep) {
+        for (std::size_t b : o.block_bytes) {
+          paths.push_back(d / fmt::format("gdskit-kv-bench-store-{}", b));
+          paths.push_back(d / fmt::format("gdskit-kv-bench-files-{}", b));
+        }
+      }
+      paths.push_back(d / "gdskit-kv-bench-raw");
+      paths.push_back(d / "gdskit-kv-bench-progress");
+    }
+    interrupt_cleanup& c = instance();
+    std::lock_guard lock(c.mutex_);
+    c.paths_ = std::move(paths);
+  }
+  /// The crash phase's writer now running (0: none).
+  static void writer(pid_t pid) noexcept { instance().writer_.store(pid); }
+
+ private:
+  static interrupt_cleanup& instance() {
+    static auto* c = new interrupt_cleanup();  // never destroyed: its thread and handlers live with the process
+    return *c;
+  }
+  static std::atomic<int>& write_end() {
+    static std::atomic<int> fd{-1};
+    return fd;
+  }
+  interrupt_cleanup() {
+    if (::pipe2(pipe_, O_CLOEXEC) != 0) return;
+    write_end().store(pipe_[1]);
+    struct sigaction sa {};
+    sa.sa_handler = [](int sig) {
+      const int saved = errno;
+      const unsigned char c = static_cast<unsigned char>(sig);
+      if (const int fd = write_end().load(); fd >= 0) (void)!::write(fd, &c, 1);
+      errno = saved;
+    };
+    ::sigemptyset(&sa.sa_mask);
+    for (int sig : {SIGINT, SIGTERM}) {
+      struct sigaction before {};
+      if (::sigaction(sig, nullptr, &before) == 0 && before.sa_handler == SIG_IGN) continue;
+      ::sigaction(sig, &sa, nullptr);
+    }
+    std::thread([this] { wait(); }).detach();
+  }
+  void wait() {
+    unsigned char sig = 0;
+    while (::read(pipe_[0], &sig, 1) != 1) {
+      if (errno != EINTR) return;
+    }
+    if (const pid_t pid = writer_.load(); pid > 0) ::kill(pid, SIGKILL);
+    std::size_t removed = 0;
+    {
+      std::lock_guard lock(mutex_);
+      for (const auto& p : paths_) {
+        std::error_code ec;
+        removed += fs::remove_all(p, ec) > 0 ? 1 : 0;
+      }
+    }
+    std::fprintf(stderr, "\ngdskit bench kv: interrupted (signal %d); removed %zu of its files and folders\n",
+                 static_cast<int>(sig), removed);
+    std::_Exit(128 + sig);
+  }
+  std::mutex mutex_;
+  std::vector<fs::path> paths_;
+  std::atomic<pid_t> writer_{0};
+  int pipe_[2] = {-1, -1};
+};
+
 // ---- the crash phase: a writer started as a child, killed, the store reopened ----
 
 int crash_child(const kv_options& o) {
+  // Ends with the bench that started it, however the bench ends (even by SIGKILL).
+  const pid_t parent = ::getppid();
+  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) return 3;
   kv::block_store s(store_options_for(o, o.block_bytes.front()));
   const std::size_t block = o.block_bytes.front();
   const unsigned batch = o.batch;
@@ -1051,6 +1136,7 @@ block_run run_block(const kv_options& o, std::size_t block, std::ostream& err) {
         f.write(reinterpret_cast<const char*>(&start), sizeof start);
       }
       const pid_t pid = spawn_writer(ob, block, progress);
+      interrupt_cleanup::writer(pid);
       // Once the writer is under way, a random moment later.
       const auto t0 = clock_type::now();
       while (read_progress(progress) < start + 2 * k && seconds_since(t0) < 30) {
@@ -1060,6 +1146,7 @@ block_run run_block(const kv_options& o, std::size_t block, std::ostream& err) {
       ::kill(pid, SIGKILL);
       int status = 0;
       ::waitpid(pid, &status, 0);
+      interrupt_cleanup::writer(0);
       const std::uint64_t upto = std::max(start, read_progress(progress));
       std::error_code ec;
       fs::remove(progress, ec);
@@ -1193,6 +1280,11 @@ void print_text(const kv_options& o, const std::vector<block_run>& runs, std::os
                          ms(p.latency.p50_us), ms(p.latency.p99_us), ms(p.latency.p999_us), p.cpu_per_gib(),
                          p.hits, p.wrong, p.hangs);
     }
+    std::string failed;
+    for (const auto& p : br.phases) {
+      if (p.failed > 0) failed += fmt::format("{}{} {}", failed.empty() ? "" : ", ", p.name, p.failed);
+    }
+    if (!failed.empty()) out << fmt::format("  keys whose puts failed (ENOSPC, EIO or the deadline): {}\n", failed);
     if (const phase* m = find(br, "mix")) {
       out << fmt::format("  mix: hit ratio {:.2f}, {:.2f} block(s) written per hit\n", m->extra.value("hit_ratio", 0.0),
                          m->extra.value("bytes_written_per_hit", 0.0) / static_cast<double>(br.block));
@@ -1250,6 +1342,7 @@ int run_kv(const std::function<kv_options()>& make_options, std::ostream& out, s
     // A benchmark changes no later run: it neither starts from learned shapes nor writes them.
     set_setting("learn", "off");
     if (!o.crash_child_progress.empty()) return crash_child(o);
+    interrupt_cleanup::arm(o);
     if (o.gpu >= 0) {
       std::string why;
       if (!gpu_available(&why)) {

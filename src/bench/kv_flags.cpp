@@ -1,4 +1,14 @@
 // The flags of `gdskit bench kv`, registered on the CLI's parser (CLI11) and checked before anything runs.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <set>
+#include <utility>
+
 #include <CLI/CLI.hpp>
 
 #include <fmt/format.h>
@@ -35,27 +45,63 @@ std::vector<std::string> split(const std::string& text) {
   return out;
 }
 
+// Before anything is written: each --dir a different folder, writable, free of an earlier run's files (the
+// bench removes only what it makes), with room for the store.
+void check_folders(const kv_options& o) {
+  std::set<std::pair<dev_t, ino_t>> seen;
+  for (const auto& d : o.dirs) {
+    struct stat st {};
+    if (::stat(d.c_str(), &st) != 0) throw usage_error(fmt::format("--dir {}: {}", d.string(), std::strerror(errno)));
+    if (!seen.insert({st.st_dev, st.st_ino}).second) {
+      throw usage_error(fmt::format("--dir {}: given twice (the same folder under two names counts once)", d.string()));
+    }
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(d, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("gdskit-kv-bench-", 0) == 0) {
+        throw usage_error(fmt::format("--dir {}: holds {} (from an earlier run, or someone's): remove it first; the "
+                                      "bench only removes what it makes", d.string(), name));
+      }
+    }
+    const std::filesystem::path probe = d / fmt::format("gdskit-kv-bench-probe-{}", ::getpid());
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) throw usage_error(fmt::format("--dir {}: cannot write there ({})", d.string(), std::strerror(errno)));
+    ::close(fd);
+    ::unlink(probe.c_str());
+    struct statvfs fs {};
+    const std::uint64_t share = o.capacity_bytes / o.dirs.size();
+    if (::statvfs(d.c_str(), &fs) == 0) {
+      const std::uint64_t free_bytes = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
+      if (share > free_bytes) {
+        throw usage_error(fmt::format("--capacity {}: {} of it goes in {}, which has {} free", format_size(o.capacity_bytes),
+                                      format_size(share), d.string(), format_size(free_bytes)));
+      }
+    }
+  }
+}
+
 kv_options finish(const kv_flag_values& v) {
   kv_options o = v.o;
   if (v.dirs.empty()) throw usage_error("--dir is required: a folder on the device to measure (repeat it to stripe over several)");
   o.dirs.clear();
   for (const auto& d : v.dirs) {
     std::error_code ec;
-    if (!std::filesystem::is_directory(d, ec)) throw usage_error(fmt::format("--dir {}: not a folder", printable(d)));
+    if (!std::filesystem::is_directory(d, ec)) throw usage_error(fmt::format("--dir {}: not a folder", d));
     o.dirs.emplace_back(d);
   }
   o.block_bytes.clear();
   for (const auto& b : split(v.block_sizes)) {
     const auto n = parse_size(b);
     if (!n || *n == 0 || *n > (std::uint64_t{1} << 30)) {
-      throw usage_error(fmt::format("--block-sizes: '{}' is not a size of 1 byte .. 1 GiB", printable(b)));
+      throw usage_error(fmt::format("--block-sizes: '{}' is not a size of 1 byte .. 1 GiB", b));
     }
     o.block_bytes.push_back(*n);
   }
   if (o.block_bytes.empty()) throw usage_error("--block-sizes: give at least one size");
   const auto cap = parse_size(v.capacity);
-  if (!cap) throw usage_error(fmt::format("--capacity: '{}' is not a size", printable(v.capacity)));
+  if (!cap) throw usage_error(fmt::format("--capacity: '{}' is not a size", v.capacity));
   o.capacity_bytes = *cap;
+  if (v.crash_child.empty()) check_folders(o);
   for (std::uint64_t b : o.block_bytes) {
     // At least a few blocks per folder, or the phases have nothing to measure.
     if (o.capacity_bytes / o.dirs.size() < 8 * (b + 8192) + (64 << 10)) {
@@ -68,7 +114,7 @@ kv_options finish(const kv_flag_values& v) {
     for (const auto& m : o.mixes) {
       const auto& all = kv_all_mixes();
       if (std::find(all.begin(), all.end(), m) == all.end()) {
-        throw usage_error(fmt::format("--mix: unknown phase '{}' (put, get, mix, churn, crash, faults, baseline)", printable(m)));
+        throw usage_error(fmt::format("--mix: unknown phase '{}' (put, get, mix, churn, crash, faults, baseline)", m));
       }
     }
   }
@@ -77,7 +123,7 @@ kv_options finish(const kv_flag_values& v) {
   } else if (v.durability == "persist") {
     o.mode = kv::durability::persist;
   } else {
-    throw usage_error(fmt::format("--durability: '{}' (cache or persist)", printable(v.durability)));
+    throw usage_error(fmt::format("--durability: '{}' (cache or persist)", v.durability));
   }
   if (!(o.seconds > 0) || o.seconds > 3600) throw usage_error("--seconds: 0 < S <= 3600");
   if (o.threads == 0 || o.threads > 256) throw usage_error("--threads: 1 .. 256");
@@ -113,7 +159,8 @@ std::function<kv_options()> add_kv_flags(CLI::App& cmd) {
                  "calls each caller keeps in flight through submit_put / submit_get, filling and checking blocks "
                  "meanwhile (default 2; 1: blocking put / get; the baseline runs threads x this many callers)")
       ->type_name("N");
-  cmd.add_option("--batch", v->o.batch, "keys per call (default: 8 MiB of blocks, 1 .. 64)")->type_name("N");
+  cmd.add_option("--batch", v->o.batch, "keys per call, 1 .. 1024 (default 0: as many as make 8 MiB, 1 .. 64)")
+      ->type_name("N");
   cmd.add_option("--zipf", v->o.zipf, "Zipf exponent of the mix's key choice (default 0.99)")->type_name("S");
   cmd.add_option("--get-fraction", v->o.get_fraction, "share of the mix's calls that are gets (default 0.7)")->type_name("F");
   cmd.add_option("--kills", v->o.kills, "writers killed with SIGKILL in the crash phase (default 3)")->type_name("N");

@@ -18,6 +18,7 @@
 #include "bench/bench.hpp"
 #include "bench/transfer.hpp"
 #include "gdskit/settings.hpp"
+#include "posix/bounded_read.hpp"
 #include "posix/syscalls.hpp"
 
 namespace gdskit::bench {
@@ -407,13 +408,16 @@ request finish(const flag_values& v) {
   if (v.positional.size() > 1) fail(fmt::format("{}: only one job file", v.positional[1]));
   if (!v.positional.empty()) {
     r.config_file = v.positional.front();
-    std::ifstream in(r.config_file);
-    if (!in) fail(fmt::format("job file {}: {}", r.config_file.string(), std::strerror(errno)));
-    std::stringstream text;
-    text << in.rdbuf();
+    // A regular file of at most 1 MiB: a FIFO is never waited on, a device never read without end.
+    constexpr std::size_t k_max_job_file = std::size_t{1} << 20;
+    const bounded_text text = read_bounded(r.config_file, k_max_job_file + 1);
+    if (!text.ok()) fail(fmt::format("job file {}: {}", r.config_file.string(), text.reason()));
+    if (text.capped || text.text->size() > k_max_job_file) {
+      fail(fmt::format("job file {}: larger than 1 MiB; a job file is a few lines of text", r.config_file.string()));
+    }
     job_spec defaults;
     defaults.xfer = *parse_xfer("host");
-    r.jobs = parse_config(text.str(), defaults);
+    r.jobs = parse_config(*text.text, defaults);
     if (job_flags) fail("job file: give the job settings in the file, not as flags");
   } else {
     if (!job.file.empty() && !job.directory.empty()) fail("-f and -D: give one of them, not both");

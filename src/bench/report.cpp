@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.hpp"
+#include "common/printable.hpp"
 #include "tools/path_line.hpp"
 #include "tools/programs.hpp"
 #include "tools/signal_cleanup.hpp"
@@ -90,7 +91,7 @@ std::string detail_lines(const job_result& r, bool verbose) {
   s += fmt::format("  page cache:  {}\n", cache);
   if (!r.created.empty()) {
     std::vector<std::string> names;
-    for (const auto& f : r.created) names.push_back(f.string());
+    for (const auto& f : r.created) names.push_back(printable(f.string()));
     s += fmt::format("  created:     {}\n", join(names, ", "));
   }
   if (r.verified) {

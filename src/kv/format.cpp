@@ -116,6 +116,7 @@ layout make_layout(std::uint64_t block_bytes, std::uint64_t slots) noexcept {
 }
 
 std::uint64_t slots_within(std::uint64_t block_bytes, std::uint64_t budget_bytes) noexcept {
+  budget_bytes = std::min(budget_bytes, max_volume_bytes);  // larger budgets would overflow the layout's sums
   const layout one = make_layout(block_bytes, 1);
   if (one.budget_bytes() > budget_bytes) return 0;
   // A first guess from the per-slot cost, then corrected both ways (the checkpoint rounds to pages).

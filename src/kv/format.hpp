@@ -19,6 +19,8 @@ namespace gdskit::kv::detail {
 inline constexpr std::size_t page_bytes = 4096;
 inline constexpr std::size_t max_namespace_bytes = 1024;
 inline constexpr std::size_t max_block_bytes = std::size_t{1} << 30;
+/// The largest volume (capacity per path): far below the largest file offset, so that no layout's sums overflow.
+inline constexpr std::uint64_t max_volume_bytes = std::uint64_t{1} << 60;
 inline constexpr std::uint32_t format_version = 1;
 /// Bytes of one checkpoint entry (one per slot) and of one window entry.
 inline constexpr std::size_t checkpoint_entry_bytes = 48;

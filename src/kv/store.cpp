@@ -403,6 +403,10 @@ block_store::impl::impl(const store_options& o) : options(o) {
   if (options.deadline <= std::chrono::nanoseconds::zero()) bad(EINVAL, "the deadline must be positive");
   const std::uint64_t n = options.paths.size();
   const std::uint64_t per_volume = options.capacity_bytes / n;
+  if (per_volume > detail::max_volume_bytes) {
+    bad(EINVAL, fmt::format("capacity_bytes {} is {} bytes per path; a file holds at most {}", options.capacity_bytes,
+                            per_volume, detail::max_volume_bytes));
+  }
   if (detail::slots_within(options.block_bytes, per_volume) == 0) {
     const std::uint64_t need = detail::make_layout(options.block_bytes, 1).budget_bytes() * n;
     bad(EINVAL, fmt::format("capacity_bytes {} is below one block per path: blocks of {} bytes on {} path(s) need "

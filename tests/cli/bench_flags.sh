@@ -43,4 +43,15 @@ refused "did you mean '--sweep'" --swep threads=1
 printf '[job1]\nfilename=%s\nsize=16K\nbs=4K\nenable_nvlinks=1\n' "$work/data" >"$work/nvlink.gdsio"
 err=$("$gdskit" bench "$work/nvlink.gdsio" 2>&1 >/dev/null); rc=$?
 [ $rc -eq 2 ] && grep -q 'line 5: enable_nvlinks=.*NVLink' <<<"$err" || fail "job-file enable_nvlinks=1: $rc $err"
+
+# A job file that is a FIFO or a device is refused at once (never waited on, never read without end), and one
+# past 1 MiB is refused as not a job file.
+mkfifo "$work/jobs.fifo"
+for jobs in "$work/jobs.fifo" /dev/zero; do
+  err=$(timeout 20 "$gdskit" bench "$jobs" 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] && grep -q 'not a regular file' <<<"$err" || fail "job file $jobs: exit $rc: $err"
+done
+head -c 1100000 /dev/zero | tr '\0' '#' >"$work/big.gdsio"
+err=$("$gdskit" bench "$work/big.gdsio" 2>&1 >/dev/null); rc=$?
+[ $rc -eq 2 ] && grep -q 'larger than 1 MiB' <<<"$err" || fail "a 1.1 MB job file: exit $rc: $err"
 echo "ok"

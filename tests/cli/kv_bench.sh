@@ -61,4 +61,30 @@ expect 2 bench kv --dir "$work" --in-flight 0
 expect 2 bench kv --dir "$work" --in-flight 17
 expect 2 bench kv --dir "$work" --jsn
 [ -z "$(ls "$work" | grep -v '^err$')" ] || fail "a refused run wrote something"
+
+# Folders are checked before anything runs: the same folder twice (also through a link), someone's files under
+# the bench's names (never removed or overwritten), more capacity than the folder has room for.
+ln -s "$work" "$work/../kv-link-$$"
+expect 2 bench kv --dir "$work" --dir "$work/../kv-link-$$" --capacity 24M --block-sizes 64K
+rm -f "$work/../kv-link-$$"
+mkdir "$work/gdskit-kv-bench-store-65536"
+echo "someone's" > "$work/gdskit-kv-bench-store-65536/notes"
+err=$("$gdskit" bench kv --dir "$work" --capacity 24M --block-sizes 64K --seconds 0.3 --mix put 2>&1 >/dev/null)
+[ $? -eq 2 ] || fail "a folder holding the bench's names was used: $err"
+grep -q "remove it first" <<<"$err" || fail "no reason for refusing the folder: $err"
+[ "$(cat "$work/gdskit-kv-bench-store-65536/notes")" = "someone's" ] || fail "someone's file was touched"
+rm -rf "$work/gdskit-kv-bench-store-65536"
+expect 2 bench kv --dir "$work" --capacity 18446744073709551615 --block-sizes 64K
+expect 2 bench kv --dir "$work" --capacity 1E --block-sizes 64K
+
+# SIGTERM in the middle of a run: it says so, exits 143 and leaves nothing behind.
+"$gdskit" bench kv --dir "$work" --capacity 256M --block-sizes 64K --seconds 2 --mix put,get >/dev/null 2>"$work/err" &
+pid=$!
+for _ in $(seq 1 300); do grep -q "put storm" "$work/err" && break; sleep 0.05; done
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -eq 143 ] || fail "an interrupted bench kv exited $rc: $(cat "$work/err")"
+grep -q "interrupted" "$work/err" || fail "an interrupted bench kv said nothing: $(cat "$work/err")"
+[ -z "$(ls "$work" | grep -v '^err$')" ] || fail "an interrupted run left files: $(ls "$work")"
 echo "PASS bench kv"
