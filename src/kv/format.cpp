@@ -117,15 +117,19 @@ layout make_layout(std::uint64_t block_bytes, std::uint64_t slots) noexcept {
 
 std::uint64_t slots_within(std::uint64_t block_bytes, std::uint64_t budget_bytes) noexcept {
   budget_bytes = std::min(budget_bytes, max_volume_bytes);  // larger budgets would overflow the layout's sums
-  const layout one = make_layout(block_bytes, 1);
-  if (one.budget_bytes() > budget_bytes) return 0;
-  // A first guess from the per-slot cost, then corrected both ways (the checkpoint rounds to pages).
-  std::uint64_t s = (budget_bytes - 3 * page_bytes) /
-                    (one.slot_bytes + 2 * (checkpoint_entry_bytes + window_entry_bytes));
-  s = std::max<std::uint64_t>(s, 1);
-  while (s > 1 && make_layout(block_bytes, s).budget_bytes() > budget_bytes) --s;
-  while (make_layout(block_bytes, s + 1).budget_bytes() <= budget_bytes) ++s;
-  return s;
+  if (make_layout(block_bytes, 1).budget_bytes() > budget_bytes) return 0;
+  // The most slots whose volume fits: a layout grows with its slots, so a binary search between one slot and
+  // what the slots alone would fill.
+  std::uint64_t lo = 1, hi = budget_bytes / make_layout(block_bytes, 1).slot_bytes + 1;
+  while (lo < hi) {
+    const std::uint64_t mid = lo + (hi - lo + 1) / 2;
+    if (make_layout(block_bytes, mid).budget_bytes() <= budget_bytes) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
 }
 
 std::uint64_t namespace_hash(std::string_view text) noexcept {

@@ -14,7 +14,7 @@ namespace {
 
 TEST(kv_format, layout_fits_the_budget_and_aligns) {
   for (std::uint64_t block : {1ull, 4096ull, 5000ull, 65536ull, 2ull << 20, 8ull << 20}) {
-    for (std::uint64_t budget : {64ull << 10, 1ull << 20, 100ull << 20, 1ull << 30, 3ull << 30}) {
+    for (std::uint64_t budget : {64ull << 10, 1ull << 20, 100ull << 20, 1ull << 30, 3ull << 30, 1ull << 60}) {
       const std::uint64_t s = slots_within(block, budget);
       if (s == 0) {
         EXPECT_GT(make_layout(block, 1).budget_bytes(), budget);

@@ -465,6 +465,10 @@ TEST_F(kv_store, bad_input_is_refused_before_any_io) {
   EXPECT_EQ(code_of([&] { block_store s(o); }), std::errc::invalid_argument);
   EXPECT_EQ(code_of([&] { block_store s(options(0, 8 << 20)); }), std::errc::invalid_argument);
   EXPECT_EQ(code_of([&] { block_store s(options(4096, 4096)); }), std::errc::invalid_argument);  // below one block
+  // More than a file can hold: refused at once (the layout's sums would overflow; this once looped for good).
+  EXPECT_EQ(code_of([&] { block_store s(options(4096, ~std::uint64_t{0})); }), std::errc::invalid_argument);
+  EXPECT_EQ(code_of([&] { block_store s(options(65536, std::uint64_t{1} << 62)); }), std::errc::invalid_argument);
+  EXPECT_GT(detail::slots_within(65536, ~std::uint64_t{0}), 0u);  // the count alone is bounded, never wraps
   EXPECT_EQ(code_of([&] { block_store s(options(4096, 8 << 20, std::string(2000, 'x'))); }), std::errc::invalid_argument);
   o = options(4096, 8 << 20);
   o.deadline = 0s;
