@@ -39,7 +39,8 @@ class ItemResult(NamedTuple):
 
 class BatchResult(Sequence):
     """Every item's outcome, in the order the items were given. `nbytes`: bytes moved in all; `failed`: how many
-    items failed; `seconds`: from submission to completion; `routes`: how many items took each path."""
+    items failed; `seconds`: from submission to completion; `routes`: how many items took each path (host,
+    staged, gds), the file requests issued and how many of them went through the page cache (buffered)."""
 
     def __init__(self, raw, paths):
         items, self.nbytes, self.failed, self.seconds, self.routes = raw

@@ -69,6 +69,7 @@ py::tuple result_tuple(const gdskit::batch_result& r) {
   routes["staged"] = r.routes.staged;
   routes["gds"] = r.routes.gds;
   routes["requests"] = r.routes.requests;
+  routes["buffered"] = r.routes.buffered;
   return py::make_tuple(items, r.nbytes, r.failed, r.seconds, routes);
 }
 

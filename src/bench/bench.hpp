@@ -191,6 +191,7 @@ std::string describe_cufile_counts(const cufile_counts& c);
 struct batch_route_counts {
   std::uint64_t host = 0, staged = 0, gds = 0;  ///< ranges moved by each route
   std::uint64_t requests = 0;                   ///< file requests issued
+  std::uint64_t buffered = 0;                   ///< of them, through the page cache (not O_DIRECT)
   std::uint64_t batches = 0;
 };
 

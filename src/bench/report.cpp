@@ -148,7 +148,8 @@ nlohmann::json to_json(const job_result& r) {
                   {"batches", r.routes->batches},
                   {"stream_ordered", r.job.xfer.stream},
                   {"ranges_by_route", {{"host", r.routes->host}, {"staged", r.routes->staged}, {"gds", r.routes->gds}}},
-                  {"file_requests", r.routes->requests}};
+                  {"file_requests", r.routes->requests},
+                  {"buffered_requests", r.routes->buffered}};
   }
   return j;
 }

@@ -276,6 +276,7 @@ void run_batch_worker(worker& w, const std::atomic<bool>& stop, clock_type::time
     w.routes.staged += r.routes.staged;
     w.routes.gds += r.routes.gds;
     w.routes.requests += r.routes.requests;
+    w.routes.buffered += r.routes.buffered;
     ++w.routes.batches;
   }
   w.end = clock_type::now();
@@ -430,6 +431,7 @@ void note_routes(job_result& r, const std::vector<std::unique_ptr<worker>>& work
     c.staged += w->routes.staged;
     c.gds += w->routes.gds;
     c.requests += w->routes.requests;
+    c.buffered += w->routes.buffered;
     c.batches += w->routes.batches;
   }
   r.routes = c;
@@ -438,8 +440,8 @@ void note_routes(job_result& r, const std::vector<std::unique_ptr<worker>>& work
   else if (used > 1) r.path_ran = "mixed";
   r.reasons.insert(r.reasons.begin(),
                    fmt::format("batch core: {} batches of up to {} ranges; ranges by route: host {}, staged {}, "
-                               "cuFile {}; {} file requests", c.batches, batch_ranges(r.job), c.host, c.staged, c.gds,
-                               c.requests));
+                               "cuFile {}; {} file requests, {} of them through the page cache (not O_DIRECT)",
+                               c.batches, batch_ranges(r.job), c.host, c.staged, c.gds, c.requests, c.buffered));
 }
 
 }  // namespace

@@ -310,11 +310,13 @@ TEST_F(batch_test, cached_files_are_read_through_the_cache_and_cold_files_direct
   for (auto& o : out) ranges.push_back({&f, (rng() % ((8 << 20) / 4096 - 1)) * 4096 + 4096, buffer_view::host(o.data(), o.size())});
   batch_options o;
   o.coalesce_gap_bytes = 0;
+  batch_routes routes;  // the batch's own account of it, checked against the calls
   auto read_all = [&] {
     direct = 0;
     buffered = 0;
     posix::scoped_syscalls guard(t);
     const batch_result r = read_batch(ranges, o);
+    routes = r.routes;
     ASSERT_TRUE(r.ok());
     for (std::size_t i = 0; i < out.size(); ++i) {
       ASSERT_EQ(0, std::memcmp(out[i].data(), d.data() + ranges[i].offset_bytes, 4096)) << i;
@@ -323,6 +325,7 @@ TEST_F(batch_test, cached_files_are_read_through_the_cache_and_cold_files_direct
   read_all();  // just written: every page is cached
   EXPECT_GT(buffered.load(), 0);
   EXPECT_EQ(direct.load(), 0);
+  EXPECT_EQ(routes.buffered, routes.requests);
   f.drop_cache();
   {
     // What is left in the cache (mincore over a mapping of the file).
@@ -341,6 +344,8 @@ TEST_F(batch_test, cached_files_are_read_through_the_cache_and_cold_files_direct
   read_all();
   EXPECT_EQ(buffered.load(), 0);
   EXPECT_GT(direct.load(), 0);
+  EXPECT_EQ(routes.buffered, 0u);
+  EXPECT_GT(routes.requests, 0u);
 }
 
 TEST_F(batch_test, checksummed_ranges_are_at_most_16_mib) {

@@ -128,7 +128,7 @@ void batch_state::became_ready() {
     result_.nbytes += r.nbytes;
     if (r.error) ++result_.failed;
   }
-  result_.routes = {routed_host.load(), routed_staged.load(), routed_gds.load(), requests.load()};
+  result_.routes = {routed_host.load(), routed_staged.load(), routed_gds.load(), requests.load(), buffered.load()};
   result_.checksum_mismatches = checksum_mismatches.load();
   result_.seconds = std::chrono::duration<double>(clock::now() - started).count();
   if (options.deadline) disarm_deadline(this, *options.deadline);

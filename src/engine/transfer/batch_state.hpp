@@ -94,7 +94,7 @@ struct batch_state {
   const batch_result& result() const noexcept { return result_; }
 
   /// Counts what the routes did (for batch_result::routes).
-  std::atomic<std::size_t> routed_host{0}, routed_staged{0}, routed_gds{0}, requests{0};
+  std::atomic<std::size_t> routed_host{0}, routed_staged{0}, routed_gds{0}, requests{0}, buffered{0};
   /// Checksummed reads whose bytes did not match (for batch_result::checksum_mismatches).
   std::atomic<std::size_t> checksum_mismatches{0};
 

@@ -1167,6 +1167,7 @@ class driver {
     for (const auto& p : r.parts) any_open = any_open || !b_.decided(p.range);
     if (!any_open) return false;
     b_.requests.fetch_add(1, std::memory_order_relaxed);
+    if (!r.direct) b_.buffered.fetch_add(1, std::memory_order_relaxed);
     const auto& mem0 = b_.ranges[r.parts.front().range].memory;
     r.to_device = !host_memory(mem0);
     for (const auto& p : r.parts) {
