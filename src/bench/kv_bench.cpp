@@ -1259,10 +1259,12 @@ nlohmann::json phase_json(const phase& p) {
 void print_text(const kv_options& o, const std::vector<block_run>& runs, std::ostream& out) {
   std::string dirs;
   for (const auto& d : o.dirs) dirs += (dirs.empty() ? "" : ", ") + printable(d.string());
-  out << fmt::format("gdskit bench kv: {}; capacity {}; {} memory; {} callers, {} calls in flight each (the "
-                     "baseline: {} callers); durability {}\n",
+  const auto count = [](unsigned n, const char* one, const char* many) { return fmt::format("{} {}", n, n == 1 ? one : many); };
+  out << fmt::format("gdskit bench kv: {}; capacity {}; {} memory; {}, {} in flight each (the baseline: {}); "
+                     "durability {}\n",
                      dirs, format_size(o.capacity_bytes), o.gpu >= 0 ? fmt::format("GPU {}", o.gpu) : std::string("host"),
-                     o.threads, o.in_flight, o.threads * o.in_flight, kv::to_string(o.mode));
+                     count(o.threads, "caller", "callers"), count(o.in_flight, "call", "calls"),
+                     count(o.threads * o.in_flight, "caller", "callers"), kv::to_string(o.mode));
   for (const auto& br : runs) {
     out << fmt::format("\nblock {} ({} per call, {} slots); files: {}\n", format_size(br.block), br.batch, br.slots,
                        br.direct ? "O_DIRECT" : printable(br.direct_reason));

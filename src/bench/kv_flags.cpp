@@ -38,7 +38,7 @@ std::vector<std::string> split(const std::string& text) {
   while (pos <= text.size()) {
     const auto comma = text.find(',', pos);
     const std::string part = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    if (!part.empty()) out.push_back(part);
+    out.push_back(part);  // an empty item stays, to be refused by name
     if (comma == std::string::npos) break;
     pos = comma + 1;
   }
@@ -91,6 +91,7 @@ kv_options finish(const kv_flag_values& v) {
   }
   o.block_bytes.clear();
   for (const auto& b : split(v.block_sizes)) {
+    if (b.empty()) throw usage_error(fmt::format("--block-sizes '{}': an empty item", v.block_sizes));
     const auto n = parse_size(b);
     if (!n || *n == 0 || *n > (std::uint64_t{1} << 30)) {
       throw usage_error(fmt::format("--block-sizes: '{}' is not a size of 1 byte .. 1 GiB", b));
@@ -112,6 +113,7 @@ kv_options finish(const kv_flag_values& v) {
   if (!v.mixes.empty()) {
     o.mixes = split(v.mixes);
     for (const auto& m : o.mixes) {
+      if (m.empty()) throw usage_error(fmt::format("--mix '{}': an empty item", v.mixes));
       const auto& all = kv_all_mixes();
       if (std::find(all.begin(), all.end(), m) == all.end()) {
         throw usage_error(fmt::format("--mix: unknown phase '{}' (put, get, mix, churn, crash, faults, baseline)", m));

@@ -60,6 +60,8 @@ expect 2 bench kv --dir "$work" --threads 0
 expect 2 bench kv --dir "$work" --in-flight 0
 expect 2 bench kv --dir "$work" --in-flight 17
 expect 2 bench kv --dir "$work" --jsn
+expect 2 bench kv --dir "$work" --block-sizes 64K,,2M
+expect 2 bench kv --dir "$work" --mix put,
 [ -z "$(ls "$work" | grep -v '^err$')" ] || fail "a refused run wrote something"
 
 # Folders are checked before anything runs: the same folder twice (also through a link), someone's files under
