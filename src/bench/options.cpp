@@ -129,6 +129,7 @@ std::optional<std::uint64_t> checked_extent(std::uint64_t a, std::uint64_t b, st
 long long int_arg(std::string_view flag, std::string_view text, long long lo, long long hi) {
   long long v = 0;
   auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec == std::errc::result_out_of_range) fail(fmt::format("{} {}: must be between {} and {}", flag, text, lo, hi));
   if (ec != std::errc() || p != text.data() + text.size()) fail(fmt::format("{} {}: not a whole number", flag, text));
   if (v < lo || v > hi) fail(fmt::format("{} {}: must be between {} and {}", flag, text, lo, hi));
   return v;
@@ -178,7 +179,10 @@ io_type io_type_arg(std::string_view flag, std::string_view text) {
 
 xfer_spec xfer_arg(std::string_view flag, std::string_view text) {
   auto x = parse_xfer(text);
-  if (!x) fail(fmt::format("{} {}: unknown transfer type (0-7 or gds, staged, compat, host, naive)", flag, text));
+  if (!x) {
+    fail(fmt::format("{} {}: unknown transfer type (0-7, or gds, staged, compat, host, naive, batch, batch-stream, "
+                     "host-batch)", flag, text));
+  }
   return *x;
 }
 
@@ -558,7 +562,12 @@ void validate(const job_spec& j) {
   }
   if (needs_gpu(j.xfer.kind)) {
     std::string why;
-    if (!gpu_usable(&why)) fail(fmt::format("-x {} needs a GPU, and none is usable: {}", to_string(j.xfer.kind), why));
+    if (!gpu_usable(&why)) {
+      // Named as it was asked: "-x 7 (batch-stream)", "-x staged".
+      const std::string name(j.xfer.stream ? std::string_view("batch-stream") : to_string(j.xfer.kind));
+      const std::string asked = j.xfer.gdsio_number >= 0 ? fmt::format("{} ({})", j.xfer.gdsio_number, name) : name;
+      fail(fmt::format("-x {} needs a GPU, and none is usable: {}", asked, why));
+    }
     int n = gpu_devices();
     if (j.gpu >= n) fail(fmt::format("-d {}: no such GPU (this machine has {}; indexes 0..{})", j.gpu, n, n - 1));
   }

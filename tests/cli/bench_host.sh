@@ -62,7 +62,13 @@ out=$("$gdskit" bench -f "$work/batch" -s 3M -i 64K -w 3 -I 0 -x host-batch -B 5
 if ! nvidia-smi >/dev/null 2>&1; then
   err=$("$gdskit" bench -f "$work/batch" -s 1M -i 64K -x 6 -B 8 2>&1 >/dev/null); rc=$?
   [ $rc -eq 2 ] && grep -q 'needs a GPU' <<<"$err" || fail "-x 6 without a GPU: $rc $err"
+  err=$("$gdskit" bench -f "$work/batch" -s 1M -i 64K -x 7 -B 8 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] && grep -q -- '-x 7 (batch-stream) needs a GPU' <<<"$err" || fail "-x 7 not named as asked: $rc $err"
 fi
+err=$("$gdskit" bench -f "$work/batch" -s 1M -x bogus 2>&1 >/dev/null); rc=$?
+[ $rc -eq 2 ] && grep -q 'host-batch' <<<"$err" || fail "unknown -x does not list the batch types: $rc $err"
+err=$("$gdskit" bench -f "$work/batch" -s 1M -x host-batch -B 18446744073709551616 2>&1 >/dev/null); rc=$?
+[ $rc -eq 2 ] && grep -q 'must be between' <<<"$err" || fail "-B past 2^64: $rc $err"
 
 # Wrong seed: verification fails with exit code 1.
 "$gdskit" bench -f "$work/data" -s 2M -i 256K -w 4 -I 0 -V -k 4 --quiet >/dev/null 2>&1
