@@ -211,21 +211,17 @@ namespace {
 
 // Opens `path` for reading and writing by offset: a regular file or a block device, returned in blocking mode
 // with its stat in `st`; `ec` set (and no descriptor) when the open itself fails. Throws at once for anything
-// else: EISDIR for a folder, EINVAL naming a FIFO, socket or character device (never waited for).
-posix::unique_fd open_by_offset(const std::filesystem::path& path, int flags, mode_t permissions, struct stat& st,
-                                std::error_code& ec) {
-  // Looked at first: opening some devices does something (a tape rewinds, a watchdog starts).
-  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode) && !S_ISDIR(st.st_mode)) {
+// else: EISDIR for a folder, EINVAL naming a FIFO, socket or character device (never waited for). `look_first`:
+// the path's kind is checked before the open (opening some devices does something: a tape rewinds, a watchdog
+// starts); a second open of a path already checked skips it (its caller compares the two files).
+posix::unique_fd open_by_offset(const std::filesystem::path& path, int flags, mode_t permissions, bool look_first,
+                                struct stat& st, std::error_code& ec) {
+  if (look_first && ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode) &&
+      !S_ISDIR(st.st_mode)) {
     refuse_kind(path, st);
   }
   posix::unique_fd fd(posix::open_without_waiting(path.c_str(), flags, permissions, st, ec));
-  if (ec) {
-    if (ec == std::errc::no_such_device_or_address && st.st_mode != 0 && !S_ISREG(st.st_mode) &&
-        !S_ISBLK(st.st_mode) && !S_ISDIR(st.st_mode)) {
-      refuse_kind(path, st);  // a FIFO without a reader, a socket: said as what they are
-    }
-    return {};
-  }
+  if (ec) return {};
   if (S_ISDIR(st.st_mode)) throw error(errno_code(EISDIR), "open", path.string(), -1, 0);
   if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) refuse_kind(path, st);
   if (!posix::set_blocking(fd.get())) throw error(errno_code(errno), "fcntl", path.string(), -1, 0);
@@ -254,7 +250,7 @@ open_file::open_file(const std::filesystem::path& p, open_mode md, const open_op
   }
   std::error_code ec;
   struct stat st {};
-  m.fd = open_by_offset(path, flags, options.permissions, st, ec);
+  m.fd = open_by_offset(path, flags, options.permissions, /*look_first=*/true, st, ec);
   if (ec) throw error(ec, "open", path.string(), -1, 0);
 
   const std::string fs = posix::fs_type_of(m.fd.get());
@@ -266,7 +262,7 @@ open_file::open_file(const std::filesystem::path& p, open_mode md, const open_op
     // The second descriptor carries O_DIRECT; creation and truncation happened on the first. It must be the
     // same file: a path replaced in between is refused rather than read or written as another file.
     struct stat direct_st {};
-    m.direct_fd = open_by_offset(path, access_flags(mode) | O_DIRECT, 0, direct_st, ec);
+    m.direct_fd = open_by_offset(path, access_flags(mode) | O_DIRECT, 0, /*look_first=*/false, direct_st, ec);
     if (m.direct_fd && (direct_st.st_dev != st.st_dev || direct_st.st_ino != st.st_ino)) {
       throw error(errno_code(ESTALE), "open O_DIRECT", path.string(), -1, 0, "the path was replaced while it was opened");
     }
