@@ -1,6 +1,9 @@
 #include "gpu/group_copier.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <deque>
+#include <functional>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -102,22 +105,6 @@ struct kernel_piece {
 };
 static_assert(sizeof(kernel_piece) == 24);
 
-struct host_call {
-  std::uint64_t token;
-  std::function<void(std::uint64_t, std::error_code)> done;
-  std::function<void()> after;  // once `done` returned
-};
-
-void run_host_call(void* p) {
-  std::unique_ptr<host_call> c(static_cast<host_call*>(p));
-  try {
-    c->done(c->token, {});
-  } catch (...) {
-    log_warning("batch copy completion: the callback threw");
-  }
-  if (c->after) c->after();
-}
-
 class cuda_group_copier final : public engine::group_copier {
  public:
   // Pieces smaller than this go to the copy kernel; larger ones to the copy engines, which move them at the
@@ -129,10 +116,60 @@ class cuda_group_copier final : public engine::group_copier {
   static constexpr unsigned k_kernel_threads = 256;
 
   explicit cuda_group_copier(int device) : device_(device), stream_(device, CU_STREAM_NON_BLOCKING) {
-    if (!default_settings().copy_kernel) return;
     const cuda_api& a = cuda_or_throw();
     gpu::context_guard ctx(device);
-    kernel_ = copy_kernel(a, device);
+    set_up_landing(a);
+    if (default_settings().copy_kernel) set_up_kernel(a);
+  }
+
+  ~cuda_group_copier() override {
+    drain();
+    std::lock_guard lock(mutex_);
+    for (auto& [ptr, b] : chunks_) chunk_pool::instance().give(device_, b->size(), std::move(b));
+    for (auto& t : tables_) chunk_pool::instance().give(device_, k_table_bytes, std::move(t));
+    if (word_) chunk_pool::instance().give(device_, k_word_bytes, std::move(word_));
+  }
+
+  int device() const override { return device_; }
+
+ private:
+  // The word the copy stream writes each group's number into once the group's copies have landed, and the
+  // stream the groups' host functions run on, so that the copy stream never waits for one: where the driver
+  // has stream memory operations, events and host functions. Without them a group ends by a host function on
+  // the copy stream itself, and the next group's copies wait for it to return.
+  void set_up_landing(const cuda_api& a) {
+    if (a.cuStreamWriteValue64 == nullptr || a.cuStreamWaitEvent == nullptr || a.cuLaunchHostFunc == nullptr ||
+        a.cuMemHostGetDevicePointer == nullptr) {
+      return;
+    }
+    std::unique_ptr<mapped_chunk> w;
+    try {
+      w = chunk_pool::instance().take(device_, k_word_bytes);
+      if (w->device_address() != 0) {
+        side_ = cuda_stream(device_, CU_STREAM_NON_BLOCKING);
+        landed_event_ = cuda_event(device_, CU_EVENT_DISABLE_TIMING);
+        // A pooled chunk holds whatever it held last: the count starts again from 0. Drivers may refuse memory
+        // operations (a module option on older ones): then no word (nothing was queued).
+        landed_word(*w).store(0, std::memory_order_release);
+        if (a.cuStreamWriteValue64(stream_.get(), w->device_address(), 0, CU_STREAM_WRITE_VALUE_DEFAULT) == CUDA_SUCCESS) {
+          word_ = std::move(w);
+          return;
+        }
+      }
+    } catch (const error&) {
+      // Pinning, a stream or an event refused: groups end by host functions on the copy stream.
+    }
+    side_ = cuda_stream();
+    landed_event_ = cuda_event();
+    if (w) chunk_pool::instance().give(device_, k_word_bytes, std::move(w));
+  }
+
+  static std::atomic_ref<std::uint64_t> landed_word(const mapped_chunk& w) noexcept {
+    return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(w.host()));
+  }
+
+  void set_up_kernel(const cuda_api& a) {
+    kernel_ = copy_kernel(a, device_);
     if (kernel_ == nullptr) return;
     try {
       auto table = chunk_pool::instance().take(device_, k_table_bytes);
@@ -147,14 +184,7 @@ class cuda_group_copier final : public engine::group_copier {
     }
   }
 
-  ~cuda_group_copier() override {
-    drain();
-    std::lock_guard lock(mutex_);
-    for (auto& [ptr, b] : chunks_) chunk_pool::instance().give(device_, b->size(), std::move(b));
-    for (auto& t : tables_) chunk_pool::instance().give(device_, k_table_bytes, std::move(t));
-  }
-
-  int device() const override { return device_; }
+ public:
 
   std::byte* take_chunk(std::size_t nbytes) override {
     std::unique_ptr<mapped_chunk> b;
@@ -198,32 +228,35 @@ class cuda_group_copier final : public engine::group_copier {
     const cuda_api& a = cuda_or_throw();
     std::error_code ec;
     std::vector<std::unique_ptr<mapped_chunk>> used;  // tables the group's launches read
+    std::uint64_t seq = 0;                            // nonzero once the group waits in pending_
     try {
       gpu::context_guard ctx(device_);
       issue(a, up_, true);
       issue(a, down_, false);
       launch_pieces(a, used);
       if (a.cuLaunchHostFunc != nullptr) {
-        auto call = std::make_unique<host_call>();
-        call->token = token;
-        call->done = std::move(done);
-        if (!used.empty()) {
-          auto tables = std::make_shared<std::vector<std::unique_ptr<mapped_chunk>>>(std::move(used));
-          call->after = [this, tables] { give_tables(std::move(*tables)); };
+        CUstream notify = stream_.get();
+        const std::uint64_t next = ++seq_;  // taken even if the group fails: its word write may still land
+        if (word_) {
+          check_cuda(a.cuStreamWriteValue64(stream_.get(), word_->device_address(), next, CU_STREAM_WRITE_VALUE_DEFAULT),
+                     "cuStreamWriteValue64 (copy group landed)");
+          check_cuda(a.cuEventRecord(landed_event_.get(), stream_.get()), "cuEventRecord (copy group)");
+          check_cuda(a.cuStreamWaitEvent(side_.get(), landed_event_.get(), 0), "cuStreamWaitEvent (copy group)");
+          notify = side_.get();
         }
-        const CUresult r = a.cuLaunchHostFunc(stream_.get(), run_host_call, call.get());
-        if (r == CUDA_SUCCESS) {
-          call.release();
-          return;
+        {
+          std::lock_guard lock(mutex_);
+          pending_.push_back({next, token, std::move(done), std::move(used)});
         }
-        done = std::move(call->done);
-        if (call->after) call->after();
-        ec = cuda_code(r);
-      } else {
-        // A driver without host functions: wait here (the driver then runs one group at a time).
-        const CUresult r = a.cuStreamSynchronize(stream_.get());
-        if (r != CUDA_SUCCESS) ec = cuda_code(r);
+        seq = next;
+        auto call = std::make_unique<landing_call>(landing_call{this, seq});
+        check_cuda(a.cuLaunchHostFunc(notify, run_landing_call, call.get()), "cuLaunchHostFunc (copy group)");
+        call.release();
+        return;
       }
+      // A driver without host functions: wait here (the driver then runs one group at a time).
+      const CUresult r = a.cuStreamSynchronize(stream_.get());
+      if (r != CUDA_SUCCESS) ec = cuda_code(r);
     } catch (const std::system_error& e) {
       ec = e.code();
     } catch (const std::bad_alloc&) {
@@ -233,24 +266,41 @@ class cuda_group_copier final : public engine::group_copier {
       up_.clear();
       down_.clear();
       pieces_.clear();
+      // What went out before a failure may still be reading or writing staging: it ends before the group does.
+      drain();
     }
-    // What went out before a failure may still be reading or writing staging: it ends before the group does.
-    if (ec) drain();
+    if (seq != 0) {
+      // Its host function did not go out: the group ends here, unless the landing word ended it already (the
+      // groups before it have ended: drain() waited for their host functions).
+      complete_through(seq, ec);
+      return;
+    }
     give_tables(std::move(used));
     done(token, ec);
   }
 
+  void poll() noexcept override {
+    if (!word_) return;
+    const std::uint64_t landed = landed_word(*word_).load(std::memory_order_acquire);
+    if (landed > completed_.load(std::memory_order_relaxed)) complete_through(landed, {});
+  }
+
   std::error_code failure() noexcept override {
     const cuda_api* a = cuda();
-    if (a == nullptr || a->cuStreamQuery == nullptr || !stream_) return {};
-    const CUresult r = a->cuStreamQuery(stream_.get());
-    if (r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY) return {};
-    return cuda_code(r);
+    if (a == nullptr || a->cuStreamQuery == nullptr) return {};
+    for (const cuda_stream* s : {&stream_, &side_}) {
+      if (!*s) continue;
+      const CUresult r = a->cuStreamQuery(s->get());
+      if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) return cuda_code(r);
+    }
+    return {};
   }
 
   void drain() noexcept override {
-    if (!stream_) return;
-    release_in_context(device_, "cuStreamSynchronize", [s = stream_.get()] { return cuda()->cuStreamSynchronize(s); });
+    for (const cuda_stream* s : {&stream_, &side_}) {
+      if (!*s) continue;
+      release_in_context(device_, "cuStreamSynchronize", [h = s->get()] { return cuda()->cuStreamSynchronize(h); });
+    }
   }
 
  private:
@@ -373,8 +423,59 @@ class cuda_group_copier final : public engine::group_copier {
     }
   }
 
+  // A flushed group until its `done` is called: by poll() once the landing word shows it, or by the host
+  // function queued after it, whichever comes first.
+  struct pending_group {
+    std::uint64_t seq;
+    std::uint64_t token;
+    std::function<void(std::uint64_t, std::error_code)> done;
+    std::vector<std::unique_ptr<mapped_chunk>> tables;  // piece tables its launches read
+  };
+
+  struct landing_call {
+    cuda_group_copier* copier;
+    std::uint64_t seq;
+  };
+
+  static void run_landing_call(void* p) {
+    std::unique_ptr<landing_call> c(static_cast<landing_call*>(p));
+    c->copier->complete_through(c->seq, {});
+  }
+
+  // Ends every pending group up to number `seq` (they have landed, or failed with `ec`): their tables go back
+  // for the next launches and their `done` is called, on this thread.
+  void complete_through(std::uint64_t seq, std::error_code ec) noexcept {
+    std::vector<pending_group> ready;
+    try {
+      std::lock_guard lock(mutex_);
+      while (!pending_.empty() && pending_.front().seq <= seq) {
+        ready.push_back(std::move(pending_.front()));
+        pending_.pop_front();
+      }
+      if (seq > completed_.load(std::memory_order_relaxed)) completed_.store(seq, std::memory_order_relaxed);
+    } catch (const std::bad_alloc&) {
+      // Nothing taken: the groups end by their host functions.
+    }
+    for (pending_group& g : ready) {
+      give_tables(std::move(g.tables));
+      try {
+        g.done(g.token, ec);
+      } catch (...) {
+        log_warning("batch copy completion: the callback threw");
+      }
+    }
+  }
+
+  static constexpr std::size_t k_word_bytes = 4096;
+
   int device_;
   cuda_stream stream_;
+  cuda_stream side_;                     // host functions after each group, where there is a landing word
+  cuda_event landed_event_;              // orders side_ after the group just flushed
+  std::unique_ptr<mapped_chunk> word_;   // the landing word (its first 8 bytes), or none
+  std::uint64_t seq_ = 0;                // groups flushed (the number of the last one)
+  std::atomic<std::uint64_t> completed_{0};  // groups up to this number have ended
+  std::deque<pending_group> pending_;    // under mutex_
   CUfunction kernel_ = nullptr;  // the copy kernel, where small pieces go to it
   queue up_, down_;
   std::vector<kernel_piece> pieces_;

@@ -78,6 +78,8 @@ loaded load() {
   bind(lib, a.cuMemcpyBatchAsync, {"cuMemcpyBatchAsync_v2"}, optional_missing);
   bind(lib, a.cuLaunchHostFunc, {"cuLaunchHostFunc"}, optional_missing);
   bind(lib, a.cuStreamWaitValue32, {"cuStreamWaitValue32_v2"}, optional_missing);
+  bind(lib, a.cuStreamWriteValue64, {"cuStreamWriteValue64_v2"}, optional_missing);
+  bind(lib, a.cuStreamWaitEvent, {"cuStreamWaitEvent"}, optional_missing);
   bind(lib, a.cuMemHostGetDevicePointer, {"cuMemHostGetDevicePointer_v2"}, optional_missing);
   bind(lib, a.cuStreamQuery, {"cuStreamQuery"}, optional_missing);
   if (!(bind(lib, a.cuModuleLoadData, {"cuModuleLoadData"}, optional_missing) &&

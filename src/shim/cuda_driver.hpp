@@ -1,8 +1,9 @@
 // The CUDA driver API (libcuda.so.1), loaded at run time. Declarations are our own: the build needs no CUDA
-// header; tests/gpu/abi_test.cpp compares them with cuda.h where it exists.
+// header; tests/gpu/abi_check.cpp compares them with cuda.h where it exists.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace gdskit::shim {
@@ -61,6 +62,9 @@ inline constexpr int CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1;
 using CUhostFn = void (*)(void* user_data);
 // cuStreamWaitValue32 flags.
 inline constexpr unsigned CU_STREAM_WAIT_VALUE_GEQ = 0x0;
+// cuStreamWriteValue64 flags: the default puts a memory barrier before the write (the stream's earlier writes
+// are visible once the value is).
+inline constexpr unsigned CU_STREAM_WRITE_VALUE_DEFAULT = 0x0;
 inline constexpr unsigned CU_MEMHOSTALLOC_DEVICEMAP = 0x02;
 
 /// Function table of libcuda.so.1. Every pointer is non-null once load() succeeded, except those marked
@@ -108,6 +112,8 @@ struct cuda_api {
                                  CUmemcpyAttributes* attrs, std::size_t* attr_idxs, std::size_t num_attrs, CUstream);
   CUresult (*cuLaunchHostFunc)(CUstream, CUhostFn, void*);
   CUresult (*cuStreamWaitValue32)(CUstream, CUdeviceptr, unsigned value, unsigned flags);
+  CUresult (*cuStreamWriteValue64)(CUstream, CUdeviceptr, std::uint64_t value, unsigned flags);
+  CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned flags);
   CUresult (*cuMemHostGetDevicePointer)(CUdeviceptr*, void*, unsigned);
   CUresult (*cuStreamQuery)(CUstream);
   // Kernels from PTX (all three, or none bound).

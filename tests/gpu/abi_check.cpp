@@ -89,6 +89,7 @@ static_assert(offsetof(s::CUmemcpyAttributes, dstLocHint) == offsetof(CUmemcpyAt
 static_assert(offsetof(s::CUmemcpyAttributes, flags) == offsetof(CUmemcpyAttributes, flags));
 static_assert(s::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM == CU_MEMCPY_SRC_ACCESS_ORDER_STREAM);
 static_assert(s::CU_STREAM_WAIT_VALUE_GEQ == CU_STREAM_WAIT_VALUE_GEQ);
+static_assert(s::CU_STREAM_WRITE_VALUE_DEFAULT == CU_STREAM_WRITE_VALUE_DEFAULT);
 static_assert(s::CU_MEMHOSTALLOC_DEVICEMAP == CU_MEMHOSTALLOC_DEVICEMAP);
 static_assert(s::MEMHOSTREGISTER_DEVICEMAP == CU_MEMHOSTREGISTER_DEVICEMAP);
 

@@ -16,8 +16,10 @@ namespace {
 
 class late_copier final : public engine::group_copier {
  public:
-  late_copier(copier_stats& s, std::chrono::milliseconds delay, std::error_code fail, bool dead = false)
-      : s_(s), delay_(delay), fail_(fail), dead_(dead), worker_([this] { work(); }) {}
+  late_copier(copier_stats& s, std::chrono::milliseconds delay, std::error_code fail, bool dead = false,
+              fake_landing landing = {})
+      : s_(s), delay_(delay), fail_(fail), dead_(dead), landing_(landing), worker_([this] { work(); }),
+        notifier_([this] { notify(); }) {}
   ~late_copier() override {
     drain();
     {
@@ -26,6 +28,7 @@ class late_copier final : public engine::group_copier {
     }
     cv_.notify_all();
     worker_.join();
+    notifier_.join();
   }
   int device() const override { return 0; }
   std::byte* take_chunk(std::size_t n) override {
@@ -51,7 +54,9 @@ class late_copier final : public engine::group_copier {
     }
     {
       std::lock_guard lock(m_);
-      jobs_.push_back({std::move(queued_), token, std::move(done), std::chrono::steady_clock::now() + delay_});
+      const std::uint64_t seq = ++seq_;
+      jobs_.push_back({std::move(queued_), seq, std::chrono::steady_clock::now() + delay_});
+      waiting_.push_back({seq, token, std::move(done)});
       ++pending_;
       // Groups not yet landed: a group has landed once its callback is called, as a host function on a CUDA
       // stream runs after the copies before it.
@@ -66,6 +71,11 @@ class late_copier final : public engine::group_copier {
     cv_.wait(lock, [&] { return pending_ == 0; });
   }
   std::error_code failure() noexcept override { return broke_ ? fail_ : std::error_code{}; }
+  void poll() noexcept override {
+    if (!landing_.word) return;
+    const int n = end_through(landed_.load(std::memory_order_acquire));
+    s_.polled += n;
+  }
 
  private:
   struct copy {
@@ -76,10 +86,50 @@ class late_copier final : public engine::group_copier {
   };
   struct job {
     std::vector<copy> copies;
-    std::uint64_t token;
-    std::function<void(std::uint64_t, std::error_code)> done;
+    std::uint64_t seq;
     std::chrono::steady_clock::time_point at;
   };
+  struct group {
+    std::uint64_t seq;
+    std::uint64_t token;
+    std::function<void(std::uint64_t, std::error_code)> done;
+  };
+  // Ends the groups up to `seq` not ended yet, on this thread; how many.
+  int end_through(std::uint64_t seq) {
+    std::vector<group> ready;
+    {
+      std::lock_guard lock(m_);
+      while (!waiting_.empty() && waiting_.front().seq <= seq) {
+        ready.push_back(std::move(waiting_.front()));
+        waiting_.pop_front();
+      }
+    }
+    for (group& g : ready) {
+      --in_flight_;
+      g.done(g.token, fail_);
+      std::lock_guard lock(m_);
+      --pending_;
+    }
+    cv_.notify_all();
+    return static_cast<int>(ready.size());
+  }
+  // The callbacks: each group's, `callback_after` after it landed (at once on stop).
+  void notify() {
+    std::unique_lock lock(m_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !callbacks_.empty(); });
+      if (callbacks_.empty()) return;
+      const auto [seq, at] = callbacks_.front();
+      if (!stop_ && std::chrono::steady_clock::now() < at) {
+        cv_.wait_until(lock, at);
+        continue;
+      }
+      callbacks_.pop_front();
+      lock.unlock();
+      end_through(seq);
+      lock.lock();
+    }
+  }
   void work() {
     std::unique_lock lock(m_);
     for (;;) {
@@ -98,10 +148,9 @@ class late_copier final : public engine::group_copier {
           }
         }
       }
-      --in_flight_;
-      j.done(j.token, fail_);
+      if (landing_.word && !fail_) landed_.store(j.seq, std::memory_order_release);
       lock.lock();
-      --pending_;
+      callbacks_.emplace_back(j.seq, std::chrono::steady_clock::now() + landing_.callback_after);
       cv_.notify_all();
     }
   }
@@ -113,17 +162,24 @@ class late_copier final : public engine::group_copier {
   std::vector<copy> queued_;
   std::mutex m_;
   std::condition_variable cv_;
+  fake_landing landing_;
   std::deque<job> jobs_;
-  int pending_ = 0;                  // flushed, callback not yet returned (drain waits for these)
-  std::atomic<int> in_flight_{0};    // flushed, callback not yet called
+  std::deque<group> waiting_;        // flushed, not yet ended
+  std::deque<std::pair<std::uint64_t, std::chrono::steady_clock::time_point>> callbacks_;
+  std::uint64_t seq_ = 0;
+  std::atomic<std::uint64_t> landed_{0};  // the landing word
+  int pending_ = 0;                  // flushed, not yet ended (drain waits for these)
+  std::atomic<int> in_flight_{0};    // flushed, `done` not yet called
   bool stop_ = false;
   std::thread worker_;
+  std::thread notifier_;
 };
 
 class fake_backend final : public engine::gpu_backend {
  public:
-  fake_backend(copier_stats& s, std::chrono::milliseconds delay, std::error_code fail, bool dead = false)
-      : s_(s), delay_(delay), fail_(fail), dead_(dead) {}
+  fake_backend(copier_stats& s, std::chrono::milliseconds delay, std::error_code fail, bool dead = false,
+               fake_landing landing = {})
+      : s_(s), delay_(delay), fail_(fail), dead_(dead), landing_(landing) {}
   std::unique_ptr<engine::copier_lease> lease_lanes(int, unsigned, unsigned, std::size_t) override {
     throw error(errno_code(ENOTSUP), "not in this test");
   }
@@ -136,7 +192,7 @@ class fake_backend final : public engine::gpu_backend {
   }
   std::unique_ptr<engine::group_copier> make_group_copier(int) override {
     if (dead_) return std::make_unique<late_copier>(s_, delay_, fail_, true);
-    return std::make_unique<late_copier>(s_, delay_, fail_);
+    return std::make_unique<late_copier>(s_, delay_, fail_, false, landing_);
   }
   std::function<void()> stream_gate(void*, int) override { throw error(errno_code(ENOTSUP), "not in this test"); }
   void when_stream_reaches(void*, int, std::function<void()>) override {
@@ -148,13 +204,14 @@ class fake_backend final : public engine::gpu_backend {
   std::chrono::milliseconds delay_;
   std::error_code fail_;
   bool dead_;
+  fake_landing landing_;
 };
 
 }  // namespace
 
 std::unique_ptr<engine::gpu_backend> make_fake_gpu(copier_stats& stats, std::chrono::milliseconds delay,
-                                                   std::error_code fail) {
-  return std::make_unique<fake_backend>(stats, delay, fail);
+                                                   std::error_code fail, fake_landing landing) {
+  return std::make_unique<fake_backend>(stats, delay, fail, false, landing);
 }
 
 std::unique_ptr<engine::gpu_backend> make_dead_gpu(copier_stats& stats, std::error_code broken) {

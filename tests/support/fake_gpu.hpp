@@ -23,12 +23,22 @@ struct copier_stats {
   std::atomic<int> most_pending{0};
   /// Copies in one group, at most.
   std::atomic<int> largest_group{0};
+  /// Groups ended by the driver's poll() rather than by their callback (copiers with a landing word).
+  std::atomic<int> polled{0};
+};
+
+/// How the fake copier tells that a group landed.
+struct fake_landing {
+  /// A landing word the driver can poll: set the moment a group's copies have landed, while the group's
+  /// callback comes `callback_after` later (as a host function on a second stream may).
+  bool word = false;
+  std::chrono::milliseconds callback_after{0};
 };
 
 /// A gpu_backend whose only route is the group copier above; the other routes throw ENOTSUP (cuFile batches
 /// say "not taken"). Copies fail with `fail` when it is set (nothing is copied then).
 std::unique_ptr<engine::gpu_backend> make_fake_gpu(copier_stats& stats, std::chrono::milliseconds delay,
-                                                   std::error_code fail = {});
+                                                   std::error_code fail = {}, fake_landing landing = {});
 
 /// A gpu_backend whose copier takes groups and never finishes them, as on a device whose context broke: its
 /// failure() then says `broken`.

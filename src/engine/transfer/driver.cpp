@@ -16,6 +16,7 @@
 #include <numeric>
 #include <optional>
 #include <unordered_map>
+#include <thread>
 #include <unordered_set>
 #include <vector>
 
@@ -968,6 +969,7 @@ class driver {
       : b_(*b), keep_(b), ranges_(std::move(ranges)), copier_(copier), limits_(limits), staging_(copier) {}
 
   void run() {
+    thread_ = std::this_thread::get_id();
     wake_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!wake_) throw error(errno_code(errno), "eventfd", "", -1, 0, "batch driver");
     plan();
@@ -1059,6 +1061,7 @@ class driver {
         share_.wanting(false);  // nothing more starts: what it still has in flight is only waited for
       }
       if (!cancelled) issue();
+      collect_landed();  // before flushing: a group seen landed makes room for the next
       flush_copies();
       if (executor_->inflight() == 0 && copies_inflight_ == 0 && (cancelled || nothing_left())) break;
       finished.clear();
@@ -1067,7 +1070,7 @@ class driver {
         executor_->wait(finished);
       }
       for (request* r : finished) on_finished(*r);
-      take_copy_completions();
+      collect_landed();
     }
     if (copier_ != nullptr) copier_->drain();
   }
@@ -1523,8 +1526,16 @@ class driver {
       std::lock_guard lock(done_mutex_);
       done_groups_.emplace_back(token, ec);
     }
+    if (std::this_thread::get_id() == thread_) return;  // ended by the driver's own poll: it looks next
     const std::uint64_t one = 1;
     (void)!::write(wake_.get(), &one, sizeof one);
+  }
+
+  // Ends the copy groups the copier can see have landed (on this thread, with no waiting), then takes the
+  // outcomes of every group ended so far.
+  void collect_landed() {
+    if (copier_ != nullptr) copier_->poll();
+    take_copy_completions();
   }
 
   void take_copy_completions() {
@@ -1581,6 +1592,7 @@ class driver {
   driver_limits limits_;
   staging staging_;
   posix::unique_fd wake_;
+  std::thread::id thread_;  // the thread run() runs on
   std::unordered_map<const open_file*, std::uint64_t> sizes_;
   std::unordered_set<const open_file*> warm_;
 

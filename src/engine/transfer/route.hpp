@@ -43,6 +43,11 @@ class group_copier {
   virtual void add(bool to_device, std::byte* host, std::uintptr_t device_ptr, std::size_t nbytes) = 0;
   /// Issues the queued copies as one group (nothing when none is queued: `done` is not called).
   virtual void flush(std::uint64_t token, std::function<void(std::uint64_t token, std::error_code)> done) = 0;
+  /// Calls, on the calling thread, `done` of the flushed groups the copier can already see have finished
+  /// without waiting or a system call (a word the device writes after each group); the others still end by
+  /// their own call. Each group's `done` is called once, by whichever comes first. Cheap enough to call on
+  /// every wake of the driver.
+  virtual void poll() noexcept {}
   /// Blocks until every flushed group has finished (before the staging it reads or writes is given back).
   virtual void drain() noexcept = 0;
   /// An error once the groups flushed so far can no longer finish (the device's context broke: their `done`
