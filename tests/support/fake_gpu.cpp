@@ -55,6 +55,11 @@ class late_copier final : public engine::group_copier {
     {
       std::lock_guard lock(m_);
       const std::uint64_t seq = ++seq_;
+      if (landing_.at_flush) {
+        if (!fail_) land(queued_);
+        if (landing_.word && !fail_) landed_.store(seq, std::memory_order_release);
+        queued_.clear();
+      }
       jobs_.push_back({std::move(queued_), seq, std::chrono::steady_clock::now() + delay_});
       waiting_.push_back({seq, token, std::move(done)});
       ++pending_;
@@ -94,6 +99,15 @@ class late_copier final : public engine::group_copier {
     std::uint64_t token;
     std::function<void(std::uint64_t, std::error_code)> done;
   };
+  static void land(const std::vector<copy>& copies) {
+    for (const auto& c : copies) {
+      if (c.to_device) {
+        std::memcpy(reinterpret_cast<void*>(c.dev), c.host, c.n);
+      } else {
+        std::memcpy(c.host, reinterpret_cast<const void*>(c.dev), c.n);
+      }
+    }
+  }
   // Ends the groups up to `seq` not ended yet, on this thread; how many.
   int end_through(std::uint64_t seq) {
     std::vector<group> ready;
@@ -139,15 +153,7 @@ class late_copier final : public engine::group_copier {
       jobs_.pop_front();
       lock.unlock();
       std::this_thread::sleep_until(j.at);
-      if (!fail_) {
-        for (const auto& c : j.copies) {
-          if (c.to_device) {
-            std::memcpy(reinterpret_cast<void*>(c.dev), c.host, c.n);
-          } else {
-            std::memcpy(c.host, reinterpret_cast<const void*>(c.dev), c.n);
-          }
-        }
-      }
+      if (!fail_) land(j.copies);
       if (landing_.word && !fail_) landed_.store(j.seq, std::memory_order_release);
       lock.lock();
       callbacks_.emplace_back(j.seq, std::chrono::steady_clock::now() + landing_.callback_after);

@@ -33,6 +33,8 @@ struct fake_landing {
   /// callback comes `callback_after` later (as a host function on a second stream may).
   bool word = false;
   std::chrono::milliseconds callback_after{0};
+  /// Copies land inside flush() itself (a copy faster than the driver's next look), and the word shows it then.
+  bool at_flush = false;
 };
 
 /// A gpu_backend whose only route is the group copier above; the other routes throw ENOTSUP (cuFile batches

@@ -116,12 +116,12 @@ TEST_F(driver_fixture, device_reads_land_before_they_are_reported_in_few_copy_gr
   fut.wait_released();
 }
 
-// Where the copier has a landing word, groups end when the driver sees the word on its next wake, not when
-// their callbacks come (here 40 ms late, as host functions on a second stream may): each range still ends once,
-// after its bytes landed, and the last groups, which no other completion follows, end by their callbacks.
+// Where the copier has a landing word, groups end when the driver next looks at the word, not when their
+// callbacks come (here 40 ms late, as host functions on a second stream may): each range still ends once, after
+// its bytes landed.
 TEST_F(driver_fixture, groups_seen_landed_end_before_their_callbacks) {
   engine::transfer_core core;
-  core.install(make_fake_gpu(stats, 0ms, {}, {.word = true, .callback_after = 40ms}));
+  core.install(make_fake_gpu(stats, 0ms, {}, {.word = true, .callback_after = 40ms, .at_flush = true}));
   const auto data = random_bytes(4'000'037, 22);
   test::write_file(dir / "f", data);
   file_handle f(dir / "f", open_mode::read);
@@ -135,6 +135,23 @@ TEST_F(driver_fixture, groups_seen_landed_end_before_their_callbacks) {
   expect_landed(r, ranges, mem, data);
   EXPECT_GT(stats.polled.load(), 0) << "no group ended by the landing word";
   EXPECT_LE(stats.most_pending.load(), 2);
+  fut.wait_released();
+}
+
+// The word and the callbacks race (copies land on the copier's thread, callbacks 1 ms later): whichever ends a
+// group, its ranges end once, after their bytes landed.
+TEST_F(driver_fixture, a_group_ends_once_whether_word_or_callback_comes_first) {
+  engine::transfer_core core;
+  core.install(make_fake_gpu(stats, 0ms, {}, {.word = true, .callback_after = 1ms}));
+  const auto data = random_bytes(2'000'003, 24);
+  test::write_file(dir / "f", data);
+  file_handle f(dir / "f", open_mode::read);
+  std::vector<std::vector<std::uint8_t>> mem;
+  const auto ranges = random_device_ranges(f, data.size(), 4000, 3000, 200'000, 7, mem);
+  batch_future fut = drive(core, io_direction::read, ranges);
+  const batch_result& r = fut.get();
+  ASSERT_TRUE(r.ok());
+  expect_landed(r, ranges, mem, data);
   fut.wait_released();
 }
 

@@ -1092,10 +1092,16 @@ class driver {
   }
 
   // Only copy groups are left: waits up to k_copy_check_ms for one to land (true: the executor's wait returns at
-  // once). Otherwise asks the copier whether they still can, and gives them up when the device's context broke
-  // (their callbacks would never run and the batch would never end); false either way, to look again.
+  // once), unless the copier shows one has landed already. Otherwise asks the copier whether they still can, and
+  // gives them up when the device's context broke (their callbacks would never run and the batch would never
+  // end); false in those cases, to look again.
   static constexpr int k_copy_check_ms = 200;
   bool copy_landed() {
+    copier_->poll();
+    {
+      std::lock_guard lock(done_mutex_);
+      if (!done_groups_.empty()) return false;  // ended just now, on this thread: the loop takes them
+    }
     pollfd p{wake_.get(), POLLIN, 0};
     if (::poll(&p, 1, k_copy_check_ms) != 0) return true;
     if (const std::error_code ec = copier_->failure()) {
