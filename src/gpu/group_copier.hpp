@@ -1,5 +1,9 @@
 // The batch driver's copier on a real GPU: many small copies between pinned staging and device memory issued
-// as one cuMemcpyBatchAsync (one launch), completion reported by a host function on the copier's stream.
+// as one launch (a copy kernel for small pieces, one cuMemcpyBatchAsync for the rest). A group's end is seen
+// two ways, whichever comes first: the copy stream then writes the group's number into a word of mapped pinned
+// memory that poll() reads without a system call, and a host function on a second stream (ordered after the
+// group by an event) ends it for a driver that sleeps meanwhile; the copy stream never waits for a host
+// function. Drivers without stream memory operations end groups by host functions on the copy stream.
 #pragma once
 
 #include <memory>

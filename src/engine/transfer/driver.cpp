@@ -1413,8 +1413,8 @@ class driver {
     live_.erase(&r);
   }
 
-  // A read part that is its range's only part, delivered by a group of copies: the copier's callback gives the
-  // range its outcome itself.
+  // A read part that is its range's only part, delivered by a group of copies: the group's end (the copier's
+  // poll on this thread, or its callback on another) gives the range its outcome itself.
   struct landing {
     std::size_t range;
     std::size_t moved;
@@ -1423,11 +1423,11 @@ class driver {
     std::chrono::steady_clock::time_point issued;
   };
 
-  // Copy groups in flight at most. Each group ends with a host function on the copier's stream, and those run
-  // one after another at some tens of microseconds each: one group per completion round would queue them behind
-  // each other at small sizes (4 KiB ranges at depth 64 end faster than the stream runs their callbacks).
-  // Holding the next group while two are in flight lets it grow by whatever finishes meanwhile, so the callbacks
-  // keep up and each range waits for at most one round; room() bounds how many reads wait so.
+  // Copy groups in flight at most. Holding the next group while two are in flight lets it grow by whatever
+  // finishes meanwhile: each launch costs the driver some microseconds, and a copier whose groups end by host
+  // functions alone (no landing word) runs those one after another at some tens of microseconds each, which
+  // one group per completion round would queue behind each other at small sizes. Each range waits for at most
+  // one round; room() bounds how many reads wait so. One, two and four measured alike with the landing word.
   static constexpr std::size_t k_copy_groups_inflight = 2;
   static constexpr std::size_t k_copy_hold_per_depth = 4;
 
