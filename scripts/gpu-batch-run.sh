@@ -39,7 +39,7 @@ want() { [ "${WHAT:-all}" = all ] || [[ " ${WHAT} " == *" $1 "* ]]; }
 if want tests; then
   step unit_batch 300 env TMPDIR="$fast" bash -c "$bin/batch_test --gtest_brief=1 && $bin/batch_driver_test --gtest_brief=1"
   step gpu_paths 300 env TMPDIR="$fast" "$bin/gpu_paths_test" --gtest_brief=1
-  step python_batch 300 env PYTHONPATH="$py" TMPDIR="$fast" python3 -m pytest -q -p no:cacheprovider python/tests/test_batch.py
+  step python_batch 300 env PYTHONPATH="$py" TMPDIR="$fast" python3 -m pytest -q -p no:cacheprovider python/tests/test_batch.py python/tests/test_kv.py python/tests/test_kv_adapters_vllm.py python/tests/test_kv_adapters_sglang.py
 fi
 if want bench; then
   TAIL=40 step batch_bench_fast 900 "$bin/batch_bench" "$fast/bb.dat" 8G "$secs" "4K:64,64K:64,2M:16" --json "$out/batch_fast.json"

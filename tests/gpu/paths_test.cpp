@@ -109,6 +109,36 @@ std::filesystem::path udev_entry_for(const std::filesystem::path& file) {
   return "/run/udev/data/b" + std::to_string(major(st.st_dev)) + ":" + std::to_string(minor(st.st_dev));
 }
 
+// The udev entry cuFile needs for a file's device; created for the object's life where it is missing (only as
+// root), with the folders made for it.
+class udev_entry {
+ public:
+  explicit udev_entry(const std::filesystem::path& file) : entry_(udev_entry_for(file)) {}
+  udev_entry(const udev_entry&) = delete;
+  udev_entry& operator=(const udev_entry&) = delete;
+  ~udev_entry() {
+    for (const auto& p : created_) {
+      std::error_code ec;
+      std::filesystem::remove(p, ec);
+    }
+  }
+  bool exists() const { return std::filesystem::exists(entry_); }
+  const std::filesystem::path& path() const { return entry_; }
+  // False when it cannot be created here (not root).
+  bool create() {
+    if (::geteuid() != 0) return false;
+    for (auto p = entry_.parent_path(); !std::filesystem::exists(p); p = p.parent_path()) created_.push_back(p);
+    std::filesystem::create_directories(entry_.parent_path());
+    std::ofstream(entry_) << "E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=ext4\n";
+    created_.insert(created_.begin(), entry_);
+    return true;
+  }
+
+ private:
+  std::filesystem::path entry_;
+  std::vector<std::filesystem::path> created_;
+};
+
 // cuFile registers a file only when udev describes its device. Without the entry: error 5027 and a planner
 // reason naming udev; with it (created here when running as root): compat round trips, registered or not.
 TEST(gpu_paths, cufile_with_and_without_udev_data) {
@@ -117,9 +147,8 @@ TEST(gpu_paths, cufile_with_and_without_udev_data) {
   if (shim::cufile(&reason) == nullptr) GTEST_SKIP() << "cuFile unusable: " << reason;
   temp_dir dir(test::direct_capable_parent());
   test::write_file(dir / "u", random_bytes(1u << 20, 4));
-  const auto entry = udev_entry_for(dir / "u");
-  std::vector<std::filesystem::path> created;
-  if (!std::filesystem::exists(entry)) {
+  udev_entry entry(dir / "u");
+  if (!entry.exists()) {
     file_handle f(dir / "u", open_mode::read, {}, with_mode(path_mode::compat));
     device_buffer d(1u << 20);
     settings auto_mode = with_mode(path_mode::automatic);
@@ -133,15 +162,10 @@ TEST(gpu_paths, cufile_with_and_without_udev_data) {
     } catch (const error& e) {
       EXPECT_EQ(e.code(), cufile_code(5027)) << e.what();
     }
-    if (::geteuid() != 0) GTEST_SKIP() << "not root: cannot create " << entry << " to test the registered case";
-    for (auto p2 = entry.parent_path(); !std::filesystem::exists(p2); p2 = p2.parent_path()) created.push_back(p2);
-    std::filesystem::create_directories(entry.parent_path());
-    std::ofstream(entry) << "E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=ext4\n";
-    created.insert(created.begin(), entry);
+    if (!entry.create()) GTEST_SKIP() << "not root: cannot create " << entry.path() << " to test the registered case";
   }
   round_trips(path_mode::compat, false, false);
   round_trips(path_mode::compat, false, true);
-  for (const auto& p : created) std::filesystem::remove(p);
   // cuFile's mode is per process and this one forced compat: a gds transfer is refused, not run as compat.
   file_handle g(dir / "u", open_mode::read, {}, with_mode(path_mode::gds));
   device_buffer d(4096);
@@ -392,6 +416,11 @@ TEST(gpu_paths, forced_compat_is_compat_by_the_counters) {
   const std::size_t size = 8u << 20;
   auto data = random_bytes(size, 5);
   test::write_file(dir / "f", data);
+  udev_entry udev(dir / "f");
+  if (!udev.exists() && !udev.create()) {
+    GTEST_SKIP() << "no udev data for the test file's device (" << udev.path()
+                 << ") and not root to create it: cuFile cannot register the file";
+  }
   file_handle f(dir / "f", open_mode::read, {}, with_mode(path_mode::compat));
   device_buffer d(size);
   EXPECT_EQ(f.plan(d.view()).path, data_path::compat);
