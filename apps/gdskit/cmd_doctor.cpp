@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "tools/flag_errors.hpp"
 #include "tools/shell_text.hpp"
 #include "doctor/doctor.hpp"
 
@@ -46,7 +47,7 @@ void add_doctor_command(CLI::App& app) {
   // Hidden (empty group): how the doctor re-runs itself for each cuFile configuration.
   cmd->add_option("--probe-child", opt->probe_child)->group("");
   cmd->add_option("--probe-file", opt->probe_file)->group("");
-  cmd->add_option("--probe-bytes", opt->probe_bytes)->group("");
+  cmd->add_option("--probe-bytes", opt->probe_bytes)->group("")->check(tools::whole_number<std::uint64_t>());
   cmd->add_option("--probe-qd", opt->probe_qd)->group("");
   cmd->callback([opt] {
     if (!opt->probe_child.empty()) {

@@ -14,6 +14,7 @@
 #include "common/json_text.hpp"
 #include "common/printable.hpp"
 #include "engine/device_profile.hpp"
+#include "tools/flag_errors.hpp"
 #include "tools/path_line.hpp"
 #include "tools/progress.hpp"
 #include "gdskit/error.hpp"
@@ -277,7 +278,8 @@ void add_load_command(CLI::App& app) {
   cmd->add_flag("--json", flags->json, "machine-readable output");
   cmd->add_option("--only", flags->only,
                   "tensor names to load; an entry ending in '.' or '*' is a prefix (repeatable)");
-  cmd->add_option("--rank", flags->rank, "tensor-parallel rank (with --world)");
+  cmd->add_option("--rank", flags->rank, "tensor-parallel rank (with --world)")
+      ->check(tools::whole_number<unsigned>());
   cmd->add_option("--world", flags->world, "tensor-parallel world size")
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
@@ -285,8 +287,10 @@ void add_load_command(CLI::App& app) {
                        ? std::string()
                        : "must be a whole number of at least 1 (the ranks that share the tensors)";
           },
-          "N>=1"));
-  cmd->add_option("--split-dim", flags->split_dim, "dimension to split across ranks (default 0)");
+          "N>=1"))
+      ->check(tools::whole_number(1, UINT32_MAX));
+  cmd->add_option("--split-dim", flags->split_dim, "dimension to split across ranks (default 0)")
+      ->check(tools::whole_number<unsigned>());
   cmd->add_option("--save", flags->save,
                   "write the loaded tensors to OUT (a .safetensors file, or a folder for a sharded checkpoint); "
                   "prints the save rate too");

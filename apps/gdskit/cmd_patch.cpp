@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "commands.hpp"
+#include "tools/flag_errors.hpp"
 #include "tools/session_once.hpp"
 #include "tools/shell_text.hpp"
 #include "patch/patch.hpp"
@@ -37,9 +38,9 @@ void add_common(CLI::App* cmd, patch_flags& f, bool with_json) {
   cmd->add_option("--atomics", f.atomics,
                   "ForceP2P value: default = 0x211 (P2P atomics at chipset default), off = 0x11 (forced off, "
                   "known to work on GeForce)")
-      ->check(CLI::IsMember({"default", "off"}));
+      ->check(tools::one_of({"default", "off"}));
   cmd->add_option("--only", f.only, "edit only the BIF overrides (kernel_bif.c) or the HAL renames (g_kern_bus_nvoc.c)")
-      ->check(CLI::IsMember({"all", "bif", "hal"}));
+      ->check(tools::one_of({"all", "bif", "hal"}));
   cmd->add_flag("--force", f.force,
                 "accept a driver version gdskit has not checked (edits taken from the files as found; a wrong "
                 "enum can silently select another P2P type), and let revert restore a backup over later changes");
@@ -127,7 +128,7 @@ void add_patch_command(CLI::App& app) {
       "print the NVreg_RegistryDwords value that sets the three BIF overrides with no source change");
   rd->add_option("--driver-version", flags->driver_version, "driver version (default: from --src, else the loaded driver)");
   rd->add_option("--src", flags->src, "driver source tree to read the version from");
-  rd->add_option("--atomics", flags->atomics, "default = 0x211, off = 0x11")->check(CLI::IsMember({"default", "off"}));
+  rd->add_option("--atomics", flags->atomics, "default = 0x211, off = 0x11")->check(tools::one_of({"default", "off"}));
   rd->add_flag("--force", flags->force, "print a value for a driver series gdskit has not checked");
   rd->callback([flags] {
     // stdout is a modprobe.d file (`... > /etc/modprobe.d/gdskit-p2p.conf`); everything else goes to stderr.

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "commands.hpp"
+#include "tools/flag_errors.hpp"
 #include "tools/programs.hpp"
 #include "tools/shell_text.hpp"
 #include "patch/patch.hpp"
@@ -34,7 +35,7 @@ void add_setup_command(CLI::App& app) {
   plan->add_option("--src", f->src, "driver source tree (checkout of NVIDIA/open-gpu-kernel-modules)");
   plan->add_option("--root", f->root, "system root to inspect (a captured system for review elsewhere)");
   plan->add_option("--atomics", f->atomics, "default = ForceP2P 0x211, off = 0x11")
-      ->check(CLI::IsMember({"default", "off"}));
+      ->check(tools::one_of({"default", "off"}));
   plan->add_flag("--registry-dwords", f->registry_dwords,
                  "set the BIF overrides through NVreg_RegistryDwords and patch only the HAL half");
   plan->add_flag("--execute", f->execute, "run the plan, asking before each step; stop at the first failure");

@@ -8,6 +8,7 @@
 #include "commands.hpp"
 #include "common/json_text.hpp"
 #include "engine/device_profile.hpp"
+#include "tools/flag_errors.hpp"
 #include "tools/path_line.hpp"
 #include "tools/progress.hpp"
 #include "tools/shell_text.hpp"
@@ -46,8 +47,12 @@ void add_verify_command(CLI::App& app) {
   cmd->add_option("--sizes", o->sizes, "Comma-separated sizes: 4K, 1M, 1M+1 (odd sizes), 4G")->capture_default_str();
   cmd->add_option("-d,--device", o->device, "GPU index, or 'cpu' for host memory")->capture_default_str();
   cmd->add_option("-x,--mode", o->mode, "Path: auto, gds, staged, compat")->capture_default_str();
-  cmd->add_option("-o,--offset", o->offset, "File offset of the data (unaligned allowed)")->capture_default_str();
-  cmd->add_option("-k,--seed", o->seed, "Pattern seed")->capture_default_str();
+  cmd->add_option("-o,--offset", o->offset, "File offset of the data (unaligned allowed)")
+      ->capture_default_str()
+      ->check(tools::whole_number(0, INT64_MAX));
+  cmd->add_option("-k,--seed", o->seed, "Pattern seed")
+      ->capture_default_str()
+      ->check(tools::whole_number<std::uint64_t>());
   cmd->add_flag("--host", o->host, "Verify host memory (the file path without a GPU)");
   cmd->add_flag("--keep", o->keep, "Keep the test file");
   cmd->add_flag("--json", o->json, "One JSON document on stdout");

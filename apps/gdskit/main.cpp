@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "tools/flag_errors.hpp"
 #include "tools/signal_cleanup.hpp"
 #include "tools/shell_text.hpp"
 #include "gdskit/error.hpp"
@@ -191,8 +192,10 @@ int main(int argc, char** argv) {
     // --help and --version are CLI11's "errors" of exit code 0: it prints them.
     if (e.get_exit_code() == 0) return app.exit(e) == 0 ? exit_ok : exit_usage;
     // A flag missing, repeated or out of range: named with the command it belongs to, and where to look.
-    const std::string who = full_name(innermost(app));
-    fmt::print(stderr, "{}: {} ({} --help lists the flags)\n", who, gdskit::printable(e.what()), who);
+    const CLI::App& where = innermost(app);
+    const std::string who = full_name(where);
+    fmt::print(stderr, "{}: {} ({} --help lists the flags)\n", who,
+               gdskit::printable(gdskit::tools::usage_message(where, e)), who);
     return exit_usage;
   } catch (const std::exception& e) {
     fmt::print(stderr, "gdskit: {}\n", gdskit::printable(e.what()));

@@ -15,6 +15,7 @@
 
 #include "bench/bench.hpp"
 #include "bench/kv_bench.hpp"
+#include "tools/flag_errors.hpp"
 #include "tools/shell_text.hpp"
 #include "gdskit/settings.hpp"
 
@@ -155,20 +156,36 @@ std::function<kv_options()> add_kv_flags(CLI::App& cmd) {
                                     "of a writer, reopen), faults (ENOSPC, EIO, slow device), baseline (a file per "
                                     "block, temporary name + rename, plain reads)")
       ->type_name("LIST");
-  cmd.add_option("--seconds", v->o.seconds, "length of each timed phase (default 3)")->type_name("S");
-  cmd.add_option("--threads", v->o.threads, "callers (default 4)")->type_name("N");
+  cmd.add_option("--seconds", v->o.seconds, "length of each timed phase (default 3)")
+      ->type_name("S")
+      ->check(tools::real_number());
+  cmd.add_option("--threads", v->o.threads, "callers (default 4)")
+      ->type_name("N")
+      ->check(tools::whole_number<unsigned>());
   cmd.add_option("--in-flight", v->o.in_flight,
                  "calls each caller keeps in flight through submit_put / submit_get, filling and checking blocks "
                  "meanwhile (default 2; 1: blocking put / get; the baseline runs threads x this many callers)")
-      ->type_name("N");
+      ->type_name("N")
+      ->check(tools::whole_number<unsigned>());
   cmd.add_option("--batch", v->o.batch, "keys per call, 1 .. 1024 (default 0: as many as make 8 MiB, 1 .. 64)")
-      ->type_name("N");
-  cmd.add_option("--zipf", v->o.zipf, "Zipf exponent of the mix's key choice (default 0.99)")->type_name("S");
-  cmd.add_option("--get-fraction", v->o.get_fraction, "share of the mix's calls that are gets (default 0.7)")->type_name("F");
-  cmd.add_option("--kills", v->o.kills, "writers killed with SIGKILL in the crash phase (default 3)")->type_name("N");
-  cmd.add_option("--gpu", v->o.gpu, "blocks in the memory of this GPU (default: host memory)")->type_name("N");
+      ->type_name("N")
+      ->check(tools::whole_number<unsigned>());
+  cmd.add_option("--zipf", v->o.zipf, "Zipf exponent of the mix's key choice (default 0.99)")
+      ->type_name("S")
+      ->check(tools::real_number());
+  cmd.add_option("--get-fraction", v->o.get_fraction, "share of the mix's calls that are gets (default 0.7)")
+      ->type_name("F")
+      ->check(tools::real_number());
+  cmd.add_option("--kills", v->o.kills, "writers killed with SIGKILL in the crash phase (default 3)")
+      ->type_name("N")
+      ->check(tools::whole_number<unsigned>());
+  cmd.add_option("--gpu", v->o.gpu, "blocks in the memory of this GPU (default: host memory)")
+      ->type_name("N")
+      ->check(tools::whole_number<int>());
   cmd.add_option("--durability", v->durability, "cache (never syncs; default) or persist (fdatasync)")->type_name("MODE");
-  cmd.add_option("--seed", v->o.seed, "seed of the random choices (default 1)")->type_name("N");
+  cmd.add_option("--seed", v->o.seed, "seed of the random choices (default 1)")
+      ->type_name("N")
+      ->check(tools::whole_number<std::uint64_t>());
   cmd.add_flag("--json", v->o.json, "one JSON document on stdout");
   cmd.add_flag("--keep", v->o.keep, "leave the store and the baseline's files in the folders");
   cmd.add_option("--crash-child", v->crash_child, "")->group("");  // the crash phase's writer: the bench itself

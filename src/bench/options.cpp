@@ -20,6 +20,7 @@
 #include "gdskit/settings.hpp"
 #include "posix/bounded_read.hpp"
 #include "posix/syscalls.hpp"
+#include "tools/flag_errors.hpp"
 
 namespace gdskit::bench {
 
@@ -496,7 +497,7 @@ request parse_args(const std::vector<std::string>& args) {
     r.help = true;
     return r;
   } catch (const CLI::ParseError& e) {
-    fail(e.what());
+    fail(tools::usage_message(app, e));
   }
   return finish_parse();
 }

@@ -136,6 +136,22 @@ TEST(BenchOptions, EachErrorIsAUsageError) {
   expect_usage_error({"/nonexistent/jobfile.gdsio"});
 }
 
+// The parser's own errors (a flag given twice, a flag without its value) come in gdskit's words, as from the CLI.
+TEST(BenchOptions, ParserErrorsNameTheFlag) {
+  auto message = [](args a) -> std::string {
+    try {
+      (void)gb::parse_args(a);
+    } catch (const gb::usage_error& e) {
+      return e.what();
+    }
+    return "no usage_error";
+  };
+  EXPECT_EQ(message({"-f", "x", "-s", "4G", "-s", "5G"}), "-s given twice (4G, 5G); it takes one value");
+  EXPECT_EQ(message({"-f", "x", "-s", "1M", "--sweep", "threads=1", "--sweep", "threads=2"}),
+            "--sweep given twice (threads=1, threads=2); it takes one value");
+  EXPECT_EQ(message({"-f", "x", "-s", "1M", "-w"}), "-w needs a value: THREADS");
+}
+
 TEST(BenchOptions, Sweep) {
   auto s = gb::parse_sweep("threads=1,2,4,8,16,io=1M,4M,x=host,naive");
   EXPECT_EQ(s.threads, (std::vector<unsigned>{1, 2, 4, 8, 16}));
