@@ -119,6 +119,13 @@ std::uint64_t size_arg(std::string_view flag, std::string_view text) {
   return *v;
 }
 
+// -s, size=: the bytes of each worker, at least one (a run of nothing measures nothing).
+std::uint64_t worker_size_arg(std::string_view flag, std::string_view text) {
+  const std::uint64_t v = size_arg(flag, text);
+  if (v == 0) fail(fmt::format("{} {}: the size per worker must be at least 1 byte", flag, text));
+  return v;
+}
+
 // a * b + c, or nullopt when the result passes 2^63 - 1.
 std::optional<std::uint64_t> checked_extent(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
   if (b != 0 && a > kMaxFileBytes / b) return std::nullopt;
@@ -248,7 +255,7 @@ void apply_setting(job_spec& j, std::string_view key, const std::string& label, 
   else if (key == "xfer_type") j.xfer = xfer_arg(label, value);
   else if (key == "rw") j.type = io_type_arg(label, value);
   else if (key == "bs") j.io = io_arg(label, value);
-  else if (key == "size") j.size_bytes = size_arg(label, value);
+  else if (key == "size") j.size_bytes = worker_size_arg(label, value);
   else if (key == "runtime") j.seconds = seconds_arg(label, value);
   else if (key == "do_verify") j.verify = bool_arg(label, value);
   else if (key == "random_seed") j.seed = static_cast<std::uint64_t>(int_arg(label, value, 0, INT64_MAX));
@@ -432,7 +439,7 @@ request finish(const flag_values& v) {
   }
   for (const auto& j : r.jobs) {
     if (j.file.empty() == j.directory.empty()) fail(fmt::format("job {}: needs exactly one of filename or directory", j.name));
-    if (j.size_bytes == 0) fail(fmt::format("job {}: size must be above 0", j.name));
+    if (j.size_bytes == 0) fail(fmt::format("job {}: needs size= (bytes per worker)", j.name));
     if (j.verify && j.seconds > 0) fail("-V cannot be combined with -T (like gdsio: a timed run re-writes the data set)");
     if (j.io.min_bytes == 0) fail("-i: io size must be at least 1 byte");
     check_extent(j);

@@ -39,6 +39,16 @@ refused "NUMA node 1000" -n 1000
 refused "needs a value\|required" -w
 refused "did you mean '--json'" --jsn
 refused "did you mean '--sweep'" --swep threads=1
+# A size of zero is refused naming the flag as given (never the job's internal name), before any file is made;
+# from a job file, naming its line.
+err=$("$gdskit" bench -f "$work/new" -s 0 -I 1 2>&1 >/dev/null); rc=$?
+[ $rc -eq 2 ] && grep -q '^gdskit bench: -s 0: the size per worker must be at least 1 byte$' <<<"$err" ||
+  fail "-s 0: exit $rc: $err"
+printf '[job1]\nfilename=%s\nrw=write\nsize=0K\n' "$work/new" >"$work/zero.gdsio"
+err=$("$gdskit" bench "$work/zero.gdsio" 2>&1 >/dev/null); rc=$?
+[ $rc -eq 2 ] && grep -q 'line 4: size= 0K: the size per worker must be at least 1 byte$' <<<"$err" ||
+  fail "size=0K in a job file: exit $rc: $err"
+[ ! -e "$work/new" ] || fail "a refused size of zero created the file"
 # The same refusals from a job file, named by line.
 printf '[job1]\nfilename=%s\nsize=16K\nbs=4K\nenable_nvlinks=1\n' "$work/data" >"$work/nvlink.gdsio"
 err=$("$gdskit" bench "$work/nvlink.gdsio" 2>&1 >/dev/null); rc=$?
