@@ -139,7 +139,12 @@ nlohmann::json to_json(const job_result& r) {
                       {"cold", r.cold_asked}, {"warm", r.warm_asked}, {"after_drop", opt_json(r.residency_after_drop)},
                       {"drop_error", r.drop_error}, {"note", r.residency_note}}},
       {"created", files},
-      {"verify", {{"ran", r.verified}, {"ok", r.verify_ok}, {"bytes", r.verified_bytes}, {"message", r.verify_message}}},
+      // A verification that did not run (no -V) has no verdict: ok is null, never a pass.
+      {"verify",
+       {{"ran", r.verified},
+        {"ok", r.verified ? json(r.verify_ok) : json(nullptr)},
+        {"bytes", r.verified_bytes},
+        {"message", r.verify_message}}},
       {"cufile_stats", r.cufile_stats},
       {"cufile_counters", cufile_json(r.cufile_counters)},
   };

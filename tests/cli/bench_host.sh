@@ -29,6 +29,8 @@ import json, sys
 d = json.loads(sys.argv[1])
 r = d["results"][0]
 assert r["io_type"] == "READ" and r["path"]["ran"] == "host" and r["throughput_gib_s"] > 0, r
+# Without -V nothing was verified: the report says it did not run and claims no verdict.
+assert r["verify"] == {"ran": False, "ok": None, "bytes": 0, "message": ""}, r["verify"]
 PY
 
 # The batched host type: each worker submits -B ranges to the batch core at once; written and read back byte for
