@@ -136,7 +136,7 @@ void add_doctor_command(CLI::App& app) {
       std::fflush(stdout);
       exit_code() = report.result.exit_code();
     } catch (const std::exception& e) {
-      fmt::print(stderr, "gdskit doctor: {}\n", printable(e.what()));
+      fmt::print(stderr, "gdskit doctor: {}\n", shown_message(e));
       exit_code() = 2;
     }
   });

@@ -92,9 +92,9 @@ int save_failed(const gdskit::error& e, bool before) {
   }
   if (before && (e.code() == std::errc::no_such_file_or_directory || e.code() == std::errc::not_a_directory) &&
       !e.detail().empty()) {
-    // The folder is named in the detail ("its folder out does not exist"): said once, with the fix.
-    fmt::print(stderr, "gdskit load: --save \"{}\": {} (create the folder first)\n", printable(e.path()),
-               printable(e.detail()));
+    // The folder is named in the detail ("its folder out does not exist", escaped by the library): said once,
+    // with the fix.
+    fmt::print(stderr, "gdskit load: --save \"{}\": {} (create the folder first)\n", printable(e.path()), e.detail());
     return exit_usage;
   }
   fmt::print(stderr, "gdskit load: {}\n", e.what());

@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
                gdskit::printable(gdskit::tools::usage_message(where, e)), who);
     return exit_usage;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "gdskit: {}\n", gdskit::printable(e.what()));
+    fmt::print(stderr, "gdskit: {}\n", gdskit::shown_message(e));
     return exit_code_for(e);
   }
   // libcufile 1.15.1 was seen crashing in its own exit handlers (H200 VM): once it has been opened, leave

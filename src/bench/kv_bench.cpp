@@ -1403,7 +1403,7 @@ int run_kv(const std::function<kv_options()>& make_options, std::ostream& out, s
     err << "gdskit bench kv: " << printable(e.what()) << "\n";
     return 2;
   } catch (const std::exception& e) {
-    err << "gdskit bench kv: " << printable(e.what()) << "\n";
+    err << "gdskit bench kv: " << shown_message(e) << "\n";
     return 3;
   }
 }

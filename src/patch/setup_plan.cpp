@@ -56,7 +56,7 @@ std::vector<plan_step> make_setup_plan(const system_facts& sys, const plan_optio
   std::vector<plan_step> steps;
   // A newline in a path would end the comment a rollback line sits in and make it a command.
   if (has_control_chars(opts.src.string())) {
-    throw error(errno_code(EINVAL), "setup plan", printable(opts.src.string()), -1, 0,
+    throw error(errno_code(EINVAL), "setup plan", opts.src.string(), -1, 0,
                 "the driver source path holds control characters");
   }
   const std::string src = opts.src.empty() ? std::string("\"$GDSKIT_DRIVER_SRC\"") : shell_quote(opts.src.string());

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "common/printable.hpp"
 #include "gdskit/error.hpp"
 #include "posix/syscalls.hpp"
 
@@ -84,7 +85,7 @@ void atomic_publish::rename() {
                            : rename_noreplace(temp_.c_str(), target_.c_str());
   if (r != 0) {
     const int e = errno;
-    throw error(errno_code(e), "rename", temp_.string(), -1, 0, fmt::format("to {}", target_.string()));
+    throw error(errno_code(e), "rename", temp_.string(), -1, 0, fmt::format("to {}", printable(target_.string())));
   }
   committed_ = true;
 }

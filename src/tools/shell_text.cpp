@@ -2,8 +2,14 @@
 
 #include <filesystem>
 
+#include "gdskit/error.hpp"
 
 namespace gdskit {
+
+std::string shown_message(const std::exception& e) {
+  if (dynamic_cast<const error*>(&e) != nullptr) return e.what();
+  return printable(e.what());
+}
 
 std::string shell_quote(std::string_view s) {
   std::string out = "'";

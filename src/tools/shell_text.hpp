@@ -1,6 +1,7 @@
 // Text that goes into generated shell scripts and path arguments given on the command line.
 #pragma once
 
+#include <exception>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -8,6 +9,11 @@
 #include "common/printable.hpp"  // printable(): the tools escape what they show with the core's rule
 
 namespace gdskit {
+
+/// What a command prints for an exception that ended it, escaped exactly once: a gdskit::error's message is
+/// escaped already (the library escapes the path and the names from files it puts in one), any other
+/// exception's message is escaped here. Never printable(e.what()) of a gdskit::error: that escapes twice.
+std::string shown_message(const std::exception& e);
 
 /// `s` as one POSIX shell word in single quotes ('it'\''s'). Safe for any bytes except control characters,
 /// which callers refuse first (has_control_chars): a newline inside quotes would break a commented line.

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "tools/shell_text.hpp"
 #include "tools/signal_cleanup.hpp"
 #include "gdskit/buffer.hpp"
 #include "gdskit/error.hpp"
@@ -166,7 +167,7 @@ std::vector<verify_result> run_verify(const verify_options& o, const std::functi
       r.error = fmt::format("could not allocate memory for {} (try smaller --sizes)", format_size(n));
     } catch (const std::exception& e) {
       r.ok = false;
-      r.error = e.what();
+      r.error = shown_message(e);
     }
     if (on_result) on_result(r);
     results.push_back(std::move(r));

@@ -125,6 +125,7 @@ TEST(patch_setup, PlanRefusesControlCharactersAndQuotesPaths) {
     FAIL() << "a newline in --src must be refused";
   } catch (const gdskit::error& e) {
     EXPECT_EQ(e.code(), std::errc::invalid_argument);
+    EXPECT_EQ(e.path(), o.src.string()) << "the path as given: the message escapes it, once";
   }
   o.src = "/opt/it's $(reboot)";
   o.use_registry_dwords = true;

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/printable.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/safetensors.hpp"
 #include "posix/atomic_publish.hpp"
@@ -791,6 +792,24 @@ TEST(safetensors_save_faults, space_is_reserved_before_the_first_data_write) {
       expect_round_trip(p, h);
     }
     EXPECT_TRUE(leftovers(dir.path()).empty());
+  }
+}
+
+// A publish whose target appeared meanwhile names both files, each escaped once: the temporary file as the
+// error's path (the message escapes it), the target in the detail, so a newline in its name never reaches a
+// terminal raw.
+TEST(safetensors_save_faults, rename_failure_names_the_target_escaped_once) {
+  temp_dir dir;
+  const fs::path target = dir / "a\\b\nc.safetensors";
+  auto pending = gdskit::posix::write_unpublished(target, "data", 0644, false);
+  std::ofstream(target) << "someone else's";
+  try {
+    pending.rename();
+    FAIL() << "the rename must not replace a file that appeared meanwhile";
+  } catch (const gdskit::error& e) {
+    EXPECT_EQ(e.code(), std::errc::file_exists);
+    EXPECT_EQ(e.path(), pending.temp_path().string());
+    EXPECT_EQ(e.detail(), "to " + gdskit::printable(target.string()));
   }
 }
 
