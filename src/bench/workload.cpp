@@ -57,9 +57,10 @@ std::string cufile_stats_note(xfer_kind k) {
   if (!uses_cufile(k)) return "not applicable (no cuFile I/O on this path)";
   std::string why;
   if (shim::cufile(&why) == nullptr) return "not available: " + why;
-  // The driver is opened once per process (the transfer would open it at its first request): the counters
-  // can only be read from an open driver, and the snapshot before the run must be readable.
-  if (const int st = shim::cufile_driver_open(); st != shim::CU_FILE_SUCCESS)
+  // The driver is opened once per process (the transfer would open it at its first request), in the mode the
+  // run asks for: the counters can only be read from an open driver, and the snapshot before the run must be
+  // readable.
+  if (const int st = shim::cufile_driver_open(k == xfer_kind::compat); st != shim::CU_FILE_SUCCESS)
     return fmt::format("not available: cuFileDriverOpen returned {} ({})", st, cufile_code(st).message());
   if (!shim::cufile_enable_stats())
     return "not available: this libcufile has no level-3 statistics (cuFileSetStatsLevel/cuFileGetStatsL3, cuFile 1.15+)";

@@ -4,7 +4,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <mutex>
-#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -23,34 +22,18 @@ using namespace shim;
 
 namespace {
 
-// CUFileBoolConfigParameter_t CUFILE_PARAM_FORCE_COMPAT_MODE (cuFile 1.14+).
-constexpr int param_force_compat_mode = 2;
-
 // cuFile reads its mode once per process, when the driver opens. GDSKIT_MODE=compat configures compat before
-// that open (cuFileSetParameterBool, or CUFILE_FORCE_COMPAT_MODE where the parameter API is missing); once
-// the driver is open in one mode, a transfer asking for the other is refused rather than run under a label
-// that is not true.
-void open_driver_for(const engine::open_file& f, const cufile_api& api, bool compat) {
-  static std::mutex mutex;
-  static std::optional<bool> opened_compat;
-  std::lock_guard lock(mutex);
-  if (!opened_compat) {
-    const bool opened_elsewhere = cufile_driver_opened();
-    if (compat && !opened_elsewhere) {
-      const bool set = api.cuFileSetParameterBool != nullptr &&
-                       api.cuFileSetParameterBool(param_force_compat_mode, true).err == CU_FILE_SUCCESS;
-      if (!set) ::setenv("CUFILE_FORCE_COMPAT_MODE", "true", 1);
-    }
-    const int open_status = cufile_driver_open();
-    if (open_status != CU_FILE_SUCCESS) throw error(cufile_code(open_status), "cuFileDriverOpen", f.path.string(), -1, 0);
-    opened_compat = compat && !opened_elsewhere;
-  }
-  if (compat && !*opened_compat) {
+// that open (shim::driver_opener); once the driver is open in one mode, a transfer asking for the other is
+// refused rather than run under a label that is not true.
+void open_driver_for(const engine::open_file& f, bool compat) {
+  const int open_status = cufile_driver_open(compat);
+  if (open_status != CU_FILE_SUCCESS) throw error(cufile_code(open_status), "cuFileDriverOpen", f.path.string(), -1, 0);
+  if (compat && !cufile_driver_compat()) {
     throw error(errno_code(ENOTSUP), "cuFileDriverOpen", f.path.string(), -1, 0,
                 "cuFile is already open in this process without compat mode; GDSKIT_MODE=compat must hold from the "
                 "first cuFile transfer of the process");
   }
-  if (!compat && *opened_compat) {
+  if (!compat && cufile_driver_compat()) {
     throw error(errno_code(ENOTSUP), "cuFileDriverOpen", f.path.string(), -1, 0,
                 "cuFile was opened in compat mode (GDSKIT_MODE=compat) by this process; a gds transfer would run "
                 "compat");
@@ -64,7 +47,7 @@ CUfileHandle_t registered_handle(const engine::open_file& f) {
   std::string reason;
   const cufile_api* api = cufile(&reason);
   if (api == nullptr) throw error(errno_code(ENOTSUP), "cuFile", f.path.string(), -1, 0, reason);
-  open_driver_for(f, *api, f.config.mode == path_mode::compat);
+  open_driver_for(f, f.config.mode == path_mode::compat);
   CUfileError_t st{};
   cufile_handle h(f.direct_fd ? f.direct_fd.get() : f.fd.get(), st);
   if (st.err != CU_FILE_SUCCESS) {

@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
+
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -121,23 +123,46 @@ bool load_cufile_at(const char* path, cufile_api& api, std::string* reason) {
   return bind_all(lib, api, reason);
 }
 
+int driver_opener::open(const cufile_api& api, bool compat) {
+  std::lock_guard lock(mutex_);
+  if (tried_) return status_;
+  tried_ = true;
+  if (compat) {
+    const bool set = api.cuFileSetParameterBool != nullptr &&
+                     api.cuFileSetParameterBool(CUFILE_PARAM_FORCE_COMPAT_MODE, true).err == CU_FILE_SUCCESS;
+    if (!set) ::setenv("CUFILE_FORCE_COMPAT_MODE", "true", 1);
+  }
+  status_ = api.cuFileDriverOpen().err;
+  compat_ = compat && status_ == CU_FILE_SUCCESS;
+  return status_;
+}
+
+bool driver_opener::opened() const noexcept {
+  std::lock_guard lock(mutex_);
+  return tried_ && status_ == CU_FILE_SUCCESS;
+}
+
+bool driver_opener::compat() const noexcept {
+  std::lock_guard lock(mutex_);
+  return compat_;
+}
+
 namespace {
-std::atomic<bool> driver_opened{false};
+driver_opener& process_driver() {
+  static driver_opener* d = new driver_opener();  // never destroyed: asked about during exit
+  return *d;
+}
+}  // namespace
+
+int cufile_driver_open(bool compat) {
+  const cufile_api* a = cufile();
+  if (a == nullptr) return CU_FILE_DRIVER_NOT_INITIALIZED;
+  return process_driver().open(*a, compat);
 }
 
-int cufile_driver_open() {
-  static std::once_flag once;
-  static int status = CU_FILE_DRIVER_NOT_INITIALIZED;
-  std::call_once(once, [] {
-    const cufile_api* a = cufile();
-    if (a == nullptr) return;
-    status = a->cuFileDriverOpen().err;
-    driver_opened = status == CU_FILE_SUCCESS;
-  });
-  return status;
-}
+bool cufile_driver_opened() noexcept { return process_driver().opened(); }
 
-bool cufile_driver_opened() noexcept { return driver_opened.load(); }
+bool cufile_driver_compat() noexcept { return process_driver().compat(); }
 
 bool cufile_enable_stats() {
   const cufile_api* a = cufile();

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -160,10 +161,33 @@ bool load_cufile_at(const char* path, cufile_api& api, std::string* reason = nul
 /// cuFile's version (1000*major + 10*minor), 0 when unknown.
 int cufile_version();
 
-/// Opens the cuFile driver once per process (thread-safe). Returns the cuFile status (0 = open).
-int cufile_driver_open();
+/// Opens a cuFile driver once: later calls return the first call's status, and the driver keeps the mode the
+/// first call asked for (cuFile reads its mode when the driver opens). `compat` forces cuFile's compat mode
+/// before the open (cuFileSetParameterBool, or CUFILE_FORCE_COMPAT_MODE where that call is missing).
+/// Thread-safe. The process has one (cufile_driver_open); tests make their own for a stand-in library.
+class driver_opener {
+ public:
+  /// The cuFile status of the open (0 = open).
+  int open(const cufile_api& api, bool compat);
+  /// Whether the open succeeded.
+  bool opened() const noexcept;
+  /// Whether the driver was opened in forced compat mode (false before it is open).
+  bool compat() const noexcept;
+
+ private:
+  mutable std::mutex mutex_;
+  bool tried_ = false;
+  int status_ = 0;
+  bool compat_ = false;
+};
+
+/// Opens this process's cuFile driver (driver_opener above) with the loaded library; a status other than 0
+/// when it cannot be loaded or opened.
+int cufile_driver_open(bool compat = false);
 /// Whether this process opened the cuFile driver (cufile_driver_open succeeded).
 bool cufile_driver_opened() noexcept;
+/// Whether this process's cuFile driver was opened in forced compat mode.
+bool cufile_driver_compat() noexcept;
 
 /// Per-GPU path counters from level-3 statistics (zero when stats are unavailable).
 struct cufile_path_counters {

@@ -50,6 +50,9 @@ struct state {
   unsigned untimed_full_waits = 0;
   unsigned setups = 0;
   unsigned cancels = 0;
+  bool force_compat = false;  // CUFILE_PARAM_FORCE_COMPAT_MODE as last set
+  int opens = 0;
+  bool opened_compat = false;  // force_compat when the driver last opened
 };
 
 state& st() {
@@ -102,8 +105,29 @@ unsigned fake_cufile_live_batches() {
   return static_cast<unsigned>(st().batches.size());
 }
 
+// Driver opens so far, and whether the last one was in forced compat mode; resets both.
+int fake_cufile_opens(bool* compat) {
+  std::lock_guard lock(st().mutex);
+  *compat = st().opened_compat;
+  const int n = st().opens;
+  st().opens = 0;
+  st().force_compat = false;
+  st().opened_compat = false;
+  return n;
+}
+
 // ---- core ----
-CUfileError_t cuFileDriverOpen() { return ok(); }
+CUfileError_t cuFileSetParameterBool(int param, bool value) {
+  std::lock_guard lock(st().mutex);
+  if (param == 2) st().force_compat = value;  // CUFILE_PARAM_FORCE_COMPAT_MODE
+  return ok();
+}
+CUfileError_t cuFileDriverOpen() {
+  std::lock_guard lock(st().mutex);
+  ++st().opens;
+  st().opened_compat = st().force_compat;
+  return ok();
+}
 CUfileError_t cuFileDriverClose_v2() { return ok(); }
 CUfileError_t cuFileDriverGetProperties(CUfileDrvProps_t* p) {
   std::memset(p, 0, sizeof *p);

@@ -30,6 +30,7 @@ struct fake {
   void (*set)(long long, int, bool) = nullptr;
   void (*observed)(unsigned*, unsigned*, unsigned*, unsigned*) = nullptr;
   unsigned (*live)() = nullptr;
+  int (*opens)(bool*) = nullptr;
   bool load() {
     std::string reason;
     if (!shim::load_cufile_at(GDSKIT_FAKE_CUFILE, api, &reason)) {
@@ -40,8 +41,9 @@ struct fake {
     set = reinterpret_cast<decltype(set)>(::dlsym(lib, "fake_cufile_set"));
     observed = reinterpret_cast<decltype(observed)>(::dlsym(lib, "fake_cufile_observed"));
     live = reinterpret_cast<decltype(live)>(::dlsym(lib, "fake_cufile_live_batches"));
+    opens = reinterpret_cast<decltype(opens)>(::dlsym(lib, "fake_cufile_opens"));
     set(-1, 0, false);
-    return set && observed && live && api.has_batch();
+    return set && observed && live && opens && api.has_batch();
   }
 };
 
@@ -168,6 +170,31 @@ TEST_F(cufile_batch_fixture, no_batch_api_is_refused_clearly) {
   } catch (const error& err) {
     EXPECT_EQ(err.code(), errno_code(ENOTSUP));
   }
+}
+
+// cuFile takes its mode when its driver opens, once per process: an opener asked for compat forces it before
+// the open, a second call neither opens again nor changes the mode, and an opener asked for the default does
+// not force it. (`gdskit bench -x compat` opens the driver early to read its counters: in compat mode.)
+TEST(driver_opener, forces_compat_before_the_first_open_and_keeps_that_mode) {
+  fake f;
+  ASSERT_TRUE(f.load());
+  bool compat = false;
+  f.opens(&compat);  // reset
+  shim::driver_opener compat_first;
+  EXPECT_EQ(compat_first.open(f.api, true), shim::CU_FILE_SUCCESS);
+  EXPECT_TRUE(compat_first.opened());
+  EXPECT_TRUE(compat_first.compat());
+  EXPECT_EQ(compat_first.open(f.api, false), shim::CU_FILE_SUCCESS);
+  EXPECT_TRUE(compat_first.compat()) << "the mode is the first open's";
+  EXPECT_EQ(f.opens(&compat), 1) << "the driver opened more than once";
+  EXPECT_TRUE(compat) << "compat was not forced before the open";
+
+  shim::driver_opener plain_first;
+  EXPECT_EQ(plain_first.open(f.api, false), shim::CU_FILE_SUCCESS);
+  EXPECT_EQ(plain_first.open(f.api, true), shim::CU_FILE_SUCCESS);
+  EXPECT_FALSE(plain_first.compat()) << "a later call changed the mode of an open driver";
+  EXPECT_EQ(f.opens(&compat), 1);
+  EXPECT_FALSE(compat) << "compat forced where the first call did not ask for it";
 }
 
 }  // namespace
