@@ -64,6 +64,10 @@ struct io_size_spec {
 /// One job: what gdsio calls a job (one line of its config file, or the command line).
 struct job_spec {
   std::string name = "job0";
+  /// A job file's section: messages name the job. A command-line job's messages name its flags instead.
+  bool from_job_file = false;
+  /// What set the io size, for a command-line job's messages: "-i", "--sweep io", or empty for the default.
+  std::string io_flag;
   std::filesystem::path file;       ///< -f (shared by the workers, each on its own region)
   std::filesystem::path directory;  ///< -D (one file gdsio.<n> per worker)
   int gpu = 0;                      ///< -d

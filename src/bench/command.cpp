@@ -97,6 +97,7 @@ int run_sweep(const request& req, std::ostream& out, std::ostream& err, const ho
         job_spec j = base;
         j.xfer = x;
         j.io = io;
+        if (!sw.io_bytes.empty()) j.io_flag = "--sweep io";
         j.threads = t;
         j.name = fmt::format("{}-{}-{}", to_string(x.kind), io.max_bytes, t);
         // Reads must fit the file, GPUs must exist, no point may pass the largest file offset: check every point

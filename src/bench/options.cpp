@@ -324,6 +324,7 @@ std::vector<job_spec> parse_config(std::string_view text, const job_spec& defaul
       if (section != "global") {
         jobs.push_back(global);
         jobs.back().name = section;
+        jobs.back().from_job_file = true;
       }
       continue;
     }
@@ -417,6 +418,7 @@ request finish(const flag_values& v) {
     if (s.key.empty()) apply_flag_only(s.flag, value);
     else apply_setting(job, s.key, label, value);
   }
+  if (v.opt.at('i')->count()) job.io_flag = "-i";
   if (v.positional.size() > 1) fail(fmt::format("{}: only one job file", v.positional[1]));
   if (!v.positional.empty()) {
     r.config_file = v.positional.front();
@@ -537,18 +539,32 @@ std::uint64_t check_extent(const job_spec& j) {
   auto end = checked_extent(j.size_bytes, regions, j.offset_bytes);
   auto total = checked_extent(j.size_bytes, j.threads, 0);
   if (!end || !total) {
-    fail(fmt::format("job {}: offset {} + {} x {} bytes passes the largest file offset (2^63 - 1 bytes); "
-                     "lower -s, -w or -o", j.name, j.offset_bytes, regions, j.size_bytes));
+    if (j.from_job_file) {
+      fail(fmt::format("job {}: offset {} + {} x {} bytes passes the largest file offset (2^63 - 1 bytes); "
+                       "lower -s, -w or -o", j.name, j.offset_bytes, regions, j.size_bytes));
+    }
+    fail(fmt::format("-s {} x -w {} from -o {} passes the largest file offset (2^63 - 1 bytes); lower -s, -w or -o",
+                     j.size_bytes, j.threads, j.offset_bytes));
   }
   return *end;
 }
 
 void validate(const job_spec& j) {
   const bool writing = is_write(j.type);
-  const std::string who = fmt::format("job {}", j.name);
+  // A job file's job is named; a command-line job is not (it has no name the user gave): its flags are.
+  const std::string who = j.from_job_file ? fmt::format("job {}: ", j.name) : std::string();
   if (j.io.max_bytes > j.size_bytes) {
-    fail(fmt::format("{}: io size {} is larger than the size per worker {}", who, format_size(j.io.max_bytes),
-                     format_size(j.size_bytes)));
+    const std::string io = format_size(j.io.max_bytes), size = format_size(j.size_bytes);
+    const std::string_view up_to = j.io.variable() ? "up to " : "";
+    if (j.from_job_file) {
+      fail(fmt::format("{}io size {}{} is larger than the size per worker {}", who, up_to, io, size));
+    }
+    if (j.io_flag.empty()) {
+      fail(fmt::format("-s {}: smaller than one request of the default io size {}; raise -s or give a smaller -i",
+                       size, io));
+    }
+    fail(fmt::format("{} {}{}: larger than -s {}, the size per worker; lower {} or raise -s", j.io_flag, up_to, io,
+                     size, j.io_flag));
   }
   if (j.batch != 0 && !is_batch(j.xfer.kind)) {
     fail(fmt::format("-B {}: only the batch types take a batch size (-x 6, 7, batch, batch-stream, host-batch); "
@@ -560,8 +576,8 @@ void validate(const job_spec& j) {
     // Each worker holds one IO_SIZE slot per range of its batch.
     const std::uint64_t mem = std::uint64_t{b} * j.io.max_bytes;
     if (mem > (std::uint64_t{16} << 30)) {
-      fail(fmt::format("{}: -B {} x io size {} is {} of memory per worker (at most 16 GiB); lower -B or -i", who, b,
-                       format_size(j.io.max_bytes), format_size(mem)));
+      fail(fmt::format("{}-B {}{} x io size {} is {} of memory per worker (at most 16 GiB); lower -B or -i", who, b,
+                       j.batch == 0 ? " (the default)" : "", format_size(j.io.max_bytes), format_size(mem)));
     }
   }
   if (j.numa_node && numa_node_cpus(*j.numa_node).empty()) {

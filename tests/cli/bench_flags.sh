@@ -49,6 +49,32 @@ err=$("$gdskit" bench "$work/zero.gdsio" 2>&1 >/dev/null); rc=$?
 [ $rc -eq 2 ] && grep -q 'line 4: size= 0K: the size per worker must be at least 1 byte$' <<<"$err" ||
   fail "size=0K in a job file: exit $rc: $err"
 [ ! -e "$work/new" ] || fail "a refused size of zero created the file"
+# Sizes that do not fit together are named by the flags the user gave (the command line's job has no name), with
+# the default -i said to be one; from a job file, by the job.
+flags_refused() {
+  local want=$1; shift
+  local err rc
+  err=$("$gdskit" bench "$@" 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] && grep -qxF -- "gdskit bench: $want" <<<"$err" || fail "bench $*: exit $rc: $err"
+}
+flags_refused "-s 4.00 KiB: smaller than one request of the default io size 1.00 MiB; raise -s or give a smaller -i" \
+  -f "$work/data" -s 4K
+flags_refused "-i 8.00 KiB: larger than -s 4.00 KiB, the size per worker; lower -i or raise -s" \
+  -f "$work/data" -s 4K -i 8K
+flags_refused "-i up to 8.00 KiB: larger than -s 4.00 KiB, the size per worker; lower -i or raise -s" \
+  -f "$work/data" -s 4K -i 4K:8K:4K
+flags_refused "--sweep io 8.00 KiB: larger than -s 4.00 KiB, the size per worker; lower --sweep io or raise -s" \
+  -f "$work/data" -s 4K -i 4K --sweep threads=1,io=8K
+flags_refused "-s 4611686018427387904 x -w 2 from -o 0 passes the largest file offset (2^63 - 1 bytes); lower -s, -w or -o" \
+  -f "$work/data" -s 4611686018427387904 -w 2
+flags_refused "-B 64 (the default) x io size 1.00 GiB is 64.00 GiB of memory per worker (at most 16 GiB); lower -B or -i" \
+  -f "$work/data" -s 1G -i 1G -x host-batch
+flags_refused "-B 32 x io size 1.00 GiB is 32.00 GiB of memory per worker (at most 16 GiB); lower -B or -i" \
+  -f "$work/data" -s 1G -i 1G -x host-batch -B 32
+printf '[small]\nfilename=%s\nsize=4K\n' "$work/data" >"$work/small.gdsio"
+err=$("$gdskit" bench "$work/small.gdsio" 2>&1 >/dev/null); rc=$?
+[ $rc -eq 2 ] && grep -qx 'gdskit bench: job small: io size 1.00 MiB is larger than the size per worker 4.00 KiB' <<<"$err" ||
+  fail "size=4K in a job file: exit $rc: $err"
 # The same refusals from a job file, named by line.
 printf '[job1]\nfilename=%s\nsize=16K\nbs=4K\nenable_nvlinks=1\n' "$work/data" >"$work/nvlink.gdsio"
 err=$("$gdskit" bench "$work/nvlink.gdsio" 2>&1 >/dev/null); rc=$?
