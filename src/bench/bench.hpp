@@ -290,6 +290,10 @@ std::string plot_sweep(const std::vector<sweep_row>& rows, const std::filesystem
 /// sweep runs, so a long sweep does not end in an error.
 std::string plot_precheck(const std::filesystem::path& png);
 
+/// A bad GDSKIT_* setting is bad input, refused before anything runs: writes "<command>: <why>" to `err` and returns
+/// true when the settings cannot be read.
+bool settings_refused(std::ostream& err, std::string_view command);
+
 /// `gdskit bench ARGS`: parses, runs and reports. Returns the exit code: 0 success, 1 verification failed,
 /// 2 usage or bad input (nothing run), 3 I/O error during the run.
 int run_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err, const hooks& h = {});

@@ -153,6 +153,16 @@ int run_sweep(const request& req, std::ostream& out, std::ostream& err, const ho
 
 }  // namespace
 
+bool settings_refused(std::ostream& err, std::string_view command) {
+  try {
+    (void)default_settings();
+    return false;
+  } catch (const gdskit::error& e) {
+    err << command << ": " << e.what() << "\n";  // escaped by the library: not a usage_error, escaped again
+    return true;
+  }
+}
+
 int run_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err, const hooks& h) {
   return run_command([&args] { return parse_args(args); }, out, err, h);
 }
@@ -164,13 +174,7 @@ int run_command(const std::function<request()>& make_request, std::ostream& out,
       out << usage();
       return 0;
     }
-    try {
-      // A bad GDSKIT_* setting is bad input: refused before anything runs, not an I/O failure mid-run.
-      (void)default_settings();
-    } catch (const gdskit::error& e) {
-      err << "gdskit bench: " << e.what() << "\n";  // escaped by the library: not a usage_error, escaped again
-      return 2;
-    }
+    if (settings_refused(err, "gdskit bench")) return 2;
     // A benchmark measures this run alone: shapes learned by earlier runs neither start it nor are written by
     // it (GDSKIT_LEARN included) unless --learn asks for both.
     set_setting("learn", req.options.learn ? "on" : "off");

@@ -1340,6 +1340,8 @@ int run_kv(const std::function<kv_options()>& make_options, std::ostream& out, s
     err << "gdskit bench kv: " << printable(e.what()) << "\n";
     return 2;
   }
+  // A bad GDSKIT_* setting is bad input, as for every other command; not a failure during the run.
+  if (settings_refused(err, "gdskit bench kv")) return 2;
   try {
     // A benchmark changes no later run: it neither starts from learned shapes nor writes them.
     set_setting("learn", "off");

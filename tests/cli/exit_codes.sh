@@ -22,6 +22,12 @@ GDSKIT_ENGINE=fast expect 2 bench -f "$work/data" -s 4K -i 4K
 GDSKIT_ENGINE=fast expect 2 verify -D "$work" -d cpu --sizes 4K
 GDSKIT_THREADS=lots expect 2 load "$work/data"
 [ "$(ls "$work")" = data ] || fail "refused runs left files: $(ls "$work")"
+# bench kv as well, before its folder is touched.
+mkdir "$work/kv"
+GDSKIT_ENGINE=fast expect 2 bench kv --dir "$work/kv" --mix put
+GDSKIT_THREADS=0 expect 2 bench kv --dir "$work/kv" --mix put
+[ -z "$(ls -A "$work/kv")" ] || fail "a refused bench kv left files: $(ls -A "$work/kv")"
+rmdir "$work/kv"
 
 # A value out of range names the variable the user set, not the field it went into.
 for bad in GDSKIT_THREADS=0 GDSKIT_DIRECT_DEPTH=2000 GDSKIT_CHUNK_BYTES=6K GDSKIT_STAGING_SLOTS=1 \
