@@ -261,7 +261,8 @@ int run_load(const load_flags& f) {
   if (saved) {
     const auto& v = saved->stats;
     fmt::print("saved {} to {} ({} file(s){}) in {:.3f} s: {:.2f} GiB/s (syncs {:.3f} s)\n", format_size(v.tensor_bytes),
-               f.save, v.files, v.written.size() > v.files ? " + index" : "", v.seconds, v.gib_per_s(), v.sync_seconds);
+               printable(f.save), v.files, v.written.size() > v.files ? " + index" : "", v.seconds, v.gib_per_s(),
+               v.sync_seconds);
     fmt::print("save path: {}\n", tools::path_line(to_string(v.path.path), v.path.reasons, f.verbose));
   }
   return 0;

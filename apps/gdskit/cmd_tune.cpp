@@ -148,7 +148,7 @@ void add_tune_command(CLI::App& app) {
                    p.shape.depth, format_size(p.shape.request_bytes), p.gib_per_s);
         std::fflush(stdout);
       };
-      fmt::print("measuring {} per point in {}\n", format_size(*size), o->dir);
+      fmt::print("measuring {} per point in {}\n", format_size(*size), printable(o->dir));
     }
     try {
       engine::device_profile p = tools::tune_device(t);
@@ -172,7 +172,7 @@ void add_tune_command(CLI::App& app) {
         fmt::print("best write: depth {}, {}: {:.2f} GiB/s\n", p.write.depth, format_size(p.write.request_bytes),
                    p.write_gib_per_s);
       }
-      if (!o->no_save) fmt::print("profile: {}\n", saved);
+      if (!o->no_save) fmt::print("profile: {}\n", printable(saved));
     } catch (const gdskit::error& e) {
       fmt::print(stderr, "gdskit tune: {}\n", e.what());
       exit_code() = exit_code_for(e);  // a missing or refusing folder is bad input (2), a failed I/O 3

@@ -29,6 +29,22 @@ err=$("$gdskit" load "$work/one.safetensors" --save "$dir/no/out.safetensors" 2>
 [ $rc -eq 2 ] || fail "load --save into a missing folder exited $rc, want 2: $err"
 once "$err" "--save \"$shown/no/out.safetensors\": its folder $shown/no does not exist"
 
+# Paths a command prints on stdout: escaped once too, so that a newline or an escape sequence in a folder's name
+# neither forges a line nor drives the terminal. load --save names the file it wrote; tune its folder and the
+# profile it saved (tune needs O_DIRECT, which tmpfs refuses).
+out=$("$gdskit" load "$work/one.safetensors" --save "$dir/out.safetensors" 2>&1); rc=$?
+[ $rc -eq 0 ] || fail "load --save into a hostile folder exited $rc: $out"
+once "$out" "saved 1 B to $shown/out.safetensors (1 file(s))"
+if dd if=/dev/zero of="$dir/probe" bs=4096 count=1 oflag=direct status=none 2>/dev/null; then
+  rm -f "$dir/probe"
+  out=$(XDG_CACHE_HOME="$dir/cache" "$gdskit" tune --path "$dir" -s 1M --no-write 2>&1); rc=$?
+  [ $rc -eq 0 ] || fail "tune in a hostile folder exited $rc: $out"
+  once "$out" "measuring 1.00 MiB per point in $shown"
+  once "$out" "profile: $shown/cache/gdskit/profile-"
+else
+  echo "tune not checked: $work refuses O_DIRECT"
+fi
+
 # A bad setting: the library writes the value's backslash as \x5c; every command shows it so.
 for cmd in "bench -f $work/one.safetensors -s 1 -i 1" "verify --host --sizes 4K -D $work" "load $work/one.safetensors" \
            "bench kv --dir $work --mix put" "tune --path $work -s 1M"; do
