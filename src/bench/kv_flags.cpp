@@ -179,9 +179,10 @@ std::function<kv_options()> add_kv_flags(CLI::App& cmd) {
   cmd.add_option("--kills", v->o.kills, "writers killed with SIGKILL in the crash phase (default 3)")
       ->type_name("N")
       ->check(tools::whole_number<unsigned>());
-  cmd.add_option("--gpu", v->o.gpu, "blocks in the memory of this GPU (default: host memory)")
+  // A GPU index, as bench's -d takes it: a negative number would be the option's "host memory" and run silently there.
+  cmd.add_option("--gpu", v->o.gpu, "blocks in the memory of this GPU, 0 .. 1023 (default: host memory)")
       ->type_name("N")
-      ->check(tools::whole_number<int>());
+      ->check(tools::whole_number(0, 1023));
   cmd.add_option("--durability", v->durability, "cache (never syncs; default) or persist (fdatasync)")->type_name("MODE");
   cmd.add_option("--seed", v->o.seed, "seed of the random choices (default 1)")
       ->type_name("N")

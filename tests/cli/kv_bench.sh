@@ -62,6 +62,14 @@ expect 2 bench kv --dir "$work" --in-flight 17
 expect 2 bench kv --dir "$work" --jsn
 expect 2 bench kv --dir "$work" --block-sizes 64K,,2M
 expect 2 bench kv --dir "$work" --mix put,
+# A GPU index runs from 0: a negative number is refused naming the flag, never run silently in host memory (-1 is
+# the option's own "host memory" inside).
+for gpu in -5 -1 1024; do
+  err=$("$gdskit" bench kv --dir "$work" --capacity 24M --block-sizes 64K --seconds 0.3 --mix put --gpu $gpu 2>&1 \
+    >/dev/null); rc=$?
+  [ $rc -eq 2 ] && grep -qF "gdskit bench kv: --gpu: '$gpu' is out of range (0 .. 1023)" <<<"$err" ||
+    fail "--gpu $gpu: exit $rc: $err"
+done
 [ -z "$(ls "$work" | grep -v '^err$')" ] || fail "a refused run wrote something"
 
 # Folders are checked before anything runs: the same folder twice (also through a link), someone's files under
