@@ -152,12 +152,22 @@ driver_opener& process_driver() {
   static driver_opener* d = new driver_opener();  // never destroyed: asked about during exit
   return *d;
 }
+
+// At a normal exit the process's driver is closed before libcufile's own teardown runs (this handler is
+// registered after the library was loaded, so it runs first): left open, the library's threads were seen to
+// read its freed state as it tore down, and the process died with SIGSEGV after its work was done.
+void close_process_driver() {
+  if (const cufile_api* a = cufile(); a != nullptr && process_driver().opened()) a->cuFileDriverClose();
+}
 }  // namespace
 
 int cufile_driver_open(bool compat) {
   const cufile_api* a = cufile();
   if (a == nullptr) return CU_FILE_DRIVER_NOT_INITIALIZED;
-  return process_driver().open(*a, compat);
+  const int st = process_driver().open(*a, compat);
+  static std::once_flag closing;
+  if (st == CU_FILE_SUCCESS) std::call_once(closing, [] { std::atexit(close_process_driver); });
+  return st;
 }
 
 bool cufile_driver_opened() noexcept { return process_driver().opened(); }
