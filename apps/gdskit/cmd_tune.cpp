@@ -3,10 +3,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <iostream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bench/bench.hpp"
 #include "commands.hpp"
 #include "common/json_text.hpp"
 #include "common/printable.hpp"
@@ -135,6 +137,11 @@ void add_tune_command(CLI::App& app) {
     auto size = parse_size(o->size);
     if (!size || *size < (1u << 20) || *size > (std::uint64_t{64} << 30)) {
       fmt::print(stderr, "gdskit tune: --size must be 1M..64G\n");
+      exit_code() = exit_usage;
+      return;
+    }
+    // A bad GDSKIT_* setting is refused before anything is said to be measured.
+    if (bench::settings_refused(std::cerr, "gdskit tune")) {
       exit_code() = exit_usage;
       return;
     }

@@ -28,6 +28,11 @@ GDSKIT_ENGINE=fast expect 2 bench kv --dir "$work/kv" --mix put
 GDSKIT_THREADS=0 expect 2 bench kv --dir "$work/kv" --mix put
 [ -z "$(ls -A "$work/kv")" ] || fail "a refused bench kv left files: $(ls -A "$work/kv")"
 rmdir "$work/kv"
+# tune too, before it says it is measuring.
+out=$(GDSKIT_ENGINE=fast "$gdskit" tune --path "$work" --no-save 2>/dev/null)
+rc=$?
+[ $rc -eq 2 ] || fail "tune with a bad setting exited $rc, want 2"
+[ -z "$out" ] || fail "tune with a bad setting printed before refusing: $out"
 
 # A value out of range names the variable the user set, not the field it went into.
 for bad in GDSKIT_THREADS=0 GDSKIT_DIRECT_DEPTH=2000 GDSKIT_CHUNK_BYTES=6K GDSKIT_STAGING_SLOTS=1 \
