@@ -68,6 +68,8 @@ struct job_spec {
   bool from_job_file = false;
   /// What set the io size, for a command-line job's messages: "-i", "--sweep io", or empty for the default.
   std::string io_flag;
+  /// What set the worker count, for a command-line job's messages: "-w" or "--sweep threads".
+  std::string threads_flag = "-w";
   std::filesystem::path file;       ///< -f (shared by the workers, each on its own region)
   std::filesystem::path directory;  ///< -D (one file gdsio.<n> per worker)
   int gpu = 0;                      ///< -d

@@ -99,6 +99,7 @@ int run_sweep(const request& req, std::ostream& out, std::ostream& err, const ho
         j.io = io;
         if (!sw.io_bytes.empty()) j.io_flag = "--sweep io";
         j.threads = t;
+        j.threads_flag = "--sweep threads";
         j.name = fmt::format("{}-{}-{}", to_string(x.kind), io.max_bytes, t);
         // Reads must fit the file, GPUs must exist, no point may pass the largest file offset: check every point
         // before the first one runs.

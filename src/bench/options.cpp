@@ -541,10 +541,10 @@ std::uint64_t check_extent(const job_spec& j) {
   if (!end || !total) {
     if (j.from_job_file) {
       fail(fmt::format("job {}: offset {} + {} x {} bytes passes the largest file offset (2^63 - 1 bytes); "
-                       "lower -s, -w or -o", j.name, j.offset_bytes, regions, j.size_bytes));
+                       "lower size=, num_threads= or start_offset=", j.name, j.offset_bytes, regions, j.size_bytes));
     }
-    fail(fmt::format("-s {} x -w {} from -o {} passes the largest file offset (2^63 - 1 bytes); lower -s, -w or -o",
-                     j.size_bytes, j.threads, j.offset_bytes));
+    fail(fmt::format("-s {} x {} {} from -o {} passes the largest file offset (2^63 - 1 bytes); lower -s, {} or -o",
+                     j.size_bytes, j.threads_flag, j.threads, j.offset_bytes, j.threads_flag));
   }
   return *end;
 }
@@ -576,7 +576,12 @@ void validate(const job_spec& j) {
     // Each worker holds one IO_SIZE slot per range of its batch.
     const std::uint64_t mem = std::uint64_t{b} * j.io.max_bytes;
     if (mem > (std::uint64_t{16} << 30)) {
-      fail(fmt::format("{}-B {}{} x io size {} is {} of memory per worker (at most 16 GiB); lower -B or -i", who, b,
+      if (j.from_job_file) {
+        fail(fmt::format("{}batch_size {}{} x bs {} is {} of memory per worker (at most 16 GiB); lower batch_size= "
+                         "or bs=", who, b, j.batch == 0 ? " (the default)" : "", format_size(j.io.max_bytes),
+                         format_size(mem)));
+      }
+      fail(fmt::format("-B {}{} x io size {} is {} of memory per worker (at most 16 GiB); lower -B or -i", b,
                        j.batch == 0 ? " (the default)" : "", format_size(j.io.max_bytes), format_size(mem)));
     }
   }

@@ -67,6 +67,8 @@ flags_refused "--sweep io 8.00 KiB: larger than -s 4.00 KiB, the size per worker
   -f "$work/data" -s 4K -i 4K --sweep threads=1,io=8K
 flags_refused "-s 4611686018427387904 x -w 2 from -o 0 passes the largest file offset (2^63 - 1 bytes); lower -s, -w or -o" \
   -f "$work/data" -s 4611686018427387904 -w 2
+flags_refused "-s 4611686018427387904 x --sweep threads 2 from -o 0 passes the largest file offset (2^63 - 1 bytes); lower -s, --sweep threads or -o" \
+  -f "$work/data" -s 4611686018427387904 -I 1 --sweep threads=1,2
 flags_refused "-B 64 (the default) x io size 1.00 GiB is 64.00 GiB of memory per worker (at most 16 GiB); lower -B or -i" \
   -f "$work/data" -s 1G -i 1G -x host-batch
 flags_refused "-B 32 x io size 1.00 GiB is 32.00 GiB of memory per worker (at most 16 GiB); lower -B or -i" \
@@ -75,6 +77,17 @@ printf '[small]\nfilename=%s\nsize=4K\n' "$work/data" >"$work/small.gdsio"
 err=$("$gdskit" bench "$work/small.gdsio" 2>&1 >/dev/null); rc=$?
 [ $rc -eq 2 ] && grep -qx 'gdskit bench: job small: io size 1.00 MiB is larger than the size per worker 4.00 KiB' <<<"$err" ||
   fail "size=4K in a job file: exit $rc: $err"
+# From a job file the hints name its keys, not flags it cannot hold.
+job_refused() {  # job_refused WANT (a grep pattern) JOB-FILE-TEXT
+  printf '%b' "$2" >"$work/refused.gdsio"
+  local err rc
+  err=$("$gdskit" bench "$work/refused.gdsio" 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] && grep -q -- "$1" <<<"$err" || fail "job file $(printf '%q' "$2"): exit $rc: $err"
+}
+job_refused 'job big: .*lower size=, num_threads= or start_offset=$' \
+  "[big]\nfilename=$work/data\nsize=4611686018427387904\nnum_threads=2\n"
+job_refused 'job wide: batch_size 64 (the default) x bs 1.00 GiB is 64.00 GiB of memory per worker (at most 16 GiB); lower batch_size= or bs=$' \
+  "[wide]\nfilename=$work/data\nsize=1G\nbs=1G\nxfer_type=host-batch\n"
 # The same refusals from a job file, named by line.
 printf '[job1]\nfilename=%s\nsize=16K\nbs=4K\nenable_nvlinks=1\n' "$work/data" >"$work/nvlink.gdsio"
 err=$("$gdskit" bench "$work/nvlink.gdsio" 2>&1 >/dev/null); rc=$?
