@@ -89,8 +89,8 @@ CLI::Validator whole_number(std::int64_t lo, std::uint64_t hi) {
         if (!digits) return fmt::format("'{}' is not a whole number", text);
         bool in_range = ec == std::errc() && end == t.data() + t.size();
         if (in_range && negative) {
-          // -magnitude >= lo, without forming -2^63 as a positive number.
-          in_range = magnitude == 0 || (lo < 0 && magnitude - 1 <= static_cast<std::uint64_t>(-(lo + 1)));
+          // -magnitude >= lo, without forming -2^63 as a positive number ("-0" is 0: in range only where 0 is).
+          in_range = magnitude == 0 ? lo <= 0 : lo < 0 && magnitude - 1 <= static_cast<std::uint64_t>(-(lo + 1));
         } else if (in_range) {
           in_range = magnitude <= hi && (lo <= 0 || magnitude >= static_cast<std::uint64_t>(lo));
         }
