@@ -202,7 +202,9 @@ int main(int argc, char** argv) {
     return exit_code_for(e);
   }
   // libcufile 1.15.1 was seen crashing in its own exit handlers (H200 VM): once it has been opened, leave
-  // without running library teardown. Files are closed by now and their data is with the kernel.
+  // without running library teardown. Files are closed by now and their data is with the kernel. (Processes
+  // that exit normally close the driver first, shim::cufile_driver_open's exit handler, which ended that crash
+  // in the GPU tests; the CLI keeps leaving this way until a run on the GPU machine shows it is not needed.)
   if (gdskit::shim::cufile_driver_opened()) {
     std::fflush(nullptr);
     std::_Exit(exit_code());

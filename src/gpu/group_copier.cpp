@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <deque>
-#include <functional>
 #include <cerrno>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -443,7 +443,7 @@ class cuda_group_copier final : public engine::group_copier {
   }
 
   // Ends every pending group up to number `seq` (they have landed, or failed with `ec`): their tables go back
-  // for the next launches and their `done` is called, on this thread.
+  // for the next launches, in the same hold of the lock, and their `done` is called, on this thread.
   void complete_through(std::uint64_t seq, std::error_code ec) noexcept {
     std::vector<pending_group> ready;
     try {
@@ -451,13 +451,13 @@ class cuda_group_copier final : public engine::group_copier {
       while (!pending_.empty() && pending_.front().seq <= seq) {
         ready.push_back(std::move(pending_.front()));
         pending_.pop_front();
+        for (auto& t : ready.back().tables) tables_.push_back(std::move(t));
       }
       if (seq > completed_.load(std::memory_order_relaxed)) completed_.store(seq, std::memory_order_relaxed);
     } catch (const std::bad_alloc&) {
-      // Nothing taken: the groups end by their host functions.
+      // The groups taken so far end below; the rest by their host functions. A table not kept is unpinned.
     }
     for (pending_group& g : ready) {
-      give_tables(std::move(g.tables));
       try {
         g.done(g.token, ec);
       } catch (...) {

@@ -3,8 +3,6 @@
 #include <dlfcn.h>
 
 #include <cstdlib>
-
-#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <vector>

@@ -15,8 +15,8 @@
 #include <mutex>
 #include <numeric>
 #include <optional>
-#include <unordered_map>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
