@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "common/arith.hpp"
 #include "engine/thread_pool.hpp"
 #include "posix/syscalls.hpp"
 
@@ -43,8 +44,6 @@ std::byte* thread_bounce(std::size_t alignment, std::size_t nbytes) {
   return buf.get();
 }
 
-std::uint64_t align_down(std::uint64_t v, std::size_t a) { return v / a * a; }
-std::uint64_t align_up(std::uint64_t v, std::size_t a) { return (v + a - 1) / a * a; }
 
 void run_bounce_read(io_task& t) {
   const std::uint64_t a0 = align_down(t.offset, t.alignment);

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "common/arith.hpp"
 #include "common/log.hpp"
 #include "engine/open_file.hpp"
 #include "engine/file_range.hpp"
@@ -23,8 +24,6 @@ namespace gdskit::engine {
 
 namespace {
 
-std::uint64_t align_down(std::uint64_t v, std::size_t a) { return v / a * a; }
-std::uint64_t align_up(std::uint64_t v, std::size_t a) { return (v + a - 1) / a * a; }
 
 int access_flags(open_mode m) {
   switch (m) {

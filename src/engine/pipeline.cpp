@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "common/arith.hpp"
 #include "engine/open_file.hpp"
 #include "engine/file_range.hpp"
 #include "engine/piece_cursor.hpp"
@@ -20,8 +21,6 @@
 namespace gdskit::engine {
 namespace {
 
-std::uint64_t align_down(std::uint64_t v, std::size_t a) { return v / a * a; }
-std::uint64_t align_up(std::uint64_t v, std::size_t a) { return (v + a - 1) / a * a; }
 
 using piece = piece_cursor::piece;
 

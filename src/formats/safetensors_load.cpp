@@ -16,6 +16,7 @@
 #include <system_error>
 #include <unordered_map>
 
+#include "common/arith.hpp"
 #include "formats/safetensors_index.hpp"
 #include "formats/safetensors_load.hpp"
 #include "formats/safetensors_open.hpp"
@@ -36,8 +37,6 @@ constexpr std::uint64_t k_direct_segment_bytes = formats::direct_segment_bytes;
   throw error(errno_code(EINVAL), "safetensors load: " + what);
 }
 
-std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
-
 // A caller's allocation must be large enough and live where load_options::device says.
 void check_allocation(const buffer_view& v, std::uint64_t need, int device) {
   if (v.data == nullptr || v.nbytes < need) {
@@ -50,10 +49,6 @@ void check_allocation(const buffer_view& v, std::uint64_t need, int device) {
                         v.device >= 0 ? fmt::format(" of device {}", v.device) : std::string(),
                         device < 0 ? std::string("host memory") : fmt::format("device {}", device)));
   }
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 

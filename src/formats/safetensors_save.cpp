@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/arith.hpp"
 #include "common/json_bounded.hpp"
 #include "formats/safetensors_open.hpp"
 #include "gdskit/error.hpp"
@@ -29,11 +30,7 @@
 namespace gdskit::safetensors {
 namespace {
 
-[[noreturn]] void invalid(const std::string& what) { throw error(errno_code(EINVAL), "safetensors save: " + what); }
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
+[[noreturn]] void refuse(const std::string& what) { throw error(errno_code(EINVAL), "safetensors save: " + what); }
 
 // The format's dtypes in the order of safetensors' own Dtype enum (increasing alignment), which its writer
 // sorts by; our enum lists them in another order.
@@ -122,13 +119,13 @@ void append_json_string(std::string& out, std::string_view s) {
 std::uint64_t expected_nbytes(const save_tensor& t) {
   std::uint64_t numel = 1;
   for (auto d : t.shape) {
-    if (d != 0 && numel > UINT64_MAX / d) invalid(fmt::format("tensor \"{}\": the shape overflows", printable_name(t.name)));
+    if (d != 0 && numel > UINT64_MAX / d) refuse(fmt::format("tensor \"{}\": the shape overflows", printable_name(t.name)));
     numel *= d;
   }
   const unsigned bits = bits_of(t.dtype);
-  if (numel > UINT64_MAX / bits) invalid(fmt::format("tensor \"{}\": the shape overflows", printable_name(t.name)));
+  if (numel > UINT64_MAX / bits) refuse(fmt::format("tensor \"{}\": the shape overflows", printable_name(t.name)));
   if (numel * bits % 8 != 0) {
-    invalid(fmt::format("tensor \"{}\": {} elements of {} are not a whole number of bytes", printable_name(t.name), numel,
+    refuse(fmt::format("tensor \"{}\": {} elements of {} are not a whole number of bytes", printable_name(t.name), numel,
                         to_string(t.dtype)));
   }
   return numel * bits / 8;
@@ -144,7 +141,7 @@ void check_cancel(const file_handle& f, const save_options& o) {
 buffer_view next_view(const save_tensor& t, std::uint64_t off) {
   const buffer_view v = t.source(off);
   if (v.data == nullptr || v.nbytes == 0 || v.nbytes > t.data.nbytes - off) {
-    invalid(fmt::format("tensor \"{}\": its source returned {} bytes at offset {} of {}", printable_name(t.name),
+    refuse(fmt::format("tensor \"{}\": its source returned {} bytes at offset {} of {}", printable_name(t.name),
                         v.nbytes, off, t.data.nbytes));
   }
   return v;
@@ -211,7 +208,7 @@ void write_file(const file_handle& f, const std::vector<save_tensor>& tensors, c
 }
 
 void check_options(const save_options& o) {
-  if (o.max_shard_bytes == 0) invalid("max_shard_bytes is 0");
+  if (o.max_shard_bytes == 0) refuse("max_shard_bytes is 0");
 }
 
 // The temporary files of a save, each with the name the caller asked for.
@@ -331,24 +328,24 @@ save_layout plan_save(const std::vector<save_tensor>& tensors, const std::option
   save_layout l;
   std::set<std::string_view> names;
   for (const auto& t : tensors) {
-    if (t.name.empty()) invalid("a tensor has an empty name");
-    if (t.name == "__metadata__") invalid("\"__metadata__\" is reserved and cannot name a tensor");
-    if (!valid_utf8(t.name)) invalid("a tensor name is not valid UTF-8");
+    if (t.name.empty()) refuse("a tensor has an empty name");
+    if (t.name == "__metadata__") refuse("\"__metadata__\" is reserved and cannot name a tensor");
+    if (!valid_utf8(t.name)) refuse("a tensor name is not valid UTF-8");
     const std::string shown = printable_name(t.name);  // names may come from a file (gdskit load --save)
-    if (!names.insert(t.name).second) invalid(fmt::format("two tensors are called \"{}\"", shown));
-    if (t.shape.size() > max_rank) invalid(fmt::format("tensor \"{}\" has more than {} dimensions", shown, max_rank));
+    if (!names.insert(t.name).second) refuse(fmt::format("two tensors are called \"{}\"", shown));
+    if (t.shape.size() > max_rank) refuse(fmt::format("tensor \"{}\" has more than {} dimensions", shown, max_rank));
     const std::uint64_t want = expected_nbytes(t);
     if (t.data.nbytes != want) {
-      invalid(fmt::format("tensor \"{}\": {} {} of shape [{}] needs {} bytes, the buffer has {}", shown, want,
+      refuse(fmt::format("tensor \"{}\": {} {} of shape [{}] needs {} bytes, the buffer has {}", shown, want,
                           to_string(t.dtype), fmt::join(t.shape, ", "), want, t.data.nbytes));
     }
-    if (want > 0 && t.data.data == nullptr && !t.source) invalid(fmt::format("tensor \"{}\" has no data pointer", shown));
+    if (want > 0 && t.data.data == nullptr && !t.source) refuse(fmt::format("tensor \"{}\" has no data pointer", shown));
   }
   if (metadata) {
     std::set<std::string_view> keys;
     for (const auto& [k, v] : *metadata) {
-      if (!valid_utf8(k) || !valid_utf8(v)) invalid("a metadata key or value is not valid UTF-8");
-      if (!keys.insert(k).second) invalid(fmt::format("metadata key \"{}\" given twice", printable_name(k)));
+      if (!valid_utf8(k) || !valid_utf8(v)) refuse("a metadata key or value is not valid UTF-8");
+      if (!keys.insert(k).second) refuse(fmt::format("metadata key \"{}\" given twice", printable_name(k)));
     }
   }
   l.order.resize(tensors.size());
@@ -386,7 +383,7 @@ save_layout plan_save(const std::vector<save_tensor>& tensors, const std::option
   json += "}";
   json.append((8 - json.size() % 8) % 8, ' ');
   if (json.size() > max_header_bytes) {
-    invalid(fmt::format("the header would be {} bytes, above the format's limit of {}", json.size(), max_header_bytes));
+    refuse(fmt::format("the header would be {} bytes, above the format's limit of {}", json.size(), max_header_bytes));
   }
   l.data_nbytes = offset;
   const std::uint64_t n = json.size();

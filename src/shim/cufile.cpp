@@ -14,7 +14,7 @@
 namespace gdskit::shim {
 namespace {
 
-struct loaded {
+struct loaded_cufile {
   cufile_api api{};
   bool ok = false;
   std::string reason;
@@ -63,8 +63,8 @@ bool bind_all(void* lib, cufile_api& a, std::string* reason) {
   return true;
 }
 
-loaded load() {
-  loaded out;
+loaded_cufile load_cufile() {
+  loaded_cufile out;
   // libcufile loads libcuda itself; we make sure the driver is usable first so the reason is the driver's.
   std::string why;
   if (cuda(&why) == nullptr) {
@@ -86,8 +86,8 @@ loaded load() {
   return out;
 }
 
-const loaded& state() {
-  static const loaded s = load();
+const loaded_cufile& cufile_state() {
+  static const loaded_cufile s = load_cufile();
   return s;
 }
 
@@ -100,7 +100,7 @@ std::uint64_t read_u64(const std::vector<unsigned char>& buf, std::size_t off) {
 }  // namespace
 
 const cufile_api* cufile(std::string* reason) {
-  const loaded& s = state();
+  const loaded_cufile& s = cufile_state();
   if (!s.ok) {
     if (reason != nullptr) *reason = s.reason;
     return nullptr;
@@ -108,7 +108,7 @@ const cufile_api* cufile(std::string* reason) {
   return &s.api;
 }
 
-int cufile_version() { return state().version; }
+int cufile_version() { return cufile_state().version; }
 
 bool load_cufile_at(const char* path, cufile_api& api, std::string* reason) {
   void* lib = ::dlopen(path, RTLD_NOW | RTLD_LOCAL);

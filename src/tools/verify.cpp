@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "common/arith.hpp"
 #include "tools/shell_text.hpp"
 #include "tools/signal_cleanup.hpp"
 #include "gdskit/buffer.hpp"
@@ -34,10 +35,6 @@ std::uint64_t splitmix(std::uint64_t x) {
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // Memory under test: GPU memory, or host memory when device < 0.

@@ -87,8 +87,9 @@ check_install "$build" this "$kind" 1
 if [ "$kind" = static ] && [[ "$flags" != *-fsanitize* ]]; then
   # The shared variant is linked from this build's object files (position independent): its packaging is
   # what is tested, and the core is not compiled a second time.
+  unity=$(sed -n 's/^GDSKIT_UNITY_BUILD:BOOL=//p' "$build/CMakeCache.txt")
   cmake -S "$src" -B "$tmp/shared-build" -G Ninja -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_TYPE= \
-        -DGDSKIT_PREBUILT_CORE_OBJECTS="$build/src/CMakeFiles/gdskit.dir" \
+        -DGDSKIT_PREBUILT_CORE_OBJECTS="$build/src/CMakeFiles/gdskit.dir" -DGDSKIT_UNITY_BUILD="${unity:-OFF}" \
         -DGDSKIT_BUILD_CLI=OFF -DGDSKIT_BUILD_TESTS=OFF -DGDSKIT_BUILD_BENCHMARKS=OFF \
         -DGDSKIT_BUILD_EXAMPLES=OFF -DGDSKIT_BUILD_PYTHON=OFF >"$tmp/shared.log" 2>&1 ||
     { tail -30 "$tmp/shared.log" >&2; fail "shared: configure failed"; }

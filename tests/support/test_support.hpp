@@ -14,6 +14,15 @@
 
 namespace gdskit::test {
 
+/// Whether this program runs under AddressSanitizer or ThreadSanitizer: tests that repeat the same check many
+/// times (random kill points, a million ranges) repeat it fewer times there, where each costs several times
+/// as much and finds the same memory and thread faults; the optimised build runs them all.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool sanitized = true;
+#else
+inline constexpr bool sanitized = false;
+#endif
+
 /// A fresh folder under $TMPDIR (or `parent`), removed with its contents at destruction.
 class temp_dir {
  public:

@@ -865,7 +865,9 @@ std::map<std::string, std::vector<std::uint8_t>> snapshot(const fs::path& dir) {
 }
 
 void kill_mid_save(bool sharded) {
-  for (int delay_ms : {0, 5, 20, 30, 40, 60, 150}) {
+  const std::vector<int> delays = gdskit::test::sanitized ? std::vector<int>{0, 20, 60}
+                                                          : std::vector<int>{0, 5, 20, 30, 40, 60, 150};
+  for (int delay_ms : delays) {
     SCOPED_TRACE("kill " + std::to_string(delay_ms) + " ms after the first piece");
     temp_dir dir;
     const fs::path target = sharded ? dir / "ckpt" : dir / "m.safetensors";
