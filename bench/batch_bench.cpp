@@ -10,7 +10,7 @@
 // Each prints GiB/s, IOPS, per-range p50/p99/p99.9 latency and CPU-s per GiB, and the batch's ratios against the
 // ring (rate, p99.9) and against the workers (CPU).
 //
-//   batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT] [--ring-only]   CASES default "4K:64,64K:64,2M:16"
+//   batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT] [--ring-only] [--rows LIST]   CASES default "4K:64,64K:64,2M:16"
 #include <fcntl.h>
 #include <liburing.h>
 #include <sys/resource.h>
@@ -23,6 +23,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -211,6 +212,9 @@ void print(const result& r) {
 
 int run(int argc, char** argv);
 
+constexpr const char* k_rows[] = {"wide", "batch-host", "workers-host", "batch-gpu", "workers-gpu", "batch-gpu-engines"};
+constexpr const char* k_row_names = "wide, batch-host, workers-host, batch-gpu, workers-gpu, batch-gpu-engines";
+
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
@@ -221,15 +225,16 @@ int main(int argc, char** argv) {
 }
 
 constexpr const char* k_usage =
-    "usage: batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT] [--ring-only]\n"
+    "usage: batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT] [--ring-only] [--rows LIST]\n"
     "  Cold random reads of FILE (made with random data when absent; an existing file is used only when it has\n"
     "  exactly SIZE bytes) for SECONDS each (default 6): a raw io_uring ring at each case's size and depth, the\n"
     "  ring over as much memory as a batch, then one thread's batches into host and GPU memory, with ratios.\n"
     "  CASES: SIZE:DEPTH,... (default 4K:64,64K:64,2M:16; SIZE a multiple of 4K). --json OUT writes the rows;\n"
-    "  --ring-only measures the rings alone.\n";
+    "  --ring-only measures the rings alone. --rows LIST measures the ring and only these rows (a profile of one\n"
+    "  of them): wide, batch-host, workers-host, batch-gpu, workers-gpu, batch-gpu-engines.\n";
 
 int run(int argc, char** argv) {
-  const args_verdict v = check_args(argc, argv, k_usage, {"--json", "--ring-only"});
+  const args_verdict v = check_args(argc, argv, k_usage, {"--json", "--ring-only", "--rows"});
   if (v != args_verdict::run) return v == args_verdict::help ? 0 : 2;
   if (argc < 3) {
     std::fputs(k_usage, stderr);
@@ -246,6 +251,12 @@ int run(int argc, char** argv) {
   const std::string cases = argc > 4 && argv[4][0] != '-' ? argv[4] : "4K:64,64K:64,2M:16";
   std::string json_path;
   bool ring_only = false;
+  std::string rows;  // empty: every row
+  const auto wanted = [&](std::string_view row) {
+    if (rows.empty()) return true;
+    const std::string list = "," + rows + ",";
+    return list.find("," + std::string(row) + ",") != std::string::npos;
+  };
   for (int i = 3; i < argc; ++i) {
     if (std::string(argv[i]) == "--json") {
       if (i + 1 >= argc) {
@@ -255,6 +266,22 @@ int run(int argc, char** argv) {
       json_path = argv[++i];
     }
     if (std::string(argv[i]) == "--ring-only") ring_only = true;
+    if (std::string(argv[i]) == "--rows") {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "batch_bench: --rows needs a list\n");
+        return 2;
+      }
+      rows = argv[++i];
+      for (std::size_t pos = 0; pos <= rows.size();) {
+        const std::size_t comma = std::min(rows.find(',', pos), rows.size());
+        const std::string row = rows.substr(pos, comma - pos);
+        if (std::find(std::begin(k_rows), std::end(k_rows), row) == std::end(k_rows)) {
+          std::fprintf(stderr, "batch_bench: --rows: no row '%s' (%s)\n", printable(row).c_str(), k_row_names);
+          return 2;
+        }
+        pos = comma + 1;
+      }
+    }
   }
   if (size == 0 || seconds <= 0) {
     std::fprintf(stderr, "batch_bench: bad SIZE or SECONDS (SECONDS: more than 0, at most 3600)\n%s", k_usage);
@@ -319,39 +346,53 @@ int run(int argc, char** argv) {
     // The ring again, its reads spread over as much destination memory as a batch's (per_batch ranges): what a
     // device that copies into memory (a RAM loop device, a virtual disk) gives when the destinations are not in
     // the CPU's caches.
-    drop_cache(path);
-    const result wide = raw_ring(path, size, io, depth, seconds, per_batch * io, "ring, wide");
+    if (wanted("wide")) {
+      drop_cache(path);
+      rs.push_back(raw_ring(path, size, io, depth, seconds, per_batch * io, "ring, wide"));
+    }
     std::vector<std::byte> host(per_batch * io + 4096);
     auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(host.data()) + 4095) / 4096 * 4096);
-    drop_cache(path);
-    rs.push_back(batches(path, size, io, depth, seconds, buffer_view::host(aligned, per_batch * io), "batch host"));
-    drop_cache(path);
-    rs.push_back(workers(path, size, io, depth, seconds, buffer_view::host(aligned, depth * io), "workers host"));
-    if (gpu) {
-      device_buffer d(per_batch * io);
+    if (wanted("batch-host")) {
       drop_cache(path);
-      rs.push_back(batches(path, size, io, depth, seconds, d.view(), "batch gpu"));
-      drop_cache(path);
-      rs.push_back(workers(path, size, io, depth, seconds, d.view(), "workers gpu"));
-      // The same batches with every piece through the copy engines instead of the copy kernel.
-      set_setting("copy_kernel", "off");
-      drop_cache(path);
-      rs.push_back(batches(path, size, io, depth, seconds, d.view(), "batch gpu, engines"));
-      reset_setting("copy_kernel");
+      rs.push_back(batches(path, size, io, depth, seconds, buffer_view::host(aligned, per_batch * io), "batch host"));
     }
-    rs.insert(rs.begin() + 1, wide);
+    if (wanted("workers-host")) {
+      drop_cache(path);
+      rs.push_back(workers(path, size, io, depth, seconds, buffer_view::host(aligned, depth * io), "workers host"));
+    }
+    if (gpu && (wanted("batch-gpu") || wanted("workers-gpu") || wanted("batch-gpu-engines"))) {
+      device_buffer d(per_batch * io);
+      if (wanted("batch-gpu")) {
+        drop_cache(path);
+        rs.push_back(batches(path, size, io, depth, seconds, d.view(), "batch gpu"));
+      }
+      if (wanted("workers-gpu")) {
+        drop_cache(path);
+        rs.push_back(workers(path, size, io, depth, seconds, d.view(), "workers gpu"));
+      }
+      if (wanted("batch-gpu-engines")) {
+        // The same batches with every piece through the copy engines instead of the copy kernel.
+        set_setting("copy_kernel", "off");
+        drop_cache(path);
+        rs.push_back(batches(path, size, io, depth, seconds, d.view(), "batch gpu, engines"));
+        reset_setting("copy_kernel");
+      }
+    }
     for (const auto& r : rs) print(r);
     const result& ring = rs[0];
-    const auto row = [&](const char* what) -> const result& {
-      return *std::find_if(rs.begin(), rs.end(), [&](const result& r) { return r.what == what; });
+    const auto row = [&](const char* what) -> const result* {
+      const auto it = std::find_if(rs.begin(), rs.end(), [&](const result& r) { return r.what == what; });
+      return it == rs.end() ? nullptr : &*it;
     };
+    const result* wide = row("ring, wide");
     for (const result& b : rs) {
       if (b.what.rfind("batch", 0) != 0) continue;
-      const result& w = row(b.what.find("gpu") != std::string::npos ? "workers gpu" : "workers host");
-      std::printf("  %s: %.3f of the ring's rate (%.3f of the wide ring's), p99.9 %.2fx the ring's, %.3f of the "
-                  "workers' CPU per GiB\n",
-                  b.what.c_str(), b.gib_s / ring.gib_s, b.gib_s / wide.gib_s, b.p999_us / ring.p999_us,
-                  b.cpu_s_per_gib / w.cpu_s_per_gib);
+      const result* w = row(b.what.find("gpu") != std::string::npos ? "workers gpu" : "workers host");
+      std::printf("  %s: %.3f of the ring's rate", b.what.c_str(), b.gib_s / ring.gib_s);
+      if (wide != nullptr) std::printf(" (%.3f of the wide ring's)", b.gib_s / wide->gib_s);
+      std::printf(", p99.9 %.2fx the ring's", b.p999_us / ring.p999_us);
+      if (w != nullptr) std::printf(", %.3f of the workers' CPU per GiB", b.cpu_s_per_gib / w->cpu_s_per_gib);
+      std::printf("\n");
     }
     if (json != nullptr) {
       for (const auto& r : rs) {

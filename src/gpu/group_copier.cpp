@@ -235,23 +235,21 @@ class cuda_group_copier final : public engine::group_copier {
       issue(a, down_, false);
       launch_pieces(a, used);
       if (a.cuLaunchHostFunc != nullptr) {
-        CUstream notify = stream_.get();
         const std::uint64_t next = ++seq_;  // taken even if the group fails: its word write may still land
         if (word_) {
           check_cuda(a.cuStreamWriteValue64(stream_.get(), word_->device_address(), next, CU_STREAM_WRITE_VALUE_DEFAULT),
                      "cuStreamWriteValue64 (copy group landed)");
-          check_cuda(a.cuEventRecord(landed_event_.get(), stream_.get()), "cuEventRecord (copy group)");
-          check_cuda(a.cuStreamWaitEvent(side_.get(), landed_event_.get(), 0), "cuStreamWaitEvent (copy group)");
-          notify = side_.get();
         }
         {
           std::lock_guard lock(mutex_);
           pending_.push_back({next, token, std::move(done), std::move(used)});
         }
         seq = next;
-        auto call = std::make_unique<landing_call>(landing_call{this, seq});
-        check_cuda(a.cuLaunchHostFunc(notify, run_landing_call, call.get()), "cuLaunchHostFunc (copy group)");
-        call.release();
+        // With a landing word the group ends by poll(), or by the host function arm() queues once the driver
+        // would sleep: one host function per sleep, not one per group (each costs the driver's thread and
+        // CUDA's some microseconds).
+        if (word_) return;
+        launch_landing_call(a, stream_.get(), seq);
         return;
       }
       // A driver without host functions: wait here (the driver then runs one group at a time).
@@ -279,6 +277,25 @@ class cuda_group_copier final : public engine::group_copier {
     done(token, ec);
   }
 
+  void arm() noexcept override {
+    if (!word_ || armed_ >= seq_) return;
+    const cuda_api* a = cuda();
+    if (a == nullptr) return;
+    try {
+      gpu::context_guard ctx(device_);
+      // After the newest group on the copy stream; run on the side stream, so that the next group's copies
+      // never wait for it to return. It ends every group up to it.
+      check_cuda(a->cuEventRecord(landed_event_.get(), stream_.get()), "cuEventRecord (copy groups)");
+      check_cuda(a->cuStreamWaitEvent(side_.get(), landed_event_.get(), 0), "cuStreamWaitEvent (copy groups)");
+      launch_landing_call(*a, side_.get(), seq_);
+      armed_ = seq_;
+    } catch (const std::exception& e) {
+      // The groups still end by poll(), which the driver calls on every wake and at least every 200 ms; a
+      // context that broke shows in failure().
+      log_warning(fmt::format("batch copies: no wake-up queued after copy group {}: {}", seq_, e.what()));
+    }
+  }
+
   void poll() noexcept override {
     if (!word_) return;
     const std::uint64_t landed = landed_word(*word_).load(std::memory_order_acquire);
@@ -297,10 +314,12 @@ class cuda_group_copier final : public engine::group_copier {
   }
 
   void drain() noexcept override {
+    arm();  // the groups left to poll() end by its host function, which the wait below waits for
     for (const cuda_stream* s : {&stream_, &side_}) {
       if (!*s) continue;
       release_in_context(device_, "cuStreamSynchronize", [h = s->get()] { return cuda()->cuStreamSynchronize(h); });
     }
+    poll();  // where arm() could queue nothing: the word shows what landed
   }
 
  private:
@@ -437,6 +456,13 @@ class cuda_group_copier final : public engine::group_copier {
     std::uint64_t seq;
   };
 
+  // Queues on `stream` a host function that ends every group up to number `seq`.
+  void launch_landing_call(const cuda_api& a, CUstream stream, std::uint64_t seq) {
+    auto call = std::make_unique<landing_call>(landing_call{this, seq});
+    check_cuda(a.cuLaunchHostFunc(stream, run_landing_call, call.get()), "cuLaunchHostFunc (copy group)");
+    call.release();
+  }
+
   static void run_landing_call(void* p) {
     std::unique_ptr<landing_call> c(static_cast<landing_call*>(p));
     c->copier->complete_through(c->seq, {});
@@ -470,10 +496,11 @@ class cuda_group_copier final : public engine::group_copier {
 
   int device_;
   cuda_stream stream_;
-  cuda_stream side_;                     // host functions after each group, where there is a landing word
-  cuda_event landed_event_;              // orders side_ after the group just flushed
+  cuda_stream side_;                     // the host functions arm() queues, where there is a landing word
+  cuda_event landed_event_;              // orders side_ after the newest group when arm() queues one
   std::unique_ptr<mapped_chunk> word_;   // the landing word (its first 8 bytes), or none
   std::uint64_t seq_ = 0;                // groups flushed (the number of the last one)
+  std::uint64_t armed_ = 0;              // groups up to this number end by a host function queued by arm()
   std::atomic<std::uint64_t> completed_{0};  // groups up to this number have ended
   std::deque<pending_group> pending_;    // under mutex_
   CUfunction kernel_ = nullptr;  // the copy kernel, where small pieces go to it

@@ -72,14 +72,23 @@ class late_copier final : public engine::group_copier {
     cv_.notify_all();
   }
   void drain() noexcept override {
+    arm();
     std::unique_lock lock(m_);
     cv_.wait(lock, [&] { return pending_ == 0; });
+  }
+  void arm() noexcept override {
+    {
+      std::lock_guard lock(m_);
+      if (armed_ >= seq_) return;
+      armed_ = seq_;
+    }
+    ++s_.arms;
+    cv_.notify_all();
   }
   std::error_code failure() noexcept override { return broke_ ? fail_ : std::error_code{}; }
   void poll() noexcept override {
     if (!landing_.word) return;
-    const int n = end_through(landed_.load(std::memory_order_acquire));
-    s_.polled += n;
+    end_through(landed_.load(std::memory_order_acquire), s_.polled);
   }
 
  private:
@@ -108,8 +117,9 @@ class late_copier final : public engine::group_copier {
       }
     }
   }
-  // Ends the groups up to `seq` not ended yet, on this thread; how many.
-  int end_through(std::uint64_t seq) {
+  // Ends the groups up to `seq` not ended yet, on this thread, counting them in `by` before each ends (the
+  // batch may be over, and the test reading the counts, the moment the last one's `done` returns).
+  void end_through(std::uint64_t seq, std::atomic<int>& by) {
     std::vector<group> ready;
     {
       std::lock_guard lock(m_);
@@ -120,12 +130,12 @@ class late_copier final : public engine::group_copier {
     }
     for (group& g : ready) {
       --in_flight_;
+      ++by;
       g.done(g.token, fail_);
       std::lock_guard lock(m_);
       --pending_;
     }
     cv_.notify_all();
-    return static_cast<int>(ready.size());
   }
   // The callbacks: each group's, `callback_after` after it landed (at once on stop).
   void notify() {
@@ -138,9 +148,13 @@ class late_copier final : public engine::group_copier {
         cv_.wait_until(lock, at);
         continue;
       }
+      if (!stop_ && landing_.callbacks_when_armed && seq > armed_) {
+        cv_.wait(lock);  // arm() or stop
+        continue;
+      }
       callbacks_.pop_front();
       lock.unlock();
-      end_through(seq);
+      end_through(seq, s_.called_back);
       lock.lock();
     }
   }
@@ -173,6 +187,7 @@ class late_copier final : public engine::group_copier {
   std::deque<group> waiting_;        // flushed, not yet ended
   std::deque<std::pair<std::uint64_t, std::chrono::steady_clock::time_point>> callbacks_;
   std::uint64_t seq_ = 0;
+  std::uint64_t armed_ = 0;          // groups up to this number get their callback (callbacks_when_armed)
   std::atomic<std::uint64_t> landed_{0};  // the landing word
   int pending_ = 0;                  // flushed, not yet ended (drain waits for these)
   std::atomic<int> in_flight_{0};    // flushed, `done` not yet called

@@ -25,6 +25,10 @@ struct copier_stats {
   std::atomic<int> largest_group{0};
   /// Groups ended by the driver's poll() rather than by their callback (copiers with a landing word).
   std::atomic<int> polled{0};
+  /// Groups ended by their callback.
+  std::atomic<int> called_back{0};
+  /// Calls of arm() that had a group to arm.
+  std::atomic<int> arms{0};
 };
 
 /// How the fake copier tells that a group landed.
@@ -35,6 +39,9 @@ struct fake_landing {
   std::chrono::milliseconds callback_after{0};
   /// Copies land inside flush() itself (a copy faster than the driver's next look), and the word shows it then.
   bool at_flush = false;
+  /// Callbacks only for the groups flushed before the latest arm() (as the CUDA copier queues them): a driver
+  /// that sleeps without arming waits until it looks at the word again.
+  bool callbacks_when_armed = false;
 };
 
 /// A gpu_backend whose only route is the group copier above; the other routes throw ENOTSUP (cuFile batches

@@ -44,11 +44,17 @@ class group_copier {
   /// Issues the queued copies as one group (nothing when none is queued: `done` is not called).
   virtual void flush(std::uint64_t token, std::function<void(std::uint64_t token, std::error_code)> done) = 0;
   /// Calls, on the calling thread, `done` of the flushed groups the copier can already see have finished
-  /// without waiting or a system call (a word the device writes after each group); the others still end by
-  /// their own call. Each group's `done` is called once, by whichever comes first. Cheap enough to call on
-  /// every wake of the driver.
+  /// without waiting or a system call (a word the device writes after each group). Each group's `done` is
+  /// called once, by whichever comes first of poll() and the copier's own call. Cheap enough to call on every
+  /// wake of the driver.
   virtual void poll() noexcept {}
-  /// Blocks until every flushed group has finished (before the staging it reads or writes is given back).
+  /// Makes the copier end every group flushed so far by its own call once it lands, even if poll() is never
+  /// called again. A copier that has poll() may leave its groups to it until then: the driver calls arm()
+  /// before it sleeps with groups in flight and nothing else due to wake it soon. Cheap when nothing was
+  /// flushed since the last call.
+  virtual void arm() noexcept {}
+  /// Blocks until every flushed group has finished and its `done` was called (before the staging it reads or
+  /// writes is given back).
   virtual void drain() noexcept = 0;
   /// An error once the groups flushed so far can no longer finish (the device's context broke: their `done`
   /// will never be called); empty while they may still. Asked by the driver when groups take long to land.
