@@ -62,6 +62,11 @@ struct settings {
   /// kernel per group (on), or by the copy engines one piece at a time (off). GDSKIT_COPY_KERNEL=on|off
   /// (default on; copy engines are used anyway where the driver cannot load the kernel).
   bool copy_kernel = true;
+  /// Whether batches enter their staging memory in io_uring's table of registered buffers, so that a request
+  /// through staging needs no pinning of its pages by the kernel (on), or pin per request as other reads do
+  /// (off). GDSKIT_REGISTERED_STAGING=on|off (default on; where the kernel or the memory-lock limit refuses,
+  /// requests go as with off).
+  bool registered_staging = true;
   /// True when the matching GDSKIT_* variable was given (from_env) or code set the value on purpose: that value
   /// then wins over the adaptive controller and the profile, which adapt the other coordinate only. In the
   /// process-wide settings they follow the values' sources (set whenever the source is not the default).

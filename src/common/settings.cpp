@@ -165,6 +165,9 @@ const field k_fields[] = {
     {"copy_kernel", "GDSKIT_COPY_KERNEL", setting_kind::on_off,
      "small pieces between staging and GPU memory: one copy kernel per group (on) or the copy engines (off)",
      GDSKIT_SWITCH_FIELD(copy_kernel)},
+    {"registered_staging", "GDSKIT_REGISTERED_STAGING", setting_kind::on_off,
+     "batch staging in io_uring's registered buffers: no page pinning per request (on) or pinning per request (off)",
+     GDSKIT_SWITCH_FIELD(registered_staging)},
 };
 #undef GDSKIT_COUNT_FIELD
 #undef GDSKIT_BYTES_FIELD
