@@ -14,6 +14,7 @@
 
 #include "common/idle_pool.hpp"
 #include "common/log.hpp"
+#include "common/staging_epoch.hpp"
 #include "gdskit/error.hpp"
 #include "gdskit/settings.hpp"
 #include "gpu/copy_pieces_ptx.hpp"
@@ -39,6 +40,12 @@ class mapped_chunk {
       dev_ = 0;  // not mapped: copy engines only
     }
   }
+
+  // Batch drivers' rings may hold this chunk's pages as a registered buffer: they must not take a later mapping
+  // at its address for it.
+  ~mapped_chunk() { staging_unmapping(); }
+  mapped_chunk(const mapped_chunk&) = delete;
+  mapped_chunk& operator=(const mapped_chunk&) = delete;
 
   std::byte* host() const noexcept { return static_cast<std::byte*>(buf_.data()); }
   std::size_t size() const noexcept { return buf_.size(); }

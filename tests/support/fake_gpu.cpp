@@ -1,18 +1,32 @@
 #include "fake_gpu.hpp"
 
+#include <sys/mman.h>
+
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
+#include "common/staging_epoch.hpp"
 #include "gdskit/error.hpp"
 
 namespace gdskit::test {
 namespace {
+
+// Addresses of every staging chunk the fake copiers mapped, over the process.
+std::mutex& addresses_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::set<void*>& addresses() {
+  static std::set<void*> a;
+  return a;
+}
 
 class late_copier final : public engine::group_copier {
  public:
@@ -31,13 +45,23 @@ class late_copier final : public engine::group_copier {
     notifier_.join();
   }
   int device() const override { return 0; }
+  // Each chunk a mapping of its own, unmapped when given back, as a copier without a pool would: the next one
+  // often gets the same address with other pages, which a driver must not take for the chunk it entered in its
+  // ring's table before.
   std::byte* take_chunk(std::size_t n) override {
+    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
     ++s_.live_chunks;
-    return static_cast<std::byte*>(std::aligned_alloc(4096, n));
+    {
+      std::lock_guard lock(addresses_mutex());
+      if (!addresses().insert(p).second) ++s_.chunks_at_old_addresses;
+    }
+    return static_cast<std::byte*>(p);
   }
-  void give_chunk(std::byte* c, std::size_t) noexcept override {
+  void give_chunk(std::byte* c, std::size_t n) noexcept override {
     --s_.live_chunks;
-    std::free(c);
+    staging_unmapping();
+    ::munmap(c, n);
   }
   void add(bool to_device, std::byte* host, std::uintptr_t dev, std::size_t n) override {
     queued_.push_back({to_device, host, dev, n});

@@ -19,6 +19,8 @@ struct copier_stats {
   std::atomic<int> groups{0};
   std::atomic<int> copies{0};
   std::atomic<int> live_chunks{0};
+  /// Staging chunks mapped at an address an earlier chunk of the process had (unmapped since).
+  std::atomic<int> chunks_at_old_addresses{0};
   /// Groups flushed and not yet landed, at most, over the copier's life.
   std::atomic<int> most_pending{0};
   /// Copies in one group, at most.

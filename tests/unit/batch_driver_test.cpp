@@ -327,6 +327,63 @@ TEST_F(driver_fixture, small_staging_is_registered_with_the_ring_unless_switched
   }
 }
 
+// Entries of a ring's table of registered buffers outlive the batches that made them (the next batches of the
+// thread find their chunks entered), and never serve a later mapping at an address an entered chunk had: the
+// fake GPU's copier maps each staging chunk anew and unmaps it as its batch ends (the next one often gets the
+// same address with other pages, whose bytes a stale entry would leave unread), and host staging is trimmed
+// between some rounds.
+TEST_F(driver_fixture, registered_staging_outlives_its_batches_but_never_its_mapping) {
+  if (!kernel_registers_buffers()) GTEST_SKIP() << "this kernel has no sparse tables of registered buffers";
+  test::settings_guard guard;
+  set_setting("engine", "io_uring");
+  set_setting("registered_staging", "on");
+  engine::transfer_core core;
+  core.install(make_fake_gpu(stats, 0ms));
+  const auto data = random_bytes(12'000'017, 41);
+  test::write_file(dir / "f", data);
+  file_handle f(dir / "f", open_mode::read);
+  // Host memory one byte past an aligned address: every read goes through host staging.
+  constexpr std::size_t host_ranges = 64, host_len = 70'001;
+  std::vector<std::uint8_t> host(host_ranges * host_len + 1);
+  const auto host_round = [&](unsigned seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<io_range> ranges;
+    for (std::size_t i = 0; i < host_ranges; ++i) {
+      ranges.push_back({&f, rng() % (data.size() - host_len), buffer_view::host(host.data() + 1 + i * host_len, host_len)});
+    }
+    std::fill(host.begin(), host.end(), std::uint8_t{0xEE});
+    batch_future fut = drive(core, io_direction::read, ranges);
+    ASSERT_TRUE(fut.get().ok());
+    for (std::size_t i = 0; i < ranges.size(); ++i) {
+      ASSERT_EQ(0, std::memcmp(host.data() + 1 + i * host_len, data.data() + ranges[i].offset_bytes, host_len)) << i;
+    }
+    fut.wait_released();
+  };
+  const engine::host_staging_counters c0 = engine::host_staging();
+  // Host staging alone: chunks go back to their pool and come out again to the pool's threads.
+  for (unsigned round = 0; round < 24; ++round) {
+    SCOPED_TRACE(round);
+    ASSERT_NO_FATAL_FAILURE(host_round(round));
+  }
+  const engine::host_staging_counters c1 = engine::host_staging();
+  EXPECT_GT(c1.entries_reused, c0.entries_reused) << "no batch found its staging entered by an earlier one";
+  EXPECT_GT(c1.fixed_requests, c0.fixed_requests) << "no request went through registered staging";
+  // Mappings that end: the fake GPU's chunks each batch, the host pool's now and then.
+  for (unsigned round = 0; round < 8; ++round) {
+    SCOPED_TRACE(round);
+    std::vector<std::vector<std::uint8_t>> mem;
+    const auto ranges = random_device_ranges(f, data.size(), 300, 3000, 300'000, 60 + round, mem);
+    batch_future fut = drive(core, io_direction::read, ranges);
+    ASSERT_TRUE(fut.get().ok());
+    expect_landed(fut.get(), ranges, mem, data);
+    fut.wait_released();
+    if (round % 3 == 1) engine::trim_host_staging();
+    ASSERT_NO_FATAL_FAILURE(host_round(100 + round));
+  }
+  EXPECT_GT(stats.chunks_at_old_addresses.load(), 0) << "no staging chunk was mapped at an old address";
+  EXPECT_GT(engine::host_staging().chunks_entered, c1.chunks_entered);
+}
+
 // Copies take far longer than the reads: the batch is stopped (cancel, as a deadline does) once the first group
 // of copies is under way. Ranges whose copies were under way complete once they land; the others are cancelled,
 // and no byte reaches a range after it was reported.

@@ -27,6 +27,7 @@
 #include "common/arith.hpp"
 #include "common/idle_pool.hpp"
 #include "common/log.hpp"
+#include "common/staging_epoch.hpp"
 #include "engine/io_engine.hpp"
 #include "engine/residency.hpp"
 #include "engine/thread_pool.hpp"
@@ -51,6 +52,30 @@ constexpr std::size_t k_block = 4096;
 
 // ---- staging memory ----------------------------------------------------------------------------------------
 
+// A host staging chunk: its mapping, announced as it goes (staging_unmapping) since rings may hold its pages.
+class host_chunk {
+ public:
+  host_chunk() noexcept = default;
+  explicit host_chunk(std::size_t nbytes) : m_(nbytes) {}
+  host_chunk(host_chunk&&) noexcept = default;
+  host_chunk& operator=(host_chunk&& o) noexcept {
+    if (this != &o) {
+      retire();
+      m_ = std::move(o.m_);
+    }
+    return *this;
+  }
+  ~host_chunk() { retire(); }
+  std::byte* data() const noexcept { return static_cast<std::byte*>(m_.data()); }
+  std::size_t size() const noexcept { return m_.size(); }
+
+ private:
+  void retire() noexcept {
+    if (m_.data() != nullptr) staging_unmapping();
+  }
+  posix::anon_memory m_;
+};
+
 // Idle host staging chunks of the drivers that ended, for the next ones, by size: a batch of a few small ranges
 // (a KV get) would otherwise map, fault in and zero a chunk for each call, which costs more than its reads. With
 // a hundred calls in flight that was most of the process's CPU.
@@ -62,14 +87,14 @@ class host_chunks {
     static host_chunks* p = new host_chunks();  // never destroyed: drivers may end during exit
     return *p;
   }
-  posix::anon_memory take(std::size_t nbytes) {
-    if (std::optional<posix::anon_memory> m = idle_.take(nbytes)) return std::move(*m);
-    posix::anon_memory m(nbytes);
+  host_chunk take(std::size_t nbytes) {
+    if (std::optional<host_chunk> m = idle_.take(nbytes)) return std::move(*m);
+    host_chunk m(nbytes);
     mapped_chunks_.fetch_add(1, std::memory_order_relaxed);
     mapped_bytes_.fetch_add(nbytes, std::memory_order_relaxed);
     return m;
   }
-  void give(posix::anon_memory m) noexcept {
+  void give(host_chunk m) noexcept {
     const std::size_t n = m.size();
     idle_.give(n, n, std::move(m));
   }
@@ -83,17 +108,19 @@ class host_chunks {
   }
 
  private:
-  idle_pool<std::size_t, posix::anon_memory> idle_{k_idle_cap_bytes};
+  idle_pool<std::size_t, host_chunk> idle_{k_idle_cap_bytes};
   std::atomic<std::uint64_t> mapped_chunks_{0}, mapped_bytes_{0};
 };
 
-// Where staging chunks are entered while a driver holds them, so that requests through them need no pinning of
-// pages per request (io_uring's registered buffers): a slot number, or -1 where a chunk cannot be entered.
+// Where staging chunks are entered, so that requests through them need no pinning of pages per request
+// (io_uring's registered buffers). enter() holds a chunk's entry for a driver (making it where there is none):
+// a slot number, or -1 where the chunk cannot be entered; leave() lets go of it. Entries outlive the drivers
+// that held them: chunks come back from the pools to the next batches of the thread, already entered.
 class buffer_table {
  public:
   virtual ~buffer_table() = default;
   virtual int enter(std::byte* p, std::size_t nbytes) noexcept = 0;
-  virtual void leave(int slot, std::size_t nbytes) noexcept = 0;
+  virtual void leave(int slot) noexcept = 0;
 };
 
 std::atomic<std::uint64_t> g_fixed_requests{0};  // requests through registered staging, over the process
@@ -106,21 +133,15 @@ std::atomic<std::uint64_t> g_fixed_requests{0};  // requests through registered 
 class staging {
  public:
   static constexpr std::size_t k_chunk = std::size_t{2} << 20;
-  // Chunks of slots up to this size are entered in the ring's table of registered buffers: a small request
-  // spends a large share of its cost on the kernel pinning its pages, which a registered chunk spares it. For
-  // larger slots that share is small, and entering each chunk (per driver: a batch's chunks come from pools
-  // other threads share) cost more than it saved: 64 KiB and 2 MiB batches into GPU memory measured 3-8%
-  // slower with it, 4 KiB ones 6% faster (H100, RAM loop device, by turns).
-  static constexpr std::size_t k_registered_slot_bytes = std::size_t{16} << 10;
   static constexpr unsigned k_classes = 13;  // 4 KiB .. 16 MiB
 
   explicit staging(group_copier* device) : device_(device) {}
   ~staging() {
     const std::shared_ptr<buffer_table> table = table_.lock();
     for (auto& c : chunks_) {
-      // Out of the table first: the kernel keeps the pages of a registered chunk until the requests that use
-      // them have ended, whatever happens to the chunk next.
-      if (c.fixed >= 0 && table) table->leave(c.fixed, c.nbytes);
+      // The entry stays for the thread's next batches; a chunk unmapped now (below, or later by its pool) is
+      // announced, and the table then drops the entry before it enters anything else.
+      if (c.fixed >= 0 && table) table->leave(c.fixed);
       if (device_ != nullptr) {
         if (reusable_) {
           device_->give_chunk(c.data, c.nbytes);
@@ -170,7 +191,7 @@ class staging {
   struct chunk {
     std::byte* data = nullptr;
     std::size_t nbytes = 0;
-    posix::anon_memory host;  // host chunks: the mapping
+    host_chunk host;  // host chunks: the mapping
     int fixed = -1;           // its slot in the table, or -1
   };
   bool carve(unsigned k) {
@@ -183,7 +204,7 @@ class staging {
     } else {
       try {
         c.host = host_chunks::instance().take(bytes);
-        c.data = static_cast<std::byte*>(c.host.data());
+        c.data = c.host.data();
       } catch (const std::exception&) {
         return false;
       }
@@ -201,9 +222,7 @@ class staging {
       return false;
     }
     std::byte* base = chunks_.back().data;
-    if (slot <= k_registered_slot_bytes) {
-      if (const std::shared_ptr<buffer_table> table = table_.lock()) chunks_.back().fixed = table->enter(base, bytes);
-    }
+    if (const std::shared_ptr<buffer_table> table = table_.lock()) chunks_.back().fixed = table->enter(base, bytes);
     for (std::size_t off = 0; off + slot <= bytes; off += slot) free_[k].push_back(base + off);
     return true;
   }
@@ -549,12 +568,29 @@ std::uint64_t registration_cap() {
   return cap;
 }
 
+std::atomic<std::uint64_t> g_chunks_entered{0}, g_entries_reused{0};  // over the process
+
 struct ring_holder final : buffer_table {
   static constexpr unsigned k_fixed_slots = 1024;
+  // Entries no driver holds are kept up to this many bytes per ring (the least recently used go first): enough
+  // for the staging of a batch of 2 MiB reads 64 deep, and the pages of an entry whose chunk was unmapped stay
+  // with the kernel only until the thread's next batch enters a chunk.
+  static constexpr std::size_t k_kept_bytes = std::size_t{128} << 20;
   io_uring ring{};
   bool ok = false;
   bool fixed = false;                 // a sparse table of registered buffers was set up
   std::vector<unsigned> free_slots;   // its empty entries
+  struct entry {
+    std::byte* base = nullptr;
+    std::size_t nbytes = 0;
+    unsigned slot = 0;
+    unsigned held = 0;       // drivers of this thread that hold it
+    std::uint64_t used = 0;  // when it was last entered, on `clock`
+  };
+  std::vector<entry> entries;
+  std::size_t entered_bytes = 0;
+  std::uint64_t clock = 0;
+  std::uint64_t epoch_seen = 0;
   // Only the thread that made the ring submits to it and reaps it (the ring is the thread's): completions run
   // when it asks for them instead of interrupting it as they come, which costs a quarter less CPU per 4 KiB
   // read and raised a RAM loop device's batches of them by a fifth. Kernels before 6.1 refuse the flags.
@@ -567,16 +603,47 @@ struct ring_holder final : buffer_table {
     if (ok && io_uring_register_buffers_sparse(&ring, k_fixed_slots) == 0) {
       fixed = true;
       free_slots.reserve(k_fixed_slots);
+      entries.reserve(k_fixed_slots);
       for (unsigned k = k_fixed_slots; k-- > 0;) free_slots.push_back(k);
+      epoch_seen = staging_unmap_epoch().load(std::memory_order_seq_cst);
     }
   }
   ~ring_holder() override {
-    if (ok) io_uring_queue_exit(&ring);  // the table goes with the ring
+    if (!ok) return;
+    io_uring_queue_exit(&ring);  // the table goes with the ring
+    g_registered_bytes.fetch_sub(entered_bytes, std::memory_order_relaxed);
   }
   // Registering pins the chunk's pages once (the kernel refuses memory it cannot pin for long, and a user
   // past the memory-lock limit): -1 then, and the chunk's requests pin per request.
   int enter(std::byte* p, std::size_t nbytes) noexcept override {
-    if (!fixed || free_slots.empty() || !default_settings().registered_staging) return -1;
+    if (!fixed || !default_settings().registered_staging) return -1;
+    // Memory unmapped since the last look may be mapped again at an address an entry has: entries no driver
+    // holds are dropped (those held are of chunks still mapped).
+    if (const std::uint64_t e = staging_unmap_epoch().load(std::memory_order_seq_cst); e != epoch_seen) {
+      epoch_seen = e;
+      for (std::size_t i = entries.size(); i-- > 0;) {
+        if (entries[i].held == 0) drop(i);
+      }
+      if (!fixed) return -1;
+    }
+    for (entry& x : entries) {
+      if (x.base != p) continue;
+      if (x.nbytes != nbytes) return -1;  // a held entry of another size: cannot happen with a chunk mapped once
+      ++x.held;
+      x.used = ++clock;
+      g_entries_reused.fetch_add(1, std::memory_order_relaxed);
+      return static_cast<int>(x.slot);
+    }
+    // Room: a free slot and the bytes kept per ring, by dropping the entries used longest ago that no driver holds.
+    while (fixed && (free_slots.empty() || entered_bytes + nbytes > k_kept_bytes)) {
+      std::size_t oldest = entries.size();
+      for (std::size_t i = 0; i < entries.size(); ++i) {
+        if (entries[i].held == 0 && (oldest == entries.size() || entries[i].used < entries[oldest].used)) oldest = i;
+      }
+      if (oldest == entries.size()) return -1;  // every entry held: this chunk goes as any memory does
+      drop(oldest);
+    }
+    if (!fixed) return -1;
     if (g_registered_bytes.fetch_add(nbytes, std::memory_order_relaxed) + nbytes > registration_cap()) {
       g_registered_bytes.fetch_sub(nbytes, std::memory_order_relaxed);
       return -1;
@@ -588,19 +655,40 @@ struct ring_holder final : buffer_table {
       return -1;
     }
     free_slots.pop_back();
+    entries.push_back({p, nbytes, k, 1, ++clock});  // reserved for every slot: no allocation
+    entered_bytes += nbytes;
+    g_chunks_entered.fetch_add(1, std::memory_order_relaxed);
     return static_cast<int>(k);
   }
-  void leave(int slot, std::size_t nbytes) noexcept override {
-    iovec v{nullptr, 0};
-    if (io_uring_register_buffers_update_tag(&ring, static_cast<unsigned>(slot), &v, nullptr, 1) != 1) {
-      fixed = false;  // an entry that cannot be emptied is never reused; nor is the table
+  // An entry no driver holds is kept while the process's registrations take at most half of what they may:
+  // kept entries of one thread's ring must never leave another thread's batch without room (the memory-lock
+  // limit is 8 MiB on many systems), and only this thread can empty them.
+  void leave(int slot) noexcept override {
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      entry& x = entries[i];
+      if (x.slot != static_cast<unsigned>(slot) || x.held == 0) continue;
+      if (--x.held == 0 && g_registered_bytes.load(std::memory_order_relaxed) > registration_cap() / 2) drop(i);
       return;
     }
-    g_registered_bytes.fetch_sub(nbytes, std::memory_order_relaxed);
-    try {
-      free_slots.push_back(static_cast<unsigned>(slot));
-    } catch (const std::bad_alloc&) {
+  }
+
+ private:
+  // Empties entry `i`'s slot: the kernel lets go of its pages once the requests that used them have ended.
+  void drop(std::size_t i) noexcept {
+    const entry x = entries[i];
+    entries[i] = entries.back();
+    entries.pop_back();
+    entered_bytes -= x.nbytes;
+    iovec v{nullptr, 0};
+    if (io_uring_register_buffers_update_tag(&ring, x.slot, &v, nullptr, 1) != 1) {
+      // An entry that cannot be emptied keeps its pages (counted) until the ring goes; the table is not used
+      // again.
+      fixed = false;
+      entered_bytes += x.nbytes;
+      return;
     }
+    g_registered_bytes.fetch_sub(x.nbytes, std::memory_order_relaxed);
+    free_slots.push_back(x.slot);  // reserved for every slot: no allocation
   }
 };
 thread_local std::shared_ptr<ring_holder> tls_driver_ring;
@@ -1942,6 +2030,10 @@ void run_batch(const transfer_core& core, const batch_ptr& b, const driver_limit
 host_staging_counters host_staging() {
   host_staging_counters c = host_chunks::instance().counters();
   c.fixed_requests = g_fixed_requests.load(std::memory_order_relaxed);
+#ifdef GDSKIT_HAVE_URING
+  c.chunks_entered = g_chunks_entered.load(std::memory_order_relaxed);
+  c.entries_reused = g_entries_reused.load(std::memory_order_relaxed);
+#endif
   return c;
 }
 

@@ -42,12 +42,16 @@ struct driver_limits {
 
 /// The host staging memory of the process's batch drivers (bounce buffers for ranges O_DIRECT cannot use in
 /// place, and every checksummed read): chunks mapped so far, and the bytes kept idle for the next batches.
-/// And the requests of every driver (host or GPU staging) that went through staging registered with io_uring.
+/// And, over every driver (host or GPU staging): the requests that went through staging registered with
+/// io_uring, the chunks entered in a ring's table of registered buffers, and the times a driver found its chunk
+/// already entered by an earlier batch of its thread.
 struct host_staging_counters {
   std::uint64_t chunks_mapped = 0;
   std::uint64_t bytes_mapped = 0;
   std::size_t idle_bytes = 0;
   std::uint64_t fixed_requests = 0;
+  std::uint64_t chunks_entered = 0;
+  std::uint64_t entries_reused = 0;
 };
 host_staging_counters host_staging();
 /// Unmaps the idle host staging (the next batches map what they need anew).

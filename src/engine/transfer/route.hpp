@@ -34,7 +34,9 @@ class group_copier {
   virtual int device() const = 0;
   /// A chunk of `nbytes` (a multiple of 4 KiB) of page-locked host memory the device can copy from and to,
   /// aligned to 4 KiB; nullptr when no more can be pinned. Chunks live as long as the copier's owner keeps
-  /// them (give_chunk) and are reused across batches.
+  /// them (give_chunk) and are reused across batches. Drivers' io_uring rings keep chunks entered as
+  /// registered buffers by address: a copier calls staging_unmapping() (common/staging_epoch.hpp) before it
+  /// unmaps or frees a chunk, whichever way it goes.
   virtual std::byte* take_chunk(std::size_t nbytes) = 0;
   virtual void give_chunk(std::byte* chunk, std::size_t nbytes) noexcept = 0;
   /// Like give_chunk, for a chunk a request the kernel may still hold could write into: freed, never reused.
