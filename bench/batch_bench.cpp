@@ -8,9 +8,12 @@
 //   workers  gdskit bench's way before batches: DEPTH threads, each reading one range at a time
 //   batch gpu, engines  the GPU batch with its small pieces copied by the copy engines, not the copy kernel
 // Each prints GiB/s, IOPS, per-range p50/p99/p99.9 latency and CPU-s per GiB, and the batch's ratios against the
-// ring (rate, p99.9) and against the workers (CPU).
+// ring (rate, p99.9) and against the workers (CPU). With --turns N each case runs N turns of the ring and every row,
+// each row's figures pool its turns, and the ratios add each turn's against that turn's ring: a device whose rate
+// drifts between runs (virtual machines: 10-30%) makes one pass's ratios noisy, and the turns show by how much.
 //
-//   batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT] [--ring-only] [--rows LIST]   CASES default "4K:64,64K:64,2M:16"
+//   batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT] [--ring-only] [--rows LIST] [--turns N]
+//   CASES default "4K:64,64K:64,2M:16"
 #include <fcntl.h>
 #include <liburing.h>
 #include <sys/resource.h>
@@ -21,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -39,11 +43,30 @@ using namespace gdskit::bench_support;
 
 namespace {
 
+// What one run measured, kept raw so that several turns of a row pool into one before anything is summarized.
+struct sample {
+  std::size_t nbytes = 0, ops = 0;
+  double seconds = 0, cpu_seconds = 0;
+  std::vector<double> latencies_s;
+  bool ok = true;
+};
+
+// One row of a case: how to measure it once, and its turns so far.
+struct planned_row {
+  std::string what;
+  std::function<sample()> measure;
+  sample pooled;
+  std::vector<double> turn_gib_s;
+};
+
 struct result {
   std::string what;
   double gib_s = 0, iops = 0, p50_us = 0, p99_us = 0, p999_us = 0, cpu_s_per_gib = 0;
+  std::vector<double> turn_gib_s;
   bool ok = true;
 };
+
+double gib(std::size_t nbytes) { return static_cast<double>(nbytes) / (1u << 30); }
 
 double pct(std::vector<double>& v, double q) {
   if (v.empty()) return 0;
@@ -52,17 +75,37 @@ double pct(std::vector<double>& v, double q) {
   return v[k] * 1e6;
 }
 
-result summarize(std::string what, std::size_t bytes, std::size_t ops, double seconds, double cpu, std::vector<double>& lat) {
-  result r;
-  r.what = std::move(what);
-  const double gib = static_cast<double>(bytes) / (1u << 30);
-  r.gib_s = gib / seconds;
-  r.iops = static_cast<double>(ops) / seconds;
-  r.p50_us = pct(lat, 0.5);
-  r.p99_us = pct(lat, 0.99);
-  r.p999_us = pct(lat, 0.999);
-  r.cpu_s_per_gib = gib > 0 ? cpu / gib : 0;
-  return r;
+void add_turn(planned_row& r, sample s) {
+  r.turn_gib_s.push_back(gib(s.nbytes) / s.seconds);
+  sample& p = r.pooled;
+  p.nbytes += s.nbytes;
+  p.ops += s.ops;
+  p.seconds += s.seconds;
+  p.cpu_seconds += s.cpu_seconds;
+  // Moved, not copied, when it is the first: one turn costs no more memory than before turns.
+  if (p.latencies_s.empty()) {
+    p.latencies_s = std::move(s.latencies_s);
+  } else {
+    p.latencies_s.insert(p.latencies_s.end(), s.latencies_s.begin(), s.latencies_s.end());
+  }
+  p.ok = p.ok && s.ok;
+}
+
+// Pooled figures: total bytes over total seconds, not the mean of the turns' rates, so that each turn weighs by
+// its time as one long run's parts would.
+result summarize(planned_row& r) {
+  sample& p = r.pooled;
+  result out;
+  out.what = r.what;
+  out.gib_s = gib(p.nbytes) / p.seconds;
+  out.iops = static_cast<double>(p.ops) / p.seconds;
+  out.p50_us = pct(p.latencies_s, 0.5);
+  out.p99_us = pct(p.latencies_s, 0.99);
+  out.p999_us = pct(p.latencies_s, 0.999);
+  out.cpu_s_per_gib = p.nbytes > 0 ? p.cpu_seconds / gib(p.nbytes) : 0;
+  out.turn_gib_s = r.turn_gib_s;
+  out.ok = p.ok;
+  return out;
 }
 
 std::vector<std::uint64_t> offsets_for(std::uint64_t file_size, std::size_t io, std::size_t n, std::uint64_t seed) {
@@ -75,8 +118,8 @@ std::vector<std::uint64_t> offsets_for(std::uint64_t file_size, std::size_t io, 
 
 // `footprint`: bytes of destination memory the reads rotate through (0: one slot per request in flight, the
 // classic ceiling whose destinations stay in the CPU's caches).
-result raw_ring(const std::filesystem::path& path, std::uint64_t size, std::size_t io, unsigned depth, double seconds,
-                std::size_t footprint = 0, const char* what = "ring") {
+sample raw_ring(const std::filesystem::path& path, std::uint64_t size, std::size_t io, unsigned depth, double seconds,
+                std::size_t footprint = 0) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
   if (fd < 0) {
     std::perror("open O_DIRECT");
@@ -136,12 +179,12 @@ result raw_ring(const std::filesystem::path& path, std::uint64_t size, std::size
   io_uring_queue_exit(&ring);
   std::free(mem);
   ::close(fd);
-  return summarize(what, bytes, ops, dt, cpu, lat);
+  return {bytes, ops, dt, cpu, std::move(lat), true};
 }
 
 // Batches of `per_batch` ranges, one after another, at queue depth `depth`, into distinct slices of `dst`.
-result batches(const std::filesystem::path& path, std::uint64_t size, std::size_t io, unsigned depth, double seconds,
-               buffer_view dst, const char* what) {
+sample batches(const std::filesystem::path& path, std::uint64_t size, std::size_t io, unsigned depth, double seconds,
+               buffer_view dst) {
   gdskit::file_handle f(path, open_mode::read);
   const std::size_t per_batch = dst.nbytes / io;
   const auto offs = offsets_for(size, io, 1 << 22, 12);
@@ -162,14 +205,12 @@ result batches(const std::filesystem::path& path, std::uint64_t size, std::size_
     for (const auto& x : r.ranges) lat.push_back(x.latency_s);
   }
   const double dt = now_s() - t0, cpu = cpu_s() - c0;
-  result out = summarize(what, bytes, ops, dt, cpu, lat);
-  out.ok = ok;
-  return out;
+  return {bytes, ops, dt, cpu, std::move(lat), ok};
 }
 
 // `depth` threads, each reading one range at a time with file_handle::read into its own slice of `dst`.
-result workers(const std::filesystem::path& path, std::uint64_t size, std::size_t io, unsigned depth, double seconds,
-               buffer_view dst, const char* what) {
+sample workers(const std::filesystem::path& path, std::uint64_t size, std::size_t io, unsigned depth, double seconds,
+               buffer_view dst) {
   gdskit::file_handle f(path, open_mode::read);
   std::atomic<std::size_t> bytes{0}, ops{0};
   std::vector<std::vector<double>> lats(depth);
@@ -198,14 +239,25 @@ result workers(const std::filesystem::path& path, std::uint64_t size, std::size_
   const double dt = now_s() - t0, cpu = cpu_s() - c0;
   std::vector<double> lat;
   for (auto& l : lats) lat.insert(lat.end(), l.begin(), l.end());
-  result out = summarize(what, bytes, ops, dt, cpu, lat);
-  out.ok = !failed;
-  return out;
+  return {bytes.load(), ops.load(), dt, cpu, std::move(lat), !failed};
 }
 
 void print(const result& r) {
   std::printf("  %-16s %8.3f GiB/s %10.0f IOPS  p50 %8.1f us  p99 %8.1f us  p99.9 %8.1f us  %.3f CPU-s/GiB%s\n",
               r.what.c_str(), r.gib_s, r.iops, r.p50_us, r.p99_us, r.p999_us, r.cpu_s_per_gib, r.ok ? "" : "  ERRORS");
+}
+
+// The JSON fields a row gets for its turns: how many, and each one's rate where there were several.
+std::string json_turns(const result& r) {
+  std::string s = ", \"turns\": " + std::to_string(r.turn_gib_s.size());
+  if (r.turn_gib_s.size() < 2) return s;
+  s += ", \"turn_gib_s\": [";
+  for (std::size_t t = 0; t < r.turn_gib_s.size(); ++t) {
+    char one[32];
+    std::snprintf(one, sizeof one, "%s%.4f", t == 0 ? "" : ", ", r.turn_gib_s[t]);
+    s += one;
+  }
+  return s + "]";
 }
 
 }  // namespace
@@ -225,16 +277,17 @@ int main(int argc, char** argv) {
 }
 
 constexpr const char* k_usage =
-    "usage: batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT] [--ring-only] [--rows LIST]\n"
+    "usage: batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT] [--ring-only] [--rows LIST] [--turns N]\n"
     "  Cold random reads of FILE (made with random data when absent; an existing file is used only when it has\n"
     "  exactly SIZE bytes) for SECONDS each (default 6): a raw io_uring ring at each case's size and depth, the\n"
     "  ring over as much memory as a batch, then one thread's batches into host and GPU memory, with ratios.\n"
     "  CASES: SIZE:DEPTH,... (default 4K:64,64K:64,2M:16; SIZE a multiple of 4K). --json OUT writes the rows;\n"
     "  --ring-only measures the rings alone. --rows LIST measures the ring and only these rows (a profile of one\n"
-    "  of them): wide, batch-host, workers-host, batch-gpu, workers-gpu, batch-gpu-engines.\n";
+    "  of them): wide, batch-host, workers-host, batch-gpu, workers-gpu, batch-gpu-engines. --turns N (1..20,\n"
+    "  default 1) runs the ring and the rows N times in turn and pools each row's turns; ratios add each turn's.\n";
 
 int run(int argc, char** argv) {
-  const args_verdict v = check_args(argc, argv, k_usage, {"--json", "--ring-only", "--rows"});
+  const args_verdict v = check_args(argc, argv, k_usage, {"--json", "--ring-only", "--rows", "--turns"});
   if (v != args_verdict::run) return v == args_verdict::help ? 0 : 2;
   if (argc < 3) {
     std::fputs(k_usage, stderr);
@@ -243,15 +296,23 @@ int run(int argc, char** argv) {
   const std::filesystem::path path = argv[1];
   const std::uint64_t size = parse_size(argv[2]).value_or(0);
   double seconds = 6.0;
-  if (argc > 3 && argv[3][0] != '-') {
+  // SECONDS and CASES only before the first option: an option's value is never taken for them.
+  int positional = 3;
+  while (positional < argc && argv[positional][0] != '-') ++positional;
+  if (positional > 3) {
     char* end = nullptr;
     seconds = std::strtod(argv[3], &end);
     if (end == argv[3] || *end != '\0' || !(seconds > 0 && seconds <= 3600)) seconds = 0;  // refused below
   }
-  const std::string cases = argc > 4 && argv[4][0] != '-' ? argv[4] : "4K:64,64K:64,2M:16";
+  if (positional > 5) {
+    std::fprintf(stderr, "batch_bench: unexpected argument '%s'\n%s", printable(argv[5]).c_str(), k_usage);
+    return 2;
+  }
+  const std::string cases = positional > 4 ? argv[4] : "4K:64,64K:64,2M:16";
   std::string json_path;
   bool ring_only = false;
   std::string rows;  // empty: every row
+  unsigned turns = 1;
   const auto wanted = [&](std::string_view row) {
     if (rows.empty()) return true;
     const std::string list = "," + rows + ",";
@@ -281,6 +342,18 @@ int run(int argc, char** argv) {
         }
         pos = comma + 1;
       }
+    }
+    if (std::string(argv[i]) == "--turns") {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "batch_bench: --turns needs a number (1..20)\n");
+        return 2;
+      }
+      const auto counted = parse_count(argv[++i], 1, 20);
+      if (!counted) {
+        std::fprintf(stderr, "batch_bench: --turns: '%s' is not a number from 1 to 20\n", printable(argv[i]).c_str());
+        return 2;
+      }
+      turns = static_cast<unsigned>(*counted);
     }
   }
   if (size == 0 || seconds <= 0) {
@@ -324,83 +397,108 @@ int run(int argc, char** argv) {
   ensure_file(path, size);
   std::string reason;
   const bool gpu = gpu_available(&reason);
-  std::printf("batch_bench %s (%s), %.0f s per run, cold; GPU: %s\n", path.c_str(), format_size(size).c_str(), seconds,
-              gpu ? "yes" : reason.c_str());
+  const std::string turns_note = turns > 1 ? ", " + std::to_string(turns) + " turns" : "";
+  std::printf("batch_bench %s (%s), %g s per run%s, cold; GPU: %s\n", path.c_str(), format_size(size).c_str(), seconds,
+              turns_note.c_str(), gpu ? "yes" : reason.c_str());
   std::FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
   if (json != nullptr) std::fprintf(json, "[\n");
   bool first_json = true;
-  for (const auto& [io, depth, per_batch] : todo) {
+  for (const bench_case& c : todo) {
+    const std::size_t io = c.io, per_batch = c.per_batch;
+    const unsigned depth = c.depth;
     std::printf("%s random reads, depth %u (%zu ranges per batch):\n", format_size(io).c_str(), depth, per_batch);
+    std::vector<planned_row> plan;
+    plan.push_back({"ring", [&] { return raw_ring(path, size, io, depth, seconds); }});
+    std::vector<std::byte> host;
+    device_buffer d;
+    if (!ring_only) {
+      // The ring again, its reads spread over as much destination memory as a batch's (per_batch ranges): what a
+      // device that copies into memory (a RAM loop device, a virtual disk) gives when the destinations are not in
+      // the CPU's caches.
+      if (wanted("wide")) {
+        plan.push_back({"ring, wide", [&] { return raw_ring(path, size, io, depth, seconds, per_batch * io); }});
+      }
+      host.resize(per_batch * io + 4096);
+      auto* aligned =
+          reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(host.data()) + 4095) / 4096 * 4096);
+      const buffer_view host_batch = buffer_view::host(aligned, per_batch * io);
+      const buffer_view host_workers = buffer_view::host(aligned, depth * io);
+      if (wanted("batch-host")) {
+        plan.push_back({"batch host", [&, host_batch] { return batches(path, size, io, depth, seconds, host_batch); }});
+      }
+      if (wanted("workers-host")) {
+        plan.push_back(
+            {"workers host", [&, host_workers] { return workers(path, size, io, depth, seconds, host_workers); }});
+      }
+      if (gpu && (wanted("batch-gpu") || wanted("workers-gpu") || wanted("batch-gpu-engines"))) {
+        d = device_buffer(per_batch * io);
+        if (wanted("batch-gpu")) {
+          plan.push_back({"batch gpu", [&] { return batches(path, size, io, depth, seconds, d.view()); }});
+        }
+        if (wanted("workers-gpu")) {
+          plan.push_back({"workers gpu", [&] { return workers(path, size, io, depth, seconds, d.view()); }});
+        }
+        if (wanted("batch-gpu-engines")) {
+          // The same batches with every piece through the copy engines instead of the copy kernel.
+          plan.push_back({"batch gpu, engines", [&] {
+                            set_setting("copy_kernel", "off");
+                            sample s = batches(path, size, io, depth, seconds, d.view());
+                            reset_setting("copy_kernel");
+                            return s;
+                          }});
+        }
+      }
+    }
+    // Every turn runs the ring and then each row once, in this order, so that each turn's ratio compares a row
+    // with a ring of the same turn, whatever the device's rate did between turns.
+    for (unsigned turn = 0; turn < turns; ++turn) {
+      for (planned_row& r : plan) {
+        drop_cache(path);
+        add_turn(r, r.measure());
+      }
+    }
     std::vector<result> rs;
-    drop_cache(path);
-    rs.push_back(raw_ring(path, size, io, depth, seconds));
+    for (planned_row& r : plan) rs.push_back(summarize(r));
     if (ring_only) {
       print(rs[0]);
       if (json != nullptr) {
-        std::fprintf(json, "%s  {\"io\": %zu, \"depth\": %u, \"what\": \"ring\", \"gib_s\": %.4f, \"p999_us\": %.1f}",
-                     first_json ? "" : ",\n", io, depth, rs[0].gib_s, rs[0].p999_us);
+        std::fprintf(json, "%s  {\"io\": %zu, \"depth\": %u, \"what\": \"ring\", \"gib_s\": %.4f, \"p999_us\": %.1f%s}",
+                     first_json ? "" : ",\n", io, depth, rs[0].gib_s, rs[0].p999_us, json_turns(rs[0]).c_str());
         first_json = false;
       }
       continue;
     }
-    // The ring again, its reads spread over as much destination memory as a batch's (per_batch ranges): what a
-    // device that copies into memory (a RAM loop device, a virtual disk) gives when the destinations are not in
-    // the CPU's caches.
-    if (wanted("wide")) {
-      drop_cache(path);
-      rs.push_back(raw_ring(path, size, io, depth, seconds, per_batch * io, "ring, wide"));
-    }
-    std::vector<std::byte> host(per_batch * io + 4096);
-    auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(host.data()) + 4095) / 4096 * 4096);
-    if (wanted("batch-host")) {
-      drop_cache(path);
-      rs.push_back(batches(path, size, io, depth, seconds, buffer_view::host(aligned, per_batch * io), "batch host"));
-    }
-    if (wanted("workers-host")) {
-      drop_cache(path);
-      rs.push_back(workers(path, size, io, depth, seconds, buffer_view::host(aligned, depth * io), "workers host"));
-    }
-    if (gpu && (wanted("batch-gpu") || wanted("workers-gpu") || wanted("batch-gpu-engines"))) {
-      device_buffer d(per_batch * io);
-      if (wanted("batch-gpu")) {
-        drop_cache(path);
-        rs.push_back(batches(path, size, io, depth, seconds, d.view(), "batch gpu"));
-      }
-      if (wanted("workers-gpu")) {
-        drop_cache(path);
-        rs.push_back(workers(path, size, io, depth, seconds, d.view(), "workers gpu"));
-      }
-      if (wanted("batch-gpu-engines")) {
-        // The same batches with every piece through the copy engines instead of the copy kernel.
-        set_setting("copy_kernel", "off");
-        drop_cache(path);
-        rs.push_back(batches(path, size, io, depth, seconds, d.view(), "batch gpu, engines"));
-        reset_setting("copy_kernel");
-      }
-    }
     for (const auto& r : rs) print(r);
     const result& ring = rs[0];
-    const auto row = [&](const char* what) -> const result* {
+    const auto find_row = [&](const char* what) -> const result* {
       const auto it = std::find_if(rs.begin(), rs.end(), [&](const result& r) { return r.what == what; });
       return it == rs.end() ? nullptr : &*it;
     };
-    const result* wide = row("ring, wide");
+    const result* wide = find_row("ring, wide");
     for (const result& b : rs) {
       if (b.what.rfind("batch", 0) != 0) continue;
-      const result* w = row(b.what.find("gpu") != std::string::npos ? "workers gpu" : "workers host");
+      const result* w = find_row(b.what.find("gpu") != std::string::npos ? "workers gpu" : "workers host");
       std::printf("  %s: %.3f of the ring's rate", b.what.c_str(), b.gib_s / ring.gib_s);
       if (wide != nullptr) std::printf(" (%.3f of the wide ring's)", b.gib_s / wide->gib_s);
+      if (turns > 1) {
+        std::printf(" [turns");
+        for (std::size_t t = 0; t < b.turn_gib_s.size(); ++t) {
+          std::printf(" %.2f", b.turn_gib_s[t] / ring.turn_gib_s[t]);
+        }
+        std::printf("]");
+      }
       std::printf(", p99.9 %.2fx the ring's", b.p999_us / ring.p999_us);
       if (w != nullptr) std::printf(", %.3f of the workers' CPU per GiB", b.cpu_s_per_gib / w->cpu_s_per_gib);
       std::printf("\n");
     }
     if (json != nullptr) {
       for (const auto& r : rs) {
-        std::fprintf(json,
-                     "%s  {\"io\": %zu, \"depth\": %u, \"what\": \"%s\", \"gib_s\": %.4f, \"iops\": %.0f, \"p50_us\": %.1f, "
-                     "\"p99_us\": %.1f, \"p999_us\": %.1f, \"cpu_s_per_gib\": %.4f, \"ok\": %s}",
-                     first_json ? "" : ",\n", io, depth, r.what.c_str(), r.gib_s, r.iops, r.p50_us, r.p99_us, r.p999_us,
-                     r.cpu_s_per_gib, r.ok ? "true" : "false");
+        std::fprintf(
+            json,
+            "%s  {\"io\": %zu, \"depth\": %u, \"what\": \"%s\", \"gib_s\": %.4f, \"iops\": %.0f, \"p50_us\": %.1f, "
+            "\"p99_us\": %.1f, \"p999_us\": %.1f, \"cpu_s_per_gib\": %.4f, \"ok\": %s%s}",
+            first_json ? "" : ",\n", io, depth, r.what.c_str(), r.gib_s, r.iops, r.p50_us, r.p99_us, r.p999_us,
+            r.cpu_s_per_gib, r.ok ? "true" : "false", json_turns(r).c_str());
         first_json = false;
       }
     }
