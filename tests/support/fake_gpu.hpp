@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <system_error>
 
@@ -31,6 +32,8 @@ struct copier_stats {
   std::atomic<int> called_back{0};
   /// Calls of arm() that had a group to arm.
   std::atomic<int> arms{0};
+  /// Called by flush() on the driver's thread before it takes a group (set before the copier is used).
+  std::function<void()> on_flush;
 };
 
 /// How the fake copier tells that a group landed.

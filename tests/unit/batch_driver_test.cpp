@@ -579,6 +579,40 @@ TEST_F(driver_fixture, copies_on_a_broken_device_fail_instead_of_hanging) {
   }
 }
 
+// Reads go to the kernel before a copy group's launches (tens of microseconds on a GPU), not when the driver
+// next sleeps: whenever a group is flushed, no request the driver issued waits in the ring's submission queue.
+TEST_F(driver_fixture, reads_reach_the_kernel_before_copies_are_launched) {
+  if (!io_uring_unavailable_reason().empty()) GTEST_SKIP() << io_uring_unavailable_reason();
+  test::settings_guard guard;
+  set_setting("engine", "io_uring");
+  std::atomic<void*> ring{nullptr};
+  std::atomic<int> flushes{0}, late{0};
+  posix::syscall_table t = posix::real_syscalls();
+  t.uring_submit_and_wait = [&ring](void* r, unsigned wait_nr) {
+    ring = r;
+    return posix::real_syscalls().uring_submit_and_wait(r, wait_nr);
+  };
+  posix::scoped_syscalls sys_guard(t);
+  stats.on_flush = [&] {
+    ++flushes;
+    if (void* r = ring.load(); r != nullptr && io_uring_sq_ready(static_cast<io_uring*>(r)) > 0) ++late;
+  };
+  engine::transfer_core core;
+  // Copies that land as they are flushed: a group goes out on nearly every wake.
+  core.install(make_fake_gpu(stats, 0ms, {}, {.word = true, .at_flush = true}));
+  const auto data = random_bytes(64'000'037, 43);
+  test::write_file(dir / "f", data);
+  file_handle f(dir / "f", open_mode::read);
+  std::vector<std::vector<std::uint8_t>> mem;
+  const auto ranges = random_device_ranges(f, data.size(), 3000, 4096, 4096, 44, mem);
+  batch_future fut = drive(core, io_direction::read, ranges);
+  ASSERT_TRUE(fut.get().ok());
+  expect_landed(fut.get(), ranges, mem, data);
+  fut.wait_released();
+  EXPECT_GT(flushes.load(), 20);
+  EXPECT_EQ(late.load(), 0) << "copy groups were launched with issued reads still queued in the ring";
+}
+
 TEST_F(driver_fixture, ring_that_refuses_submissions_fails_ranges_without_hanging) {
   if (!io_uring_unavailable_reason().empty()) GTEST_SKIP() << io_uring_unavailable_reason();
   test::write_file(dir / "f", random_bytes(1 << 20, 4));
