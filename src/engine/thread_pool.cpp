@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <memory>
@@ -16,17 +17,21 @@ thread_pool::~thread_pool() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
+    for (waiter* w : idle_) w->cv.notify_one();  // each takes itself off the list as it wakes
   }
-  cv_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
 void thread_pool::submit(std::function<void()> job) {
-  {
-    std::lock_guard lock(mutex_);
-    jobs_.push_back(std::move(job));
+  std::lock_guard lock(mutex_);
+  jobs_.push_back(std::move(job));
+  if (!idle_.empty()) {
+    // Under the lock: the waiter lives on its worker's stack, which a worker past the lock may leave.
+    waiter* w = idle_.back();
+    idle_.pop_back();
+    w->woken = true;
+    w->cv.notify_one();
   }
-  cv_.notify_one();
 }
 
 void thread_pool::ensure_threads(unsigned nthreads) {
@@ -42,11 +47,19 @@ unsigned thread_pool::size() const {
 void thread_pool::work() {
   // Named, so top -H, perf and /proc/PID/task tell gdskit's workers from the application's and the driver's.
   ::pthread_setname_np(::pthread_self(), "gdskit-worker");
+  waiter me;
   for (;;) {
     std::function<void()> job;
     {
       std::unique_lock lock(mutex_);
-      cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+      while (!stopping_ && jobs_.empty()) {
+        me.woken = false;
+        idle_.push_back(&me);
+        me.cv.wait(lock, [&] { return me.woken || stopping_; });
+        // A worker that was not handed a job takes itself off the list (the others were taken off by submit):
+        // a job another worker took first leaves this one to wait again.
+        if (!me.woken) idle_.erase(std::find(idle_.begin(), idle_.end(), &me));
+      }
       if (jobs_.empty()) return;  // stopping and drained
       job = std::move(jobs_.front());
       jobs_.pop_front();

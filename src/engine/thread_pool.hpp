@@ -27,8 +27,17 @@ class thread_pool {
  private:
   void work();
 
+  // A worker waiting for a job, on its own stack.
+  struct waiter {
+    std::condition_variable cv;
+    bool woken = false;
+  };
+
   mutable std::mutex mutex_;
-  std::condition_variable cv_;
+  // Idle workers, the one idle the shortest at the back: a job wakes that one, so that work submitted one job
+  // after another keeps to the same few threads (their caches, and a batch driver's io_uring ring with its
+  // registered staging, stay warm) instead of going round every thread the pool ever grew to.
+  std::vector<waiter*> idle_;
   std::deque<std::function<void()>> jobs_;
   std::vector<std::thread> workers_;
   bool stopping_ = false;
