@@ -3,6 +3,7 @@
 // landed, reported a range and copied into it afterwards, or issued one copy launch per range would fail here.
 // Also: io_uring refusing submissions, a million ranges, and a failing copy group.
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -272,12 +273,22 @@ bool kernel_registers_buffers() {
 #endif
 }
 
-// Small requests through staging (reads into and writes from GPU memory, here the fake one) read and write
-// staging registered with the driver's ring where the kernel allows it, and the bytes are the same either way;
-// with GDSKIT_REGISTERED_STAGING off no request uses a registered buffer. Larger writes (70,001 bytes: their
-// partial blocks small, their middles not) are exact too.
-TEST_F(driver_fixture, small_staging_is_registered_with_the_ring_unless_switched_off) {
-  if (!kernel_registers_buffers()) GTEST_SKIP() << "this kernel has no sparse tables of registered buffers";
+// Why registered staging cannot be seen working here (empty when it can): a kernel without sparse tables, or a
+// memory-lock limit that leaves no room for a 2 MiB chunk (registrations take at most half of it).
+std::string registration_unavailable() {
+  if (!kernel_registers_buffers()) return "this kernel has no sparse tables of registered buffers";
+  rlimit l{};
+  if (::getrlimit(RLIMIT_MEMLOCK, &l) == 0 && l.rlim_cur != RLIM_INFINITY && l.rlim_cur < (std::size_t{8} << 20)) {
+    return "the memory-lock limit (ulimit -l) is below 8 MiB: no staging chunk can be registered";
+  }
+  return {};
+}
+
+// Requests through staging (reads into and writes from GPU memory, here the fake one) read and write staging
+// registered with the driver's ring where the kernel allows it, and the bytes are the same either way; with
+// GDSKIT_REGISTERED_STAGING off no request uses a registered buffer.
+TEST_F(driver_fixture, staging_is_registered_with_the_ring_unless_switched_off) {
+  if (const std::string why = registration_unavailable(); !why.empty()) GTEST_SKIP() << why;
   test::settings_guard guard;
   set_setting("engine", "io_uring");
   engine::transfer_core core;
@@ -313,10 +324,10 @@ TEST_F(driver_fixture, small_staging_is_registered_with_the_ring_unless_switched
       w.close();
       EXPECT_EQ(test::read_file(dir / name), src) << len;
       const std::uint64_t used = fixed() - before;
-      if (!on) {
-        EXPECT_EQ(used, 0u) << "writes of " << len << " bytes used registered staging with it switched off";
-      } else if (len < 16384) {
+      if (on) {
         EXPECT_GT(used, 0u) << "no write of " << len << " bytes came from registered staging";
+      } else {
+        EXPECT_EQ(used, 0u) << "writes of " << len << " bytes used registered staging with it switched off";
       }
     }
     if (on) {
@@ -333,7 +344,14 @@ TEST_F(driver_fixture, small_staging_is_registered_with_the_ring_unless_switched
 // same address with other pages, whose bytes a stale entry would leave unread), and host staging is trimmed
 // between some rounds.
 TEST_F(driver_fixture, registered_staging_outlives_its_batches_but_never_its_mapping) {
-  if (!kernel_registers_buffers()) GTEST_SKIP() << "this kernel has no sparse tables of registered buffers";
+  if (const std::string why = registration_unavailable(); !why.empty()) GTEST_SKIP() << why;
+  // Room for entries to be kept (a limit the process may raise, as root may): the process reads the limit once,
+  // when it first registers, which in a process of its own is below.
+  rlimit l{};
+  if (::getrlimit(RLIMIT_MEMLOCK, &l) == 0 && l.rlim_cur != RLIM_INFINITY && l.rlim_cur < (std::size_t{256} << 20)) {
+    const rlimit more{std::size_t{256} << 20, std::max<rlim_t>(l.rlim_max, std::size_t{256} << 20)};
+    (void)::setrlimit(RLIMIT_MEMLOCK, &more);
+  }
   test::settings_guard guard;
   set_setting("engine", "io_uring");
   set_setting("registered_staging", "on");
@@ -366,7 +384,13 @@ TEST_F(driver_fixture, registered_staging_outlives_its_batches_but_never_its_map
     ASSERT_NO_FATAL_FAILURE(host_round(round));
   }
   const engine::host_staging_counters c1 = engine::host_staging();
-  EXPECT_GT(c1.entries_reused, c0.entries_reused) << "no batch found its staging entered by an earlier one";
+  // Drivers run on the shared pool's threads, the one idle the shortest first: batches one after another come
+  // back to the thread whose ring has their entries, however many threads earlier tests grew the pool to. Under
+  // a small memory-lock limit (8 MiB: a 2 MiB chunk kept over the process) entries kept by other threads'
+  // rings in earlier tests of this process can leave no room to keep one here.
+  if (c1.registration_limit >= (std::uint64_t{32} << 20) || c0.chunks_entered == 0) {
+    EXPECT_GT(c1.entries_reused, c0.entries_reused) << "no batch found its staging entered by an earlier one";
+  }
   EXPECT_GT(c1.fixed_requests, c0.fixed_requests) << "no request went through registered staging";
   // Mappings that end: the fake GPU's chunks each batch, the host pool's now and then.
   for (unsigned round = 0; round < 8; ++round) {

@@ -571,16 +571,23 @@ std::uint64_t registration_cap() {
 }
 
 std::atomic<std::uint64_t> g_chunks_entered{0}, g_entries_reused{0};  // over the process
+// Bytes of the entries no driver holds, over every ring of the process.
+std::atomic<std::uint64_t> g_kept_bytes{0};
 
 struct ring_holder final : buffer_table {
   static constexpr unsigned k_fixed_slots = 1024;
-  // Entries no driver holds are kept up to this many bytes per ring (the least recently used go first): enough
-  // for the staging of a batch of 2 MiB reads 64 deep, and the pages of an entry whose chunk was unmapped stay
-  // with the kernel only until the thread's next batch enters a chunk.
-  static constexpr std::size_t k_kept_bytes = std::size_t{128} << 20;
+  // Entries no driver holds are kept for the thread's next batches within three bounds (the least recently used
+  // go first): this many bytes per ring (the staging of a batch of 2 MiB reads 32 deep), this many over the
+  // process (what the staging pools themselves keep idle), and only while the process's registrations take at
+  // most half of what they may (a quarter of the memory-lock limit), so that one thread's kept entries never
+  // leave another thread's batch without room: only this thread can empty them. An entry whose chunk was
+  // unmapped keeps its pages with the kernel until this thread's next batch enters a chunk, within those bounds.
+  static constexpr std::size_t k_kept_per_ring = std::size_t{64} << 20;
+  static constexpr std::size_t k_kept_per_process = std::size_t{256} << 20;
   io_uring ring{};
   bool ok = false;
-  bool fixed = false;                 // a sparse table of registered buffers was set up
+  bool fixed = false;                 // a sparse table of registered buffers was set up, and is usable
+  bool table_failed = false;          // an entry could not be emptied: the ring is replaced at the next batch
   std::vector<unsigned> free_slots;   // its empty entries
   struct entry {
     std::byte* base = nullptr;
@@ -590,7 +597,8 @@ struct ring_holder final : buffer_table {
     std::uint64_t used = 0;  // when it was last entered, on `clock`
   };
   std::vector<entry> entries;
-  std::size_t entered_bytes = 0;
+  std::size_t entered_bytes = 0;  // every entry, held or not
+  std::size_t kept_bytes = 0;     // entries no driver holds
   std::uint64_t clock = 0;
   std::uint64_t epoch_seen = 0;
   // Only the thread that made the ring submits to it and reaps it (the ring is the thread's): completions run
@@ -614,6 +622,7 @@ struct ring_holder final : buffer_table {
     if (!ok) return;
     io_uring_queue_exit(&ring);  // the table goes with the ring
     g_registered_bytes.fetch_sub(entered_bytes, std::memory_order_relaxed);
+    g_kept_bytes.fetch_sub(kept_bytes, std::memory_order_relaxed);
   }
   // Registering pins the chunk's pages once (the kernel refuses memory it cannot pin for long, and a user
   // past the memory-lock limit): -1 then, and the chunk's requests pin per request.
@@ -628,22 +637,22 @@ struct ring_holder final : buffer_table {
       }
       if (!fixed) return -1;
     }
-    for (entry& x : entries) {
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      entry& x = entries[i];
       if (x.base != p) continue;
-      if (x.nbytes != nbytes) return -1;  // a held entry of another size: cannot happen with a chunk mapped once
-      ++x.held;
+      if (x.held > 0 && x.nbytes != nbytes) return -1;  // cannot happen: a held chunk is mapped once
+      if (x.nbytes != nbytes) {
+        drop(i);
+        break;
+      }
+      if (x.held++ == 0) unkeep(x.nbytes);
       x.used = ++clock;
       g_entries_reused.fetch_add(1, std::memory_order_relaxed);
       return static_cast<int>(x.slot);
     }
-    // Room: a free slot and the bytes kept per ring, by dropping the entries used longest ago that no driver holds.
-    while (fixed && (free_slots.empty() || entered_bytes + nbytes > k_kept_bytes)) {
-      std::size_t oldest = entries.size();
-      for (std::size_t i = 0; i < entries.size(); ++i) {
-        if (entries[i].held == 0 && (oldest == entries.size() || entries[i].used < entries[oldest].used)) oldest = i;
-      }
-      if (oldest == entries.size()) return -1;  // every entry held: this chunk goes as any memory does
-      drop(oldest);
+    // A free slot, by dropping the entry used longest ago that no driver holds.
+    while (fixed && free_slots.empty()) {
+      if (!drop_oldest_kept()) return -1;  // every entry held: this chunk goes as any memory does
     }
     if (!fixed) return -1;
     if (g_registered_bytes.fetch_add(nbytes, std::memory_order_relaxed) + nbytes > registration_cap()) {
@@ -662,33 +671,54 @@ struct ring_holder final : buffer_table {
     g_chunks_entered.fetch_add(1, std::memory_order_relaxed);
     return static_cast<int>(k);
   }
-  // An entry no driver holds is kept while the process's registrations take at most half of what they may:
-  // kept entries of one thread's ring must never leave another thread's batch without room (the memory-lock
-  // limit is 8 MiB on many systems), and only this thread can empty them.
   void leave(int slot) noexcept override {
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-      entry& x = entries[i];
+    for (entry& x : entries) {
       if (x.slot != static_cast<unsigned>(slot) || x.held == 0) continue;
-      if (--x.held == 0 && g_registered_bytes.load(std::memory_order_relaxed) > registration_cap() / 2) drop(i);
-      return;
+      if (--x.held == 0) keep(x.nbytes);
+      break;
+    }
+    while (over_kept() && drop_oldest_kept()) {
     }
   }
 
  private:
-  // Empties entry `i`'s slot: the kernel lets go of its pages once the requests that used them have ended.
+  void keep(std::size_t n) noexcept {
+    kept_bytes += n;
+    g_kept_bytes.fetch_add(n, std::memory_order_relaxed);
+  }
+  void unkeep(std::size_t n) noexcept {
+    kept_bytes -= n;
+    g_kept_bytes.fetch_sub(n, std::memory_order_relaxed);
+  }
+  bool over_kept() const noexcept {
+    return kept_bytes > k_kept_per_ring || g_kept_bytes.load(std::memory_order_relaxed) > k_kept_per_process ||
+           g_registered_bytes.load(std::memory_order_relaxed) > registration_cap() / 2;
+  }
+  bool drop_oldest_kept() noexcept {
+    std::size_t oldest = entries.size();
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      if (entries[i].held == 0 && (oldest == entries.size() || entries[i].used < entries[oldest].used)) oldest = i;
+    }
+    if (oldest == entries.size()) return false;
+    drop(oldest);
+    return true;
+  }
+  // Empties the slot of entry `i`, which no driver holds: the kernel lets go of its pages once the requests that
+  // used them have ended.
   void drop(std::size_t i) noexcept {
     const entry x = entries[i];
     entries[i] = entries.back();
     entries.pop_back();
-    entered_bytes -= x.nbytes;
+    unkeep(x.nbytes);
     iovec v{nullptr, 0};
     if (io_uring_register_buffers_update_tag(&ring, x.slot, &v, nullptr, 1) != 1) {
-      // An entry that cannot be emptied keeps its pages (counted) until the ring goes; the table is not used
-      // again.
+      // An entry that cannot be emptied keeps its pages (counted) until the ring goes, which is at the thread's
+      // next batch: the table is not used again.
       fixed = false;
-      entered_bytes += x.nbytes;
+      table_failed = true;
       return;
     }
+    entered_bytes -= x.nbytes;
     g_registered_bytes.fetch_sub(x.nbytes, std::memory_order_relaxed);
     free_slots.push_back(x.slot);  // reserved for every slot: no allocation
   }
@@ -696,7 +726,12 @@ struct ring_holder final : buffer_table {
 thread_local std::shared_ptr<ring_holder> tls_driver_ring;
 
 ring_holder* driver_ring() {
-  if (!tls_driver_ring || !tls_driver_ring->ok) tls_driver_ring = std::make_shared<ring_holder>();
+  // A ring whose table failed is replaced once no batch uses it (the driver that asks for it is the thread's
+  // only one): its pages go with it.
+  if (!tls_driver_ring || !tls_driver_ring->ok || tls_driver_ring->table_failed) {
+    tls_driver_ring.reset();
+    tls_driver_ring = std::make_shared<ring_holder>();
+  }
   return tls_driver_ring->ok ? tls_driver_ring.get() : nullptr;
 }
 
@@ -753,8 +788,10 @@ class uring_executor final : public executor {
   bool abandoned() const override { return abandoned_; }
   // A refusal is left to the next wait(), which submits what is still queued and handles it.
   void submit_now() override {
-    if (broken_ || io_uring_sq_ready(r_) == 0) return;
-    if (posix::sys().uring_submit_and_wait(r_, 0) >= 0) unsubmitted_.clear();
+    if (broken_) return;
+    const unsigned queued = io_uring_sq_ready(r_);
+    if (queued == 0) return;
+    if (posix::sys().uring_submit_and_wait(r_, 0) >= static_cast<int>(queued)) unsubmitted_.clear();
   }
 
   void wait(std::vector<request*>& out) override {
@@ -769,7 +806,9 @@ class uring_executor final : public executor {
       const int w = posix::sys().uring_submit_and_wait(r_, 1);
       if (w >= 0) {
         transient_ = 0;
-        unsubmitted_.clear();
+        // The kernel stops at an entry it cannot set up and leaves the rest queued: those stay counted as
+        // not submitted until a call takes them all.
+        if (w >= static_cast<int>(queued)) unsubmitted_.clear();
       } else if (w == -EAGAIN || w == -EBUSY) {
         // No memory for requests right now, or completions to reap first: reaped below, tried again.
         if (++transient_ > 1000) fail_queued(out, std::error_code(-w, std::generic_category()), queued);
@@ -857,7 +896,8 @@ class uring_executor final : public executor {
     if (sqe == nullptr) {
       // The submission queue is full (the ring has room for the driver's depth and its polls, so this is rare):
       // hand the queued entries to the kernel now.
-      if (posix::sys().uring_submit_and_wait(r_, 0) >= 0) unsubmitted_.clear();
+      const unsigned queued = io_uring_sq_ready(r_);
+      if (posix::sys().uring_submit_and_wait(r_, 0) >= static_cast<int>(queued)) unsubmitted_.clear();
       sqe = io_uring_get_sqe(r_);
     }
     return sqe;
@@ -1269,10 +1309,6 @@ class driver {
         share_.wanting(false);  // nothing more starts: what it still has in flight is only waited for
       }
       if (!cancelled) issue();
-      // A copy group's launches take tens of microseconds of this thread: the reads just issued go to the kernel
-      // first instead of waiting in the ring's queue until the driver sleeps (at 4 KiB into GPU memory that
-      // wait was a tenth of each read's time on a RAM loop device).
-      if (!group_.empty()) executor_->submit_now();
       collect_landed();  // before flushing: a group seen landed makes room for the next
       flush_copies();
       if (executor_->inflight() == 0 && copies_inflight_ == 0 && (cancelled || nothing_left())) break;
@@ -1705,6 +1741,9 @@ class driver {
   void flush_copies() {
     if (group_.empty()) return;
     if (copies_inflight_ >= k_copy_groups_inflight && !b_.stopping()) return;
+    // The group's launches take tens of microseconds of this thread: the reads issued on this wake go to the
+    // kernel first instead of waiting in the ring's queue until the driver sleeps.
+    executor_->submit_now();
     claim_group();
     if (group_.empty()) return;
     const std::uint64_t token = next_token_++;
@@ -2044,6 +2083,7 @@ host_staging_counters host_staging() {
 #ifdef GDSKIT_HAVE_URING
   c.chunks_entered = g_chunks_entered.load(std::memory_order_relaxed);
   c.entries_reused = g_entries_reused.load(std::memory_order_relaxed);
+  c.registration_limit = registration_cap();
 #endif
   return c;
 }

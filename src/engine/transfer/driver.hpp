@@ -52,9 +52,12 @@ struct host_staging_counters {
   std::uint64_t fixed_requests = 0;
   std::uint64_t chunks_entered = 0;
   std::uint64_t entries_reused = 0;
+  /// The most the process's registrations may take (half the memory-lock limit when it was first looked at).
+  std::uint64_t registration_limit = 0;
 };
 host_staging_counters host_staging();
-/// Unmaps the idle host staging (the next batches map what they need anew).
+/// Unmaps the idle host staging (the next batches map what they need anew). Pages a driver thread's io_uring
+/// ring keeps registered stay pinned until that thread next enters a staging chunk.
 void trim_host_staging() noexcept;
 
 /// Plans and runs `batch` on the shared thread pool and returns at once; takes over the batch's submission
