@@ -788,10 +788,7 @@ class uring_executor final : public executor {
   bool abandoned() const override { return abandoned_; }
   // A refusal is left to the next wait(), which submits what is still queued and handles it.
   void submit_now() override {
-    if (broken_) return;
-    const unsigned queued = io_uring_sq_ready(r_);
-    if (queued == 0) return;
-    if (posix::sys().uring_submit_and_wait(r_, 0) >= static_cast<int>(queued)) unsubmitted_.clear();
+    if (!broken_) submit_queued();
   }
 
   void wait(std::vector<request*>& out) override {
@@ -891,13 +888,19 @@ class uring_executor final : public executor {
     unsubmitted_.clear();
   }
 
+  // Hands the queued entries to the kernel without waiting. The kernel stops at an entry it cannot set up and
+  // leaves the rest queued: the requests count as submitted only once a call took every entry.
+  void submit_queued() {
+    const unsigned queued = io_uring_sq_ready(r_);
+    if (queued == 0) return;
+    if (posix::sys().uring_submit_and_wait(r_, 0) >= static_cast<int>(queued)) unsubmitted_.clear();
+  }
   io_uring_sqe* get_sqe() {
     io_uring_sqe* sqe = io_uring_get_sqe(r_);
     if (sqe == nullptr) {
       // The submission queue is full (the ring has room for the driver's depth and its polls, so this is rare):
       // hand the queued entries to the kernel now.
-      const unsigned queued = io_uring_sq_ready(r_);
-      if (posix::sys().uring_submit_and_wait(r_, 0) >= static_cast<int>(queued)) unsubmitted_.clear();
+      submit_queued();
       sqe = io_uring_get_sqe(r_);
     }
     return sqe;
