@@ -386,9 +386,9 @@ TEST_F(driver_fixture, registered_staging_outlives_its_batches_but_never_its_map
   const engine::host_staging_counters c1 = engine::host_staging();
   // Drivers run on the shared pool's threads, the one idle the shortest first: batches one after another come
   // back to the thread whose ring has their entries, however many threads earlier tests grew the pool to. Under
-  // a small memory-lock limit (8 MiB: a 2 MiB chunk kept over the process) entries kept by other threads'
-  // rings in earlier tests of this process can leave no room to keep one here.
-  if (c1.registration_limit >= (std::uint64_t{32} << 20) || c0.chunks_entered == 0) {
+  // a small memory-lock limit (8 MiB: one 2 MiB chunk kept over the process) whether that one chunk comes back
+  // to the thread that kept it depends on timing, so reuse is asserted only where the limit leaves room.
+  if (c1.registration_limit >= (std::uint64_t{32} << 20)) {
     EXPECT_GT(c1.entries_reused, c0.entries_reused) << "no batch found its staging entered by an earlier one";
   }
   EXPECT_GT(c1.fixed_requests, c0.fixed_requests) << "no request went through registered staging";
