@@ -7,29 +7,39 @@
 //            and (where a GPU is usable) into GPU memory
 //   workers  gdskit bench's way before batches: DEPTH threads, each reading one range at a time
 //   batch gpu, engines  the GPU batch with its small pieces copied by the copy engines, not the copy kernel
+//   peer     with --peer PROGRAM: another library's way of keeping DEPTH reads in flight into GPU memory
+//            (bench/peers/kvikio_random_reads.cpp: KvikIO's pread futures over its thread pool), run as a child
+//            process in the same turns, with the GPU batch's ratios against it
 // Each prints GiB/s, IOPS, per-range p50/p99/p99.9 latency and CPU-s per GiB, and the batch's ratios against the
 // ring (rate, p99.9) and against the workers (CPU). With --turns N each case runs N turns of the ring and every row,
 // each row's figures pool its turns, and the ratios add each turn's against that turn's ring: a device whose rate
 // drifts between runs (virtual machines: 10-30%) makes one pass's ratios noisy, and the turns show by how much.
 //
-//   batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT] [--ring-only] [--rows LIST] [--turns N]
+//   batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT] [--ring-only] [--rows LIST] [--turns N] [--peer PROGRAM]
 //   CASES default "4K:64,64K:64,2M:16"
 #include <fcntl.h>
 #include <liburing.h>
+#include <spawn.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "ceilings.hpp"
 #include "common/printable.hpp"
@@ -76,7 +86,7 @@ double pct(std::vector<double>& v, double q) {
 }
 
 void add_turn(planned_row& r, sample s) {
-  r.turn_gib_s.push_back(gib(s.nbytes) / s.seconds);
+  r.turn_gib_s.push_back(s.seconds > 0 ? gib(s.nbytes) / s.seconds : 0);
   sample& p = r.pooled;
   p.nbytes += s.nbytes;
   p.ops += s.ops;
@@ -97,8 +107,8 @@ result summarize(planned_row& r) {
   sample& p = r.pooled;
   result out;
   out.what = r.what;
-  out.gib_s = gib(p.nbytes) / p.seconds;
-  out.iops = static_cast<double>(p.ops) / p.seconds;
+  out.gib_s = p.seconds > 0 ? gib(p.nbytes) / p.seconds : 0;  // 0 s: a run that failed before it measured
+  out.iops = p.seconds > 0 ? static_cast<double>(p.ops) / p.seconds : 0;
   out.p50_us = pct(p.latencies_s, 0.5);
   out.p99_us = pct(p.latencies_s, 0.99);
   out.p999_us = pct(p.latencies_s, 0.999);
@@ -242,6 +252,90 @@ sample workers(const std::filesystem::path& path, std::uint64_t size, std::size_
   return {bytes.load(), ops.load(), dt, cpu, std::move(lat), !failed};
 }
 
+// One run of a peer program: `PROGRAM FILE IO DEPTH SECONDS` prints a JSON line (what, nbytes, ops, seconds,
+// cpu_seconds: its own measured loop, set-up excluded) and then one latency in seconds per read. The program is
+// run without a shell and its output is checked like any file's: a peer that fails, or prints anything else,
+// makes a row marked ERRORS, never a figure.
+sample peer_run(const std::string& program, std::string& what, const std::filesystem::path& path, std::size_t io,
+                unsigned depth, double seconds) {
+  sample out;
+  out.ok = false;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return out;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+  const std::string io_s = std::to_string(io), depth_s = std::to_string(depth), seconds_s = std::to_string(seconds);
+  std::vector<char*> args = {const_cast<char*>(program.c_str()), const_cast<char*>(path.c_str()),
+                             const_cast<char*>(io_s.c_str()), const_cast<char*>(depth_s.c_str()),
+                             const_cast<char*>(seconds_s.c_str()), nullptr};
+  pid_t pid = -1;
+  const int spawned = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(fds[1]);
+  std::string text;
+  if (spawned == 0) {
+    char chunk[1 << 16];
+    for (ssize_t n; (n = ::read(fds[0], chunk, sizeof chunk)) != 0;) {
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        break;
+      }
+      if (text.size() < (std::size_t{1} << 30)) text.append(chunk, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(fds[0]);
+  int status = 0;
+  if (spawned != 0) {
+    std::fprintf(stderr, "batch_bench: --peer %s: %s\n", printable(program).c_str(), std::strerror(spawned));
+    return out;
+  }
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::fprintf(stderr, "batch_bench: --peer %s failed (status %d)\n", printable(program).c_str(), status);
+    return out;
+  }
+  const std::size_t eol = text.find('\n');
+  const auto head = nlohmann::json::parse(text.substr(0, eol), nullptr, false);
+  const auto number = [&](const char* key) -> std::optional<double> {
+    if (!head.is_object() || !head.contains(key) || !head[key].is_number()) return std::nullopt;
+    const double v = head[key].get<double>();
+    return std::isfinite(v) && v >= 0 ? std::optional<double>(v) : std::nullopt;
+  };
+  const auto nbytes = number("nbytes"), ops = number("ops"), secs = number("seconds"), cpu = number("cpu_seconds");
+  if (!nbytes || !ops || !secs || !cpu || *secs <= 0 || !head.contains("what") || !head["what"].is_string()) {
+    std::fprintf(stderr, "batch_bench: --peer %s: its first line is not the expected summary\n",
+                 printable(program).c_str());
+    return out;
+  }
+  std::vector<double> latencies;
+  for (std::size_t pos = eol == std::string::npos ? text.size() : eol + 1; pos < text.size();) {
+    const std::size_t next = std::min(text.find('\n', pos), text.size());
+    char* end = nullptr;
+    const std::string line = text.substr(pos, next - pos);
+    const double v = std::strtod(line.c_str(), &end);
+    if (end == line.c_str() || *end != '\0' || !std::isfinite(v) || v < 0) {
+      std::fprintf(stderr, "batch_bench: --peer %s: a latency line is not a number\n", printable(program).c_str());
+      return out;
+    }
+    latencies.push_back(v);
+    pos = next + 1;
+  }
+  if (latencies.size() != static_cast<std::size_t>(*ops) || static_cast<std::size_t>(*nbytes) != latencies.size() * io) {
+    std::fprintf(stderr, "batch_bench: --peer %s: counts do not add up\n", printable(program).c_str());
+    return out;
+  }
+  what = printable(head["what"].get<std::string>()) + " gpu";
+  out.latencies_s = std::move(latencies);
+  out.nbytes = static_cast<std::size_t>(*nbytes);
+  out.ops = static_cast<std::size_t>(*ops);
+  out.seconds = *secs;
+  out.cpu_seconds = *cpu;
+  out.ok = true;
+  return out;
+}
+
 void print(const result& r) {
   std::printf("  %-16s %8.3f GiB/s %10.0f IOPS  p50 %8.1f us  p99 %8.1f us  p99.9 %8.1f us  %.3f CPU-s/GiB%s\n",
               r.what.c_str(), r.gib_s, r.iops, r.p50_us, r.p99_us, r.p999_us, r.cpu_s_per_gib, r.ok ? "" : "  ERRORS");
@@ -278,16 +372,20 @@ int main(int argc, char** argv) {
 
 constexpr const char* k_usage =
     "usage: batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT] [--ring-only] [--rows LIST] [--turns N]\n"
+    "                   [--peer PROGRAM]\n"
     "  Cold random reads of FILE (made with random data when absent; an existing file is used only when it has\n"
     "  exactly SIZE bytes) for SECONDS each (default 6): a raw io_uring ring at each case's size and depth, the\n"
     "  ring over as much memory as a batch, then one thread's batches into host and GPU memory, with ratios.\n"
     "  CASES: SIZE:DEPTH,... (default 4K:64,64K:64,2M:16; SIZE a multiple of 4K). --json OUT writes the rows;\n"
     "  --ring-only measures the rings alone. --rows LIST measures the ring and only these rows (a profile of one\n"
     "  of them): wide, batch-host, workers-host, batch-gpu, workers-gpu, batch-gpu-engines. --turns N (1..20,\n"
-    "  default 1) runs the ring and the rows N times in turn and pools each row's turns; ratios add each turn's.\n";
+    "  default 1) runs the ring and the rows N times in turn and pools each row's turns; ratios add each turn's.\n"
+    "  --peer PROGRAM adds a row run as `PROGRAM FILE IO DEPTH SECONDS` in each turn (another library's reads\n"
+    "  into GPU memory: bench/peers/kvikio_random_reads, built by scripts/build-kvikio-peer.sh), and the GPU\n"
+    "  batch's ratios against it.\n";
 
 int run(int argc, char** argv) {
-  const args_verdict v = check_args(argc, argv, k_usage, {"--json", "--ring-only", "--rows", "--turns"});
+  const args_verdict v = check_args(argc, argv, k_usage, {"--json", "--ring-only", "--rows", "--turns", "--peer"});
   if (v != args_verdict::run) return v == args_verdict::help ? 0 : 2;
   if (argc < 3) {
     std::fputs(k_usage, stderr);
@@ -313,6 +411,7 @@ int run(int argc, char** argv) {
   bool ring_only = false;
   std::string rows;  // empty: every row
   unsigned turns = 1;
+  std::string peer;  // empty: no peer row
   const auto wanted = [&](std::string_view row) {
     if (rows.empty()) return true;
     const std::string list = "," + rows + ",";
@@ -341,6 +440,17 @@ int run(int argc, char** argv) {
           return 2;
         }
         pos = comma + 1;
+      }
+    }
+    if (std::string(argv[i]) == "--peer") {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "batch_bench: --peer needs a program\n");
+        return 2;
+      }
+      peer = argv[++i];
+      if (::access(peer.c_str(), X_OK) != 0 || !std::filesystem::is_regular_file(peer)) {
+        std::fprintf(stderr, "batch_bench: --peer %s is not an executable file\n", printable(peer).c_str());
+        return 2;
       }
     }
     if (std::string(argv[i]) == "--turns") {
@@ -449,6 +559,11 @@ int run(int argc, char** argv) {
         }
       }
     }
+    std::string peer_what;  // the peer's own name for its row, from its first run
+    // Not only where this process sees a GPU: the peer says for itself whether it can run.
+    if (!ring_only && !peer.empty()) {
+      plan.push_back({"peer gpu", [&] { return peer_run(peer, peer_what, path, io, depth, seconds); }});
+    }
     // Every turn runs the ring and then each row once, in this order, so that each turn's ratio compares a row
     // with a ring of the same turn, whatever the device's rate did between turns.
     for (unsigned turn = 0; turn < turns; ++turn) {
@@ -459,6 +574,8 @@ int run(int argc, char** argv) {
     }
     std::vector<result> rs;
     for (planned_row& r : plan) rs.push_back(summarize(r));
+    const std::size_t peer_row = !ring_only && !peer.empty() ? rs.size() - 1 : rs.size();
+    if (peer_row < rs.size() && !peer_what.empty()) rs[peer_row].what = peer_what;
     if (ring_only) {
       print(rs[0]);
       if (json != nullptr) {
@@ -489,6 +606,17 @@ int run(int argc, char** argv) {
       }
       std::printf(", p99.9 %.2fx the ring's", b.p999_us / ring.p999_us);
       if (w != nullptr) std::printf(", %.3f of the workers' CPU per GiB", b.cpu_s_per_gib / w->cpu_s_per_gib);
+      if (peer_row < rs.size() && b.what.find("gpu") != std::string::npos && rs[peer_row].gib_s > 0) {
+        const result& q = rs[peer_row];
+        std::printf("; against %s: %.3f of its rate", q.what.c_str(), b.gib_s / q.gib_s);
+        if (turns > 1 && q.turn_gib_s.size() == b.turn_gib_s.size()) {
+          std::printf(" [turns");
+          for (std::size_t t = 0; t < b.turn_gib_s.size(); ++t) std::printf(" %.2f", b.turn_gib_s[t] / q.turn_gib_s[t]);
+          std::printf("]");
+        }
+        std::printf(", p99.9 %.2fx its, %.3f of its CPU per GiB", b.p999_us / q.p999_us,
+                    q.cpu_s_per_gib > 0 ? b.cpu_s_per_gib / q.cpu_s_per_gib : 0.0);
+      }
       std::printf("\n");
     }
     if (json != nullptr) {

@@ -28,6 +28,8 @@ for turns in 0 21 x 3x; do
 done
 # Options right after SIZE: their values are never read as SECONDS or CASES.
 refused "--turns after SIZE" "--turns: '0' is not a number" "$d/data" 1G --turns 0
+refused "--peer missing" "--peer needs a program" "$d/data" 1G 1 4K:8 --peer
+refused "--peer not a program" "is not an executable file" "$d/data" 1G 1 4K:8 --peer "$d"
 refused "an argument past CASES" "unexpected argument 'extra'" "$d/data" 1G 1 4K:8 extra
 # A real pass of two turns with the host rows only (no GPU needed, about 2 s): each JSON row counts its turns and
 # gives each turn's rate, and the ratio line each turn's ratio. O_DIRECT needs a filesystem that has it (tmpfs of
@@ -42,6 +44,19 @@ if dd if=/dev/zero of="$d/probe" bs=4096 count=1 oflag=direct status=none 2> /de
   fi
   grep -qE '^  batch host: [0-9.]+ of the ring.s rate \[turns [0-9.]+ [0-9.]+\], p99.9' "$d/out" ||
     { echo "--turns 2: no ratio line with each turn's:"; cat "$d/out"; fail=1; }
+  # A peer row: the program is run as PROGRAM FILE IO DEPTH SECONDS in each turn and its summary and latencies
+  # read back; one that prints anything else gives a row marked ERRORS, never a figure.
+  printf '#!/bin/sh\nprintf '"'"'{"what": "fake", "io": %%s, "nbytes": %%s, "ops": 2, "seconds": 0.5, "cpu_seconds": 0.1}\\n0.001\\n0.002\\n'"'"' "$2" $(($2 * 2))\n' > "$d/peer"
+  printf '#!/bin/sh\necho '"'"'{"what": "fake", "nbytes": 8192, "ops": 2, "seconds": 0.5, "cpu_seconds": 0.1}'"'"'\necho 0.001\necho "\033[2J"\n' > "$d/badpeer"
+  chmod +x "$d/peer" "$d/badpeer"
+  "$bin" "$d/data" 8M 0.2 64K:4 --turns 2 --rows batch-host --peer "$d/peer" --json "$d/peer.json" > "$d/out" 2>&1
+  grep -qE '^  fake gpu +[0-9.]+ GiB/s +4 IOPS' "$d/out" || { echo "--peer: no row of the peer's figures:"; cat "$d/out"; fail=1; }
+  grep -qE '"what": "fake gpu", "gib_s": [0-9.]+, "iops": 4, .*"ok": true, "turns": 2' "$d/peer.json" ||
+    { echo "--peer: no JSON row of the peer's:"; cat "$d/peer.json"; fail=1; }
+  "$bin" "$d/data" 8M 0.2 64K:4 --rows batch-host --peer "$d/badpeer" > "$d/out" 2>&1
+  grep -qE '^  peer gpu .*ERRORS' "$d/out" && grep -qF "a latency line is not a number" "$d/out" ||
+    { echo "--peer: a peer printing garbage was not refused:"; cat "$d/out"; fail=1; }
+  if grep -q $'\033' "$d/out"; then echo "--peer: the peer's raw output reached the terminal"; fail=1; fi
 else
   echo "skipped the pass of two turns: ${TMPDIR:-/tmp} has no O_DIRECT"
 fi
