@@ -67,10 +67,6 @@ struct settings {
   /// (off). GDSKIT_REGISTERED_STAGING=on|off (default on; where the kernel or the memory-lock limit refuses,
   /// requests go as with off).
   bool registered_staging = true;
-  /// Driver threads for one device's ranges of one batch: 0 (default) lets gdskit choose (two for batches of
-  /// thousands of ranges averaging at most 16 KiB at depth 16 or more, on a machine of 4 or more cores; one
-  /// otherwise), 1..8 fixes it. The batch's queue depth is divided between them. GDSKIT_BATCH_DRIVERS.
-  unsigned batch_drivers = 0;
   /// True when the matching GDSKIT_* variable was given (from_env) or code set the value on purpose: that value
   /// then wins over the adaptive controller and the profile, which adapt the other coordinate only. In the
   /// process-wide settings they follow the values' sources (set whenever the source is not the default).

@@ -86,9 +86,6 @@ void check_ranges(const settings& s, bool env_names) {
   if (s.staging_slots < 2) {
     fail("staging_slots", "GDSKIT_STAGING_SLOTS", s.staging_slots, "must be at least 2 (reads run ahead of copies)");
   }
-  if (s.batch_drivers > 8) {
-    fail("batch_drivers", "GDSKIT_BATCH_DRIVERS", s.batch_drivers, "must be 0 (automatic) or 1..8");
-  }
   struct slot_size {
     const char* field;
     const char* variable;
@@ -171,9 +168,6 @@ const field k_fields[] = {
     {"registered_staging", "GDSKIT_REGISTERED_STAGING", setting_kind::on_off,
      "batch staging in io_uring's registered buffers: no page pinning per request (on) or pinning per request (off)",
      GDSKIT_SWITCH_FIELD(registered_staging)},
-    {"batch_drivers", "GDSKIT_BATCH_DRIVERS", setting_kind::count,
-     "driver threads per device for one batch's ranges: 0 = auto (two for thousands of small ranges), 1..8",
-     GDSKIT_COUNT_FIELD(batch_drivers)},
 };
 #undef GDSKIT_COUNT_FIELD
 #undef GDSKIT_BYTES_FIELD

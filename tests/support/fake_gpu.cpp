@@ -237,7 +237,6 @@ class fake_backend final : public engine::gpu_backend {
     return false;
   }
   std::unique_ptr<engine::group_copier> make_group_copier(int) override {
-    ++s_.copiers;
     if (dead_) return std::make_unique<late_copier>(s_, delay_, fail_, true);
     return std::make_unique<late_copier>(s_, delay_, fail_, false, landing_);
   }

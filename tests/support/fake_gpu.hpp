@@ -32,8 +32,6 @@ struct copier_stats {
   std::atomic<int> called_back{0};
   /// Calls of arm() that had a group to arm.
   std::atomic<int> arms{0};
-  /// Copiers made: one per driver of a batch's GPU ranges.
-  std::atomic<int> copiers{0};
   /// Called by flush() on the driver's thread before it takes a group (set before the copier is used).
   std::function<void()> on_flush;
 };

@@ -92,7 +92,7 @@ TEST(settings_values, every_setting_reads_back_what_was_set) {
       {"threads", "6"},         {"adaptive", "off"},         {"learn", "off"},         {"direct_depth", "8"},
       {"chunk_bytes", "2M"},    {"inline_bytes", "64K"},   {"direct", "off"},        {"engine", "threads"},
       {"mode", "staged"},       {"staging_slots", "3"},      {"cached_slot_bytes", "1M"}, {"staging_slot_bytes", "16M"},
-      {"copy_kernel", "off"},  {"registered_staging", "off"}, {"batch_drivers", "2"}};
+      {"copy_kernel", "off"},  {"registered_staging", "off"}};
   std::set<std::string> named;
   for (const auto& [name, value] : cases) {
     set_setting(name, value);
@@ -118,7 +118,6 @@ TEST(settings_values, every_setting_reads_back_what_was_set) {
   EXPECT_EQ(s.staging_slot_bytes, 16u << 20);
   EXPECT_FALSE(s.copy_kernel);
   EXPECT_FALSE(s.registered_staging);
-  EXPECT_EQ(s.batch_drivers, 2u);
   // Other spellings the variables take.
   set_setting("adaptive", "1");
   EXPECT_TRUE(default_settings().adaptive);
@@ -133,7 +132,7 @@ TEST(settings_values, refused_values_change_nothing_and_name_the_setting) {
   const std::pair<const char*, const char*> bad[] = {
       {"threads", "0"},     {"threads", "x"},          {"threads", ""},         {"chunk_bytes", "1000"},
       {"direct", "maybe"},  {"adaptive", "yes"},       {"staging_slots", "1"},  {"cached_slot_bytes", "60K"},
-      {"no_such", "1"},     {"threads", "9\x1b[2J"}, {"batch_drivers", "9"}};
+      {"no_such", "1"},     {"threads", "9\x1b[2J"}};
   for (const auto& [name, value] : bad) {
     try {
       set_setting(name, value);

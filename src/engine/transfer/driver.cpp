@@ -1202,18 +1202,8 @@ class planner_cursor {
 
 class driver {
  public:
-  // `parts`: how many drivers share the batch's ranges of this device (each keeps its part of a depth the
-  // batch gave; without one the device's budget divides between drivers anyway).
-  driver(const batch_ptr& b, std::vector<std::size_t> ranges, group_copier* copier, const driver_limits& limits,
-         unsigned part = 0, unsigned parts = 1)
-      : b_(*b),
-        keep_(b),
-        ranges_(std::move(ranges)),
-        copier_(copier),
-        limits_(limits),
-        staging_(copier),
-        part_(part),
-        parts_(std::max(1u, parts)) {}
+  driver(const batch_ptr& b, std::vector<std::size_t> ranges, group_copier* copier, const driver_limits& limits)
+      : b_(*b), keep_(b), ranges_(std::move(ranges)), copier_(copier), limits_(limits), staging_(copier) {}
 
   void run() {
     thread_ = std::this_thread::get_id();
@@ -1275,8 +1265,7 @@ class driver {
                              std::size_t{4} << 20});
     max_request_ = align_down(max_request_, k_block);
     if (b_.options.queue_depth != 0) {
-      const unsigned depth = std::min<unsigned>(b_.options.queue_depth, 256);
-      depth_ = std::max(1u, depth / parts_ + (part_ < depth % parts_ ? 1u : 0u));
+      depth_ = std::min<unsigned>(b_.options.queue_depth, 256);
       budget_ = SIZE_MAX;
     } else {
       depth_ = limits_.default_depth;
@@ -1919,8 +1908,6 @@ class driver {
   executor* executor_ = nullptr;
   std::size_t max_request_ = 0;
   unsigned depth_ = 64;
-  unsigned part_ = 0;   // this driver's number among the drivers of the batch's ranges of its device
-  unsigned parts_ = 1;
   std::size_t budget_ = 0;
   device_share share_;  // bytes of requests in flight, this driver's and its device's
   std::unordered_map<std::size_t, split_state> splits_;
@@ -2029,32 +2016,14 @@ void run_cufile(const transfer_core& core, const batch_ptr& b, std::vector<std::
   });
 }
 
-// How many drivers share one device's ranges of a batch. One driver's thread submits and reaps every request
-// and launches every copy group; with thousands of small ranges that thread is what limits the rate (at 4 KiB
-// and depth 64 on a RAM-backed loop device it is busy nearly all the time, the device's submission work being
-// charged to it), so such batches get two, each with half the depth and its own ring. Larger ranges leave one
-// thread idle most of the time: they keep one.
-unsigned drivers_for(const detail::batch_state& b, const std::vector<std::size_t>& ranges, const driver_limits& limits) {
-  if (const unsigned fixed = default_settings().batch_drivers; fixed != 0) {
-    return static_cast<unsigned>(std::min<std::size_t>(fixed, ranges.size()));
-  }
-  constexpr std::size_t k_min_ranges = 1024, k_small_bytes = std::size_t{16} << 10;
-  const unsigned depth = b.options.queue_depth != 0 ? b.options.queue_depth : limits.default_depth;
-  // A second driver needs a core of its own besides the caller's, the first driver's and the device's.
-  if (ranges.size() < k_min_ranges || depth < 16 || std::thread::hardware_concurrency() < 4) return 1;
-  std::size_t bytes = 0;
-  for (std::size_t i : ranges) bytes += b.ranges[i].memory.nbytes;
-  return bytes / ranges.size() <= k_small_bytes ? 2 : 1;
-}
-
 void run_driver(const transfer_core& core, const batch_ptr& b, std::vector<std::size_t> ranges, int device,
-                const driver_limits& limits, unsigned part, unsigned parts) {
-  launch(b, [&core, b, ranges = std::move(ranges), device, limits, part, parts]() mutable {
+                const driver_limits& limits) {
+  launch(b, [&core, b, ranges = std::move(ranges), device, limits]() mutable {
     std::unique_ptr<group_copier> copier;
     const std::vector<std::size_t> mine = ranges;
     try {
       if (device >= 0) copier = core.gpu().make_group_copier(device);
-      driver d(b, std::move(ranges), copier.get(), limits, part, parts);
+      driver d(b, std::move(ranges), copier.get(), limits);
       d.run();
     } catch (const std::system_error& e) {
       // The driver could not start or go on: its open ranges fail with the reason.
@@ -2104,16 +2073,7 @@ void run_batch(const transfer_core& core, const batch_ptr& b, const driver_limit
     }
   }
   (void)write;
-  for (auto& [device, ranges] : drive) {
-    const unsigned parts = drivers_for(*b, ranges, limits);
-    const std::size_t per = (ranges.size() + parts - 1) / parts;
-    for (unsigned k = 0; k + 1 < parts; ++k) {
-      std::vector<std::size_t> part(ranges.end() - static_cast<std::ptrdiff_t>(per), ranges.end());
-      ranges.resize(ranges.size() - per);
-      run_driver(core, b, std::move(part), device, limits, parts - 1 - k, parts);
-    }
-    run_driver(core, b, std::move(ranges), device, limits, 0, parts);
-  }
+  for (auto& [device, ranges] : drive) run_driver(core, b, std::move(ranges), device, limits);
   // Each single-range transfer is parallel itself: a few at once keep the device busy; the batch's depth wins.
   if (!singles.empty()) run_singles(core, b, std::move(singles), b->options.queue_depth != 0 ? b->options.queue_depth : 4);
   if (!gds.empty()) run_cufile(core, b, std::move(gds));
