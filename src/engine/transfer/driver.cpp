@@ -1023,8 +1023,12 @@ class planner_cursor {
            (write || r.memory.nbytes > 0);
   }
 
+  // How many ranges ahead of the one being planned are fetched into the CPU's caches.
+  static constexpr std::size_t k_prefetch_ahead = 16;
+
   void plan_some(std::unordered_map<std::size_t, split_state>& splits) {
     const bool write = b_.dir == io_direction::write;
+    if (next_ + k_prefetch_ahead < order_.size()) b_.prefetch(order_[next_ + k_prefetch_ahead]);
     const std::size_t first = order_[next_++];
     const auto& r0 = range(first);
     const open_file& f = *r0.file;
@@ -1067,6 +1071,7 @@ class planner_cursor {
       q.nbytes = static_cast<std::size_t>(new_end - q.offset);
       q.parts.push_back({i, 0, static_cast<std::size_t>(ri.offset - q.offset), li});
       ++next_;
+      if (next_ + k_prefetch_ahead < order_.size()) b_.prefetch(order_[next_ + k_prefetch_ahead]);
     }
     finish_staged(q);
     pending_.push_back(std::move(q));
