@@ -177,8 +177,9 @@ arguments parse_arguments(int argc, char** argv) {
     bad_input("SECONDS '" + printable(argv[4]) + "' is not a number > 0 and <= 600");
   }
 
-  // Opened rather than only stat()ed, so that an unreadable file is reported here as bad input.
-  const int fd = ::open(a.path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Opened rather than only stat()ed, so that an unreadable file is reported here as bad input; without blocking,
+  // so that a FIFO named by mistake is refused below instead of waiting for a writer.
+  const int fd = ::open(a.path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) bad_input("cannot open FILE '" + printable(a.path) + "': " + std::strerror(errno));
   struct stat st {};
   const int rc = ::fstat(fd, &st);
