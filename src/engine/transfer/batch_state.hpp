@@ -50,7 +50,6 @@ struct batch_state {
   bool claim(std::size_t i) noexcept;
   void unclaim(std::size_t i) noexcept;
   void finish(std::size_t i, std::size_t nbytes, std::error_code ec, double latency_s = 0, std::uint32_t crc = 0);
-  /// Whether range `i` has its outcome or is being delivered (work on it can stop).
   /// Asks the CPU to fetch what the driver reads and writes of range `i` (its description, its state, its
   /// result) ahead of time: a driver goes through the ranges in file order, which is random order in memory for
   /// a batch of random ranges, and each of those was a cache miss when it got there.
@@ -59,6 +58,7 @@ struct batch_state {
     __builtin_prefetch(&decided_[i]);
     __builtin_prefetch(&result_.ranges[i], 1);
   }
+  /// Whether range `i` has its outcome or is being delivered (work on it can stop).
   bool decided(std::size_t i) const noexcept {
     return decided_[i].load(std::memory_order_acquire) != k_open;
   }

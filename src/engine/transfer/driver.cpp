@@ -800,12 +800,9 @@ class uring_executor final : public executor {
     }
     if (!broken_) {
       const unsigned queued = io_uring_sq_ready(r_);
-      const int w = posix::sys().uring_submit_and_wait(r_, 1);
+      const int w = submit(queued, 1);
       if (w >= 0) {
         transient_ = 0;
-        // The kernel stops at an entry it cannot set up and leaves the rest queued: those stay counted as
-        // not submitted until a call takes them all.
-        if (w >= static_cast<int>(queued)) unsubmitted_.clear();
       } else if (w == -EAGAIN || w == -EBUSY) {
         // No memory for requests right now, or completions to reap first: reaped below, tried again.
         if (++transient_ > 1000) fail_queued(out, std::error_code(-w, std::generic_category()), queued);
@@ -888,12 +885,17 @@ class uring_executor final : public executor {
     unsubmitted_.clear();
   }
 
-  // Hands the queued entries to the kernel without waiting. The kernel stops at an entry it cannot set up and
-  // leaves the rest queued: the requests count as submitted only once a call took every entry.
+  // Hands the `queued` entries to the kernel and waits for `wait_nr` completions; the kernel's answer. The kernel
+  // stops at an entry it cannot set up and leaves the rest queued: the requests count as submitted only once a
+  // call took every entry.
+  int submit(unsigned queued, unsigned wait_nr) {
+    const int w = posix::sys().uring_submit_and_wait(r_, wait_nr);
+    if (w >= static_cast<int>(queued)) unsubmitted_.clear();
+    return w;
+  }
+  // The queued entries to the kernel without waiting.
   void submit_queued() {
-    const unsigned queued = io_uring_sq_ready(r_);
-    if (queued == 0) return;
-    if (posix::sys().uring_submit_and_wait(r_, 0) >= static_cast<int>(queued)) unsubmitted_.clear();
+    if (const unsigned queued = io_uring_sq_ready(r_); queued > 0) submit(queued, 0);
   }
   io_uring_sqe* get_sqe() {
     io_uring_sqe* sqe = io_uring_get_sqe(r_);
@@ -1023,12 +1025,15 @@ class planner_cursor {
            (write || r.memory.nbytes > 0);
   }
 
-  // How many ranges ahead of the one being planned are fetched into the CPU's caches.
+  // Fetches into the CPU's caches the range this many places ahead of the next one to plan.
   static constexpr std::size_t k_prefetch_ahead = 16;
+  void prefetch_ahead() const noexcept {
+    if (next_ + k_prefetch_ahead < order_.size()) b_.prefetch(order_[next_ + k_prefetch_ahead]);
+  }
 
   void plan_some(std::unordered_map<std::size_t, split_state>& splits) {
     const bool write = b_.dir == io_direction::write;
-    if (next_ + k_prefetch_ahead < order_.size()) b_.prefetch(order_[next_ + k_prefetch_ahead]);
+    prefetch_ahead();
     const std::size_t first = order_[next_++];
     const auto& r0 = range(first);
     const open_file& f = *r0.file;
@@ -1071,7 +1076,7 @@ class planner_cursor {
       q.nbytes = static_cast<std::size_t>(new_end - q.offset);
       q.parts.push_back({i, 0, static_cast<std::size_t>(ri.offset - q.offset), li});
       ++next_;
-      if (next_ + k_prefetch_ahead < order_.size()) b_.prefetch(order_[next_ + k_prefetch_ahead]);
+      prefetch_ahead();
     }
     finish_staged(q);
     pending_.push_back(std::move(q));
