@@ -296,15 +296,28 @@ sample peer_run(const std::string& program, std::string& what, const std::filesy
     std::fprintf(stderr, "batch_bench: --peer %s failed (status %d)\n", printable(program).c_str(), status);
     return out;
   }
+  // A summary is a few hundred bytes: a longer first line is refused before it is parsed (nesting in it would
+  // recurse in the parser).
   const std::size_t eol = text.find('\n');
-  const auto head = nlohmann::json::parse(text.substr(0, eol), nullptr, false);
+  constexpr std::size_t k_summary_max = 4096;
+  const auto head = std::min(eol, text.size()) <= k_summary_max ? nlohmann::json::parse(text.substr(0, eol), nullptr, false)
+                                                                : nlohmann::json();
   const auto number = [&](const char* key) -> std::optional<double> {
     if (!head.is_object() || !head.contains(key) || !head[key].is_number()) return std::nullopt;
     const double v = head[key].get<double>();
     return std::isfinite(v) && v >= 0 ? std::optional<double>(v) : std::nullopt;
   };
   const auto nbytes = number("nbytes"), ops = number("ops"), secs = number("seconds"), cpu = number("cpu_seconds");
-  if (!nbytes || !ops || !secs || !cpu || *secs <= 0 || !head.contains("what") || !head["what"].is_string()) {
+  // Its name becomes a row's name, printed and written into --json as it is: letters, digits and . _ + - only.
+  const auto name_ok = [&] {
+    if (!head.is_object() || !head.contains("what") || !head["what"].is_string()) return false;
+    const std::string& n = head["what"].get_ref<const std::string&>();
+    return !n.empty() && n.size() <= 32 && std::all_of(n.begin(), n.end(), [](char c) {
+      return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+             c == '+' || c == '-';
+    });
+  };
+  if (!nbytes || !ops || !secs || !cpu || *secs <= 0 || !name_ok()) {
     std::fprintf(stderr, "batch_bench: --peer %s: its first line is not the expected summary\n",
                  printable(program).c_str());
     return out;
@@ -326,7 +339,7 @@ sample peer_run(const std::string& program, std::string& what, const std::filesy
     std::fprintf(stderr, "batch_bench: --peer %s: counts do not add up\n", printable(program).c_str());
     return out;
   }
-  what = printable(head["what"].get<std::string>()) + " gpu";
+  what = head["what"].get<std::string>() + " gpu";
   out.latencies_s = std::move(latencies);
   out.nbytes = static_cast<std::size_t>(*nbytes);
   out.ops = static_cast<std::size_t>(*ops);

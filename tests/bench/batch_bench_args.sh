@@ -57,6 +57,17 @@ if dd if=/dev/zero of="$d/probe" bs=4096 count=1 oflag=direct status=none 2> /de
   grep -qE '^  peer gpu .*ERRORS' "$d/out" && grep -qF "a latency line is not a number" "$d/out" ||
     { echo "--peer: a peer printing garbage was not refused:"; cat "$d/out"; fail=1; }
   if grep -q $'\033' "$d/out"; then echo "--peer: the peer's raw output reached the terminal"; fail=1; fi
+  # A name that would break the JSON rows (a quote), and a summary line nested past any real one's length.
+  printf '#!/bin/sh\necho '"'"'{"what": "a\\"b", "nbytes": 65536, "ops": 1, "seconds": 0.5, "cpu_seconds": 0.1}'"'"'\necho 0.001\n' > "$d/quotepeer"
+  printf '#!/bin/sh\nhead -c 100000 /dev/zero | tr "\\0" "["\necho\n' > "$d/deeppeer"
+  chmod +x "$d/quotepeer" "$d/deeppeer"
+  for p in quotepeer deeppeer; do
+    "$bin" "$d/data" 8M 0.2 64K:4 --rows batch-host --peer "$d/$p" --json "$d/$p.json" > "$d/out" 2>&1
+    grep -qE '^  peer gpu .*ERRORS' "$d/out" && grep -qF "its first line is not the expected summary" "$d/out" ||
+      { echo "--peer: $p was not refused:"; cat "$d/out"; fail=1; }
+    python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$d/$p.json" 2> /dev/null ||
+      { echo "--peer: $p left a --json file that is not JSON"; fail=1; }
+  done
 else
   echo "skipped the pass of two turns: ${TMPDIR:-/tmp} has no O_DIRECT"
 fi
