@@ -15,10 +15,13 @@
 // each row's figures pool its turns, and the ratios add each turn's against that turn's ring: a device whose rate
 // drifts between runs (virtual machines: 10-30%) makes one pass's ratios noisy, and the turns show by how much.
 //
-//   batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT] [--ring-only] [--rows LIST] [--turns N] [--peer PROGRAM]
+//   batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT] [--ring-only] [--rows LIST] [--turns N]
+//               [--peer PROGRAM [--peer-timeout S]]
 //   CASES default "4K:64,64K:64,2M:16"
 #include <fcntl.h>
 #include <liburing.h>
+#include <poll.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -26,6 +29,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -257,7 +261,7 @@ sample workers(const std::filesystem::path& path, std::uint64_t size, std::size_
 // run without a shell and its output is checked like any file's: a peer that fails, or prints anything else,
 // makes a row marked ERRORS, never a figure.
 sample peer_run(const std::string& program, std::string& what, const std::filesystem::path& path, std::size_t io,
-                unsigned depth, double seconds) {
+                unsigned depth, double seconds, double timeout_s) {
   sample out;
   out.ok = false;
   int fds[2];
@@ -273,24 +277,56 @@ sample peer_run(const std::string& program, std::string& what, const std::filesy
   const int spawned = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   ::close(fds[1]);
-  std::string text;
-  if (spawned == 0) {
-    char chunk[1 << 16];
-    for (ssize_t n; (n = ::read(fds[0], chunk, sizeof chunk)) != 0;) {
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        break;
-      }
-      if (text.size() < (std::size_t{1} << 30)) text.append(chunk, static_cast<std::size_t>(n));
-    }
-  }
-  ::close(fds[0]);
-  int status = 0;
   if (spawned != 0) {
+    ::close(fds[0]);
     std::fprintf(stderr, "batch_bench: --peer %s: %s\n", printable(program).c_str(), std::strerror(spawned));
     return out;
   }
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  // The peer gets until the deadline to print and exit, and at most k_output_max bytes (a latency line is some
+  // 25 bytes, so a few million reads a second for SECONDS fit); past either it is stopped and its row refused.
+  constexpr std::size_t k_output_max = std::size_t{256} << 20;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  const auto ms_left = [&] {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 1000));
+  };
+  std::string text;
+  const char* stopped = nullptr;  // why the peer was stopped, if it was
+  for (char chunk[1 << 16];;) {
+    pollfd p{fds[0], POLLIN, 0};
+    const int ready = ::poll(&p, 1, ms_left());
+    if (ready < 0 && errno != EINTR) break;
+    if (ready <= 0) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        stopped = "did not finish in time";
+        break;
+      }
+      continue;
+    }
+    const ssize_t n = ::read(fds[0], chunk, sizeof chunk);
+    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
+    if (n < 0) continue;
+    if (text.size() + static_cast<std::size_t>(n) > k_output_max) {
+      stopped = "printed more than 256 MiB";
+      break;
+    }
+    text.append(chunk, static_cast<std::size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  // Its output ended (or it was stopped): it gets what is left of the deadline to exit.
+  for (;;) {
+    if (stopped != nullptr) ::kill(pid, SIGKILL);
+    const pid_t got = ::waitpid(pid, &status, stopped != nullptr ? 0 : WNOHANG);
+    if (got == pid) break;
+    if (got < 0 && errno != EINTR) break;
+    if (got == 0 && std::chrono::steady_clock::now() >= deadline) stopped = "did not finish in time";
+    if (got == 0 && stopped == nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (stopped != nullptr) {
+    std::fprintf(stderr, "batch_bench: --peer %s %s (limit %.0f s, --peer-timeout); stopped\n",
+                 printable(program).c_str(), stopped, timeout_s);
+    return out;
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::fprintf(stderr, "batch_bench: --peer %s failed (status %d)\n", printable(program).c_str(), status);
@@ -385,7 +421,7 @@ int main(int argc, char** argv) {
 
 constexpr const char* k_usage =
     "usage: batch_bench FILE SIZE [SECONDS] [CASES] [--json OUT] [--ring-only] [--rows LIST] [--turns N]\n"
-    "                   [--peer PROGRAM]\n"
+    "                   [--peer PROGRAM [--peer-timeout S]]\n"
     "  Cold random reads of FILE (made with random data when absent; an existing file is used only when it has\n"
     "  exactly SIZE bytes) for SECONDS each (default 6): a raw io_uring ring at each case's size and depth, the\n"
     "  ring over as much memory as a batch, then one thread's batches into host and GPU memory, with ratios.\n"
@@ -395,10 +431,12 @@ constexpr const char* k_usage =
     "  default 1) runs the ring and the rows N times in turn and pools each row's turns; ratios add each turn's.\n"
     "  --peer PROGRAM adds a row run as `PROGRAM FILE IO DEPTH SECONDS` in each turn (another library's reads\n"
     "  into GPU memory: bench/peers/kvikio_random_reads, built by scripts/build-kvikio-peer.sh), and the GPU\n"
-    "  batch's ratios against it.\n";
+    "  batch's ratios against it. A peer that runs past --peer-timeout S (default 60 + 2 x SECONDS) or prints\n"
+    "  more than 256 MiB is stopped and its row marked ERRORS.\n";
 
 int run(int argc, char** argv) {
-  const args_verdict v = check_args(argc, argv, k_usage, {"--json", "--ring-only", "--rows", "--turns", "--peer"});
+  const args_verdict v = check_args(argc, argv, k_usage,
+                                      {"--json", "--ring-only", "--rows", "--turns", "--peer", "--peer-timeout"});
   if (v != args_verdict::run) return v == args_verdict::help ? 0 : 2;
   if (argc < 3) {
     std::fputs(k_usage, stderr);
@@ -425,6 +463,7 @@ int run(int argc, char** argv) {
   std::string rows;  // empty: every row
   unsigned turns = 1;
   std::string peer;  // empty: no peer row
+  double peer_timeout_s = 0;  // 0: 60 s more than twice SECONDS
   const auto wanted = [&](std::string_view row) {
     if (rows.empty()) return true;
     const std::string list = "," + rows + ",";
@@ -466,6 +505,15 @@ int run(int argc, char** argv) {
         return 2;
       }
     }
+    if (std::string(argv[i]) == "--peer-timeout") {
+      const auto counted = i + 1 < argc ? parse_count(argv[i + 1], 1, 3600) : std::nullopt;
+      if (!counted) {
+        std::fprintf(stderr, "batch_bench: --peer-timeout needs a number of seconds from 1 to 3600\n");
+        return 2;
+      }
+      peer_timeout_s = static_cast<double>(*counted);
+      ++i;
+    }
     if (std::string(argv[i]) == "--turns") {
       if (i + 1 >= argc) {
         std::fprintf(stderr, "batch_bench: --turns needs a number (1..20)\n");
@@ -483,6 +531,7 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "batch_bench: bad SIZE or SECONDS (SECONDS: more than 0, at most 3600)\n%s", k_usage);
     return 2;
   }
+  if (peer_timeout_s == 0) peer_timeout_s = 60 + 2 * seconds;
   if (!json_path.empty() && std::filesystem::is_directory(json_path)) {
     std::fprintf(stderr, "batch_bench: --json %s is a folder\n", json_path.c_str());
     return 2;
@@ -575,7 +624,7 @@ int run(int argc, char** argv) {
     std::string peer_what;  // the peer's own name for its row, from its first run
     // Not only where this process sees a GPU: the peer says for itself whether it can run.
     if (!ring_only && !peer.empty()) {
-      plan.push_back({"peer gpu", [&] { return peer_run(peer, peer_what, path, io, depth, seconds); }});
+      plan.push_back({"peer gpu", [&] { return peer_run(peer, peer_what, path, io, depth, seconds, peer_timeout_s); }});
     }
     // Every turn runs the ring and then each row once, in this order, so that each turn's ratio compares a row
     // with a ring of the same turn, whatever the device's rate did between turns.

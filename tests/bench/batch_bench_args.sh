@@ -30,6 +30,9 @@ done
 refused "--turns after SIZE" "--turns: '0' is not a number" "$d/data" 1G --turns 0
 refused "--peer missing" "--peer needs a program" "$d/data" 1G 1 4K:8 --peer
 refused "--peer not a program" "is not an executable file" "$d/data" 1G 1 4K:8 --peer "$d"
+for t in "" 0 3601 x; do
+  refused "--peer-timeout '$t'" "--peer-timeout needs a number of seconds" "$d/data" 1G 1 4K:8 --peer-timeout $t
+done
 refused "an argument past CASES" "unexpected argument 'extra'" "$d/data" 1G 1 4K:8 extra
 # A real pass of two turns with the host rows only (no GPU needed, about 2 s): each JSON row counts its turns and
 # gives each turn's rate, and the ratio line each turn's ratio. O_DIRECT needs a filesystem that has it (tmpfs of
@@ -67,6 +70,20 @@ if dd if=/dev/zero of="$d/probe" bs=4096 count=1 oflag=direct status=none 2> /de
       { echo "--peer: $p was not refused:"; cat "$d/out"; fail=1; }
     python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$d/$p.json" 2> /dev/null ||
       { echo "--peer: $p left a --json file that is not JSON"; fail=1; }
+  done
+  # A peer that never ends, one that closes its output and goes on, and one that prints without end: each is
+  # stopped at --peer-timeout or at 256 MiB of output, its row refused, and batch_bench goes on.
+  printf '#!/bin/sh\nexec sleep 300\n' > "$d/hangpeer"
+  printf '#!/bin/sh\nexec > /dev/null\nexec sleep 300\n' > "$d/mutepeer"
+  printf '#!/bin/sh\nexec cat /dev/zero\n' > "$d/floodpeer"
+  chmod +x "$d/hangpeer" "$d/mutepeer" "$d/floodpeer"
+  for p in hangpeer:"did not finish in time" mutepeer:"did not finish in time" floodpeer:"printed more than 256 MiB"; do
+    start=$(date +%s)
+    timeout 60 "$bin" "$d/data" 8M 0.2 64K:4 --rows batch-host --peer "$d/${p%%:*}" --peer-timeout 2 > "$d/out" 2>&1
+    rc=$?
+    took=$(( $(date +%s) - start ))
+    { [ "$rc" -eq 0 ] && grep -qE '^  peer gpu .*ERRORS' "$d/out" && grep -qF "${p#*:}" "$d/out" && [ "$took" -lt 30 ]; } ||
+      { echo "--peer: ${p%%:*} was not stopped (exit $rc, $took s):"; cat "$d/out"; fail=1; }
   done
 else
   echo "skipped the pass of two turns: ${TMPDIR:-/tmp} has no O_DIRECT"
