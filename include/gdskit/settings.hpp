@@ -62,6 +62,9 @@ struct settings {
   /// kernel per group (on), or by the copy engines one piece at a time (off). GDSKIT_COPY_KERNEL=on|off
   /// (default on; copy engines are used anyway where the driver cannot load the kernel).
   bool copy_kernel = true;
+  /// The largest piece the copy kernel moves when copy_kernel is on; larger pieces go to the copy engines, which
+  /// cost the CPU some microseconds each but no GPU cores. GDSKIT_COPY_KERNEL_BYTES (4 KiB..64 MiB).
+  std::size_t copy_kernel_bytes = std::size_t{64} << 10;
   /// Whether batches enter their staging memory in io_uring's table of registered buffers, so that a request
   /// through staging needs no pinning of its pages by the kernel (on), or pin per request as other reads do
   /// (off). GDSKIT_REGISTERED_STAGING=on|off (default on; where the kernel or the memory-lock limit refuses,
@@ -78,7 +81,8 @@ struct settings {
   /// variable when a value cannot be parsed or is out of range.
   static settings from_env();
   /// Throws gdskit::error (EINVAL) when a field is out of range (threads and direct_depth 1..1024, chunk 4 KiB..1 GiB
-  /// and a multiple of 4 KiB, staging_slots >= 2, both staging slot sizes 64 KiB..1 GiB and a multiple of 4 KiB).
+  /// and a multiple of 4 KiB, staging_slots >= 2, both staging slot sizes 64 KiB..1 GiB and a multiple of 4 KiB,
+  /// copy_kernel_bytes 4 KiB..64 MiB).
   void validate() const;
 };
 

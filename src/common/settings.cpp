@@ -86,6 +86,9 @@ void check_ranges(const settings& s, bool env_names) {
   if (s.staging_slots < 2) {
     fail("staging_slots", "GDSKIT_STAGING_SLOTS", s.staging_slots, "must be at least 2 (reads run ahead of copies)");
   }
+  if (s.copy_kernel_bytes < 4096 || s.copy_kernel_bytes > (std::size_t{64} << 20)) {
+    fail("copy_kernel_bytes", "GDSKIT_COPY_KERNEL_BYTES", s.copy_kernel_bytes, "must be 4 KiB..64 MiB");
+  }
   struct slot_size {
     const char* field;
     const char* variable;
@@ -165,6 +168,9 @@ const field k_fields[] = {
     {"copy_kernel", "GDSKIT_COPY_KERNEL", setting_kind::on_off,
      "small pieces between staging and GPU memory: one copy kernel per group (on) or the copy engines (off)",
      GDSKIT_SWITCH_FIELD(copy_kernel)},
+    {"copy_kernel_bytes", "GDSKIT_COPY_KERNEL_BYTES", setting_kind::bytes,
+     "the largest piece the copy kernel moves (4 KiB..64 MiB); larger ones go to the copy engines",
+     GDSKIT_BYTES_FIELD(copy_kernel_bytes)},
     {"registered_staging", "GDSKIT_REGISTERED_STAGING", setting_kind::on_off,
      "batch staging in io_uring's registered buffers: no page pinning per request (on) or pinning per request (off)",
      GDSKIT_SWITCH_FIELD(registered_staging)},

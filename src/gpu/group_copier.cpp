@@ -114,9 +114,6 @@ static_assert(sizeof(kernel_piece) == 24);
 
 class cuda_group_copier final : public engine::group_copier {
  public:
-  // Pieces smaller than this go to the copy kernel; larger ones to the copy engines, which move them at the
-  // bus's rate for about a microsecond of CPU each.
-  static constexpr std::size_t k_kernel_piece_bytes = std::size_t{64} << 10;
   // One table of pieces per launch, in mapped pinned memory the kernel reads.
   static constexpr std::size_t k_table_bytes = std::size_t{64} << 10;
   static constexpr std::size_t k_pieces_per_launch = k_table_bytes / sizeof(kernel_piece);
@@ -126,7 +123,9 @@ class cuda_group_copier final : public engine::group_copier {
     const cuda_api& a = cuda_or_throw();
     gpu::context_guard ctx(device);
     set_up_landing(a);
-    if (default_settings().copy_kernel) set_up_kernel(a);
+    const settings s = default_settings();
+    kernel_piece_max_ = s.copy_kernel_bytes;
+    if (s.copy_kernel) set_up_kernel(a);
   }
 
   ~cuda_group_copier() override {
@@ -216,7 +215,7 @@ class cuda_group_copier final : public engine::group_copier {
   }
 
   void add(bool to_device, std::byte* host, std::uintptr_t device_ptr, std::size_t nbytes) override {
-    if (kernel_ != nullptr && nbytes < k_kernel_piece_bytes && kernel_can_reach(device_ptr, nbytes)) {
+    if (kernel_ != nullptr && nbytes <= kernel_piece_max_ && kernel_can_reach(device_ptr, nbytes)) {
       if (const CUdeviceptr h = device_view(host); h != 0) {
         const auto d = static_cast<std::uint64_t>(device_ptr);
         pieces_.push_back(to_device ? kernel_piece{h, d, nbytes} : kernel_piece{d, h, nbytes});
@@ -511,6 +510,9 @@ class cuda_group_copier final : public engine::group_copier {
   std::atomic<std::uint64_t> completed_{0};  // groups up to this number have ended
   std::deque<pending_group> pending_;    // under mutex_
   CUfunction kernel_ = nullptr;  // the copy kernel, where small pieces go to it
+  // The largest piece it moves (the copy_kernel_bytes setting): larger ones go to the copy engines, which cost
+  // the CPU some microseconds each (the driver's own work per operation) and no GPU cores.
+  std::size_t kernel_piece_max_ = 0;
   queue up_, down_;
   std::vector<kernel_piece> pieces_;
   static constexpr std::size_t k_reachable_kept = 16;

@@ -311,11 +311,13 @@ TEST(gpu_paths, buffer_view_async_forms_with_device_memory) {
 }
 
 // Batches of many ranges between a file and GPU memory at odd sizes, unaligned file offsets and unaligned
-// device addresses, through both ways of copying small pieces (one copy kernel per group, or the copy engines):
-// reads land byte-exact and leave the bytes between ranges alone; writes from GPU memory put every byte in place.
-void batch_round_trip(bool kernel) {
+// device addresses, through both ways of copying small pieces (one copy kernel per group, or the copy engines),
+// and with every piece through the kernel (`kernel_bytes`: its largest piece): reads land byte-exact and leave
+// the bytes between ranges alone; writes from GPU memory put every byte in place.
+void batch_round_trip(bool kernel, const char* kernel_bytes = nullptr) {
   test::settings_guard keep;
   set_setting("copy_kernel", kernel ? "on" : "off");
+  if (kernel_bytes != nullptr) set_setting("copy_kernel_bytes", kernel_bytes);
   temp_dir dir(test::direct_capable_parent());
   std::mt19937_64 rng(kernel ? 71 : 72);
   const auto data = random_bytes((24u << 20) + 333, 73);
@@ -369,6 +371,11 @@ void batch_round_trip(bool kernel) {
 TEST(gpu_paths, batches_through_the_copy_kernel) {
   REQUIRE_GPU();
   batch_round_trip(true);
+}
+
+TEST(gpu_paths, batches_with_every_piece_through_the_copy_kernel) {
+  REQUIRE_GPU();
+  batch_round_trip(true, "64M");
 }
 
 TEST(gpu_paths, batches_through_the_copy_engines) {

@@ -92,7 +92,7 @@ TEST(settings_values, every_setting_reads_back_what_was_set) {
       {"threads", "6"},         {"adaptive", "off"},         {"learn", "off"},         {"direct_depth", "8"},
       {"chunk_bytes", "2M"},    {"inline_bytes", "64K"},   {"direct", "off"},        {"engine", "threads"},
       {"mode", "staged"},       {"staging_slots", "3"},      {"cached_slot_bytes", "1M"}, {"staging_slot_bytes", "16M"},
-      {"copy_kernel", "off"},  {"registered_staging", "off"}};
+      {"copy_kernel", "off"},  {"copy_kernel_bytes", "256K"}, {"registered_staging", "off"}};
   std::set<std::string> named;
   for (const auto& [name, value] : cases) {
     set_setting(name, value);
@@ -117,6 +117,7 @@ TEST(settings_values, every_setting_reads_back_what_was_set) {
   EXPECT_EQ(s.cached_slot_bytes, 1u << 20);
   EXPECT_EQ(s.staging_slot_bytes, 16u << 20);
   EXPECT_FALSE(s.copy_kernel);
+  EXPECT_EQ(s.copy_kernel_bytes, 256u << 10);
   EXPECT_FALSE(s.registered_staging);
   // Other spellings the variables take.
   set_setting("adaptive", "1");
@@ -132,7 +133,7 @@ TEST(settings_values, refused_values_change_nothing_and_name_the_setting) {
   const std::pair<const char*, const char*> bad[] = {
       {"threads", "0"},     {"threads", "x"},          {"threads", ""},         {"chunk_bytes", "1000"},
       {"direct", "maybe"},  {"adaptive", "yes"},       {"staging_slots", "1"},  {"cached_slot_bytes", "60K"},
-      {"no_such", "1"},     {"threads", "9\x1b[2J"}};
+      {"no_such", "1"},     {"threads", "9\x1b[2J"},    {"copy_kernel_bytes", "2K"}, {"copy_kernel_bytes", "65M"}};
   for (const auto& [name, value] : bad) {
     try {
       set_setting(name, value);
