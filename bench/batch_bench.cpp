@@ -7,6 +7,8 @@
 //            and (where a GPU is usable) into GPU memory
 //   workers  gdskit bench's way before batches: DEPTH threads, each reading one range at a time
 //   batch gpu, engines  the GPU batch with its small pieces copied by the copy engines, not the copy kernel
+// Every row reads at random slots spaced more than a batch's coalescing gap apart, a batch's ranges at distinct
+// slots: a batch issues the ring's reads one for one (it says so when it did not).
 //   peer     with --peer PROGRAM: another library's way of keeping DEPTH reads in flight into GPU memory
 //            (bench/peers/kvikio_random_reads.cpp: KvikIO's pread futures over its thread pool), run as a child
 //            process in the same turns, with the GPU batch's ratios against it
@@ -122,11 +124,43 @@ result summarize(planned_row& r) {
   return out;
 }
 
-std::vector<std::uint64_t> offsets_for(std::uint64_t file_size, std::size_t io, std::size_t n, std::uint64_t seed) {
+// Ranges per batch for a case: enough that the queue stays full for nearly all of each batch.
+std::size_t ranges_per_batch(std::size_t io, unsigned depth) {
+  return std::max<std::size_t>(depth * std::size_t{64}, std::min<std::size_t>(65536, (std::size_t{256} << 20) / io));
+}
+
+// Room left after each range of `io` bytes: more than a batch's coalescing gap, so that no two ranges of one
+// batch are near enough to be joined into one request, and a multiple of `io`, so that ranges stay aligned to
+// their size as in a file of blocks (a range then never straddles a request-size boundary it would not have).
+std::uint64_t range_stride(std::size_t io) {
+  const std::size_t gap = batch_options{}.coalesce_gap_bytes + 4096;
+  return io + (gap + io - 1) / io * io;
+}
+
+// Slots for ranges of `io` bytes in a file of `file_size`.
+std::uint64_t range_slots(std::uint64_t file_size, std::size_t io) {
+  return std::max<std::uint64_t>(1, file_size / range_stride(io));
+}
+
+// Offsets of about `count` reads of `io` bytes (a whole number of windows): slots of range_stride(io) bytes,
+// each window of `window` consecutive reads (a batch's ranges) at distinct slots. A batch then issues exactly
+// the reads the ring does, one request per range, never one read for two ranges: each row moves every byte it
+// counts. A file with fewer slots than a window (a small file) repeats slots from one window to the next.
+std::vector<std::uint64_t> offsets_for(std::uint64_t file_size, std::size_t io, std::size_t window, std::size_t count,
+                                       std::uint64_t seed) {
+  const std::uint64_t slots = range_slots(file_size, io);
+  window = static_cast<std::size_t>(std::min<std::uint64_t>(window, slots));
+  const std::size_t n = window * std::max<std::size_t>(1, count / window);
   std::mt19937_64 rng(seed);
-  const std::uint64_t slots = file_size / io;
+  std::vector<std::uint64_t> pool(static_cast<std::size_t>(slots));
+  for (std::size_t i = 0; i < pool.size(); ++i) pool[i] = i;
   std::vector<std::uint64_t> out(n);
-  for (auto& o : out) o = (rng() % slots) * io;
+  for (std::size_t i = 0; i < n; ++i) {
+    // A partial shuffle per window: its k-th read takes one of the slots it has not taken yet.
+    const std::size_t k = i % window;
+    std::swap(pool[k], pool[k + static_cast<std::size_t>(rng() % (slots - k))]);
+    out[i] = pool[k] * range_stride(io);
+  }
   return out;
 }
 
@@ -152,7 +186,7 @@ sample raw_ring(const std::filesystem::path& path, std::uint64_t size, std::size
   std::byte* mem = static_cast<std::byte*>(std::aligned_alloc(4096, io * slots));
   std::memset(mem, 0, io * slots);  // touched, as the batch's destinations are
   std::size_t cursor = 0;
-  const auto offs = offsets_for(size, io, 1 << 22, 11);
+  const auto offs = offsets_for(size, io, ranges_per_batch(io, depth), std::size_t{1} << 22, 11);
   std::vector<double> start(depth), lat;
   lat.reserve(1 << 20);
   std::size_t next = 0, bytes = 0, ops = 0;
@@ -201,13 +235,13 @@ sample batches(const std::filesystem::path& path, std::uint64_t size, std::size_
                buffer_view dst) {
   gdskit::file_handle f(path, open_mode::read);
   const std::size_t per_batch = dst.nbytes / io;
-  const auto offs = offsets_for(size, io, 1 << 22, 12);
+  const auto offs = offsets_for(size, io, per_batch, std::size_t{1} << 22, 12);
   std::vector<io_range> ranges(per_batch);
   batch_options o;
   o.queue_depth = depth;
   o.exact = true;
   std::vector<double> lat;
-  std::size_t bytes = 0, ops = 0, next = 0;
+  std::size_t bytes = 0, ops = 0, next = 0, requests = 0;
   bool ok = true;
   const double c0 = cpu_s(), t0 = now_s();
   while (now_s() - t0 < seconds) {
@@ -216,9 +250,16 @@ sample batches(const std::filesystem::path& path, std::uint64_t size, std::size_
     ok = ok && r.ok();
     bytes += r.nbytes;
     ops += r.ranges.size();
+    requests += r.routes.requests;
     for (const auto& x : r.ranges) lat.push_back(x.latency_s);
   }
   const double dt = now_s() - t0, cpu = cpu_s() - c0;
+  // Ranges a batch joined into one request are reads the ring made and the batch did not: said, so that no
+  // ratio hides them.
+  if (requests != ops) {
+    std::fprintf(stderr, "batch_bench: note: the batch read %zu ranges of %zu bytes with %zu requests\n", ops, io,
+                 requests);
+  }
   return {bytes, ops, dt, cpu, std::move(lat), ok};
 }
 
@@ -233,7 +274,7 @@ sample workers(const std::filesystem::path& path, std::uint64_t size, std::size_
   std::vector<std::thread> ts;
   for (unsigned w = 0; w < depth; ++w) {
     ts.emplace_back([&, w] {
-      const auto offs = offsets_for(size, io, 1 << 16, 100 + w);
+      const auto offs = offsets_for(size, io, ranges_per_batch(io, depth), std::size_t{1} << 16, 100 + w);
       std::size_t k = 0;
       const buffer_view mine = dst.sub(w * io, io);
       while (now_s() - t0 < seconds) {
@@ -557,12 +598,16 @@ int run(int argc, char** argv) {
       return 2;
     }
     const auto depth = static_cast<unsigned>(*counted);
-    // Destinations: enough ranges per batch that the queue stays full for nearly all of each batch.
-    const std::size_t per_batch = std::max<std::size_t>(depth * 64, std::min<std::size_t>(65536, (std::size_t{256} << 20) / io));
+    const std::size_t per_batch = ranges_per_batch(io, depth);
     if (per_batch * io > (std::size_t{32} << 30)) {
       std::fprintf(stderr, "batch_bench: case '%s' would need %s of destinations (64 x DEPTH ranges); at most 32 GiB\n",
                    printable(c).c_str(), format_size(per_batch * io).c_str());
       return 2;
+    }
+    if (range_slots(size, io) < per_batch) {
+      std::fprintf(stderr, "batch_bench: note: SIZE has room for %llu ranges of case '%s' apart, fewer than a batch's "
+                           "%zu: batches repeat some, and a batch reads a repeated range once\n",
+                   static_cast<unsigned long long>(range_slots(size, io)), printable(c).c_str(), per_batch);
     }
     todo.push_back({io, depth, per_batch});
   }

@@ -246,14 +246,16 @@ cuda_driver load_cuda_driver() {
   return d;
 }
 
-// (rng() % slots) * io, as bench/batch_bench.cpp derives its offsets: the same seed gives both programs the same
-// offsets on any standard library (std::uniform_int_distribution's output is implementation-defined). The modulo
-// bias is below slots / 2^64, i.e. nil.
+// Offsets at random slots of IO_BYTES plus at least 20 KiB (a multiple of IO_BYTES), the spacing
+// bench/batch_bench.cpp gives every row's ranges so that its batches can join none of them: the same kind of
+// reads at the same spread over the file. rng() % slots rather than std::uniform_int_distribution, whose output is
+// implementation-defined; the modulo bias is below slots / 2^64, i.e. nil.
 std::vector<std::uint64_t> random_offsets(std::uint64_t file_size, std::uint64_t io) {
+  const std::uint64_t stride = io + ((20 << 10) + io - 1) / io * io;
   std::mt19937_64 rng(kSeed);
-  const std::uint64_t slots = file_size / io;
+  const std::uint64_t slots = std::max<std::uint64_t>(1, file_size / stride);
   std::vector<std::uint64_t> out(kOffsetTableSize);
-  for (auto& o : out) o = (rng() % slots) * io;
+  for (auto& o : out) o = (rng() % slots) * stride;
   return out;
 }
 
