@@ -8,7 +8,7 @@
 //   workers  gdskit bench's way before batches: DEPTH threads, each reading one range at a time
 //   batch gpu, engines  the GPU batch with its small pieces copied by the copy engines, not the copy kernel
 // Every row reads at random slots spaced more than a batch's coalescing gap apart, a batch's ranges at distinct
-// slots: a batch issues the ring's reads one for one (it says so when it did not).
+// slots: a batch issues the ring's reads one for one (it says so when it joined some).
 //   peer     with --peer PROGRAM: another library's way of keeping DEPTH reads in flight into GPU memory
 //            (bench/peers/kvikio_random_reads.cpp: KvikIO's pread futures over its thread pool), run as a child
 //            process in the same turns, with the GPU batch's ratios against it
@@ -256,9 +256,9 @@ sample batches(const std::filesystem::path& path, std::uint64_t size, std::size_
   const double dt = now_s() - t0, cpu = cpu_s() - c0;
   // Ranges a batch joined into one request are reads the ring made and the batch did not: said, so that no
   // ratio hides them.
-  if (requests != ops) {
-    std::fprintf(stderr, "batch_bench: note: the batch read %zu ranges of %zu bytes with %zu requests\n", ops, io,
-                 requests);
+  if (requests < ops) {
+    std::fprintf(stderr, "batch_bench: note: the batch read %zu ranges of %zu bytes with %zu requests (some joined)\n",
+                 ops, io, requests);
   }
   return {bytes, ops, dt, cpu, std::move(lat), ok};
 }
@@ -270,11 +270,16 @@ sample workers(const std::filesystem::path& path, std::uint64_t size, std::size_
   std::atomic<std::size_t> bytes{0}, ops{0};
   std::vector<std::vector<double>> lats(depth);
   std::atomic<bool> failed{false};
+  // Each worker's offsets, drawn before the clock starts.
+  std::vector<std::vector<std::uint64_t>> offsets(depth);
+  for (unsigned w = 0; w < depth; ++w) {
+    offsets[w] = offsets_for(size, io, ranges_per_batch(io, depth), std::size_t{1} << 16, 100 + w);
+  }
   const double c0 = cpu_s(), t0 = now_s();
   std::vector<std::thread> ts;
   for (unsigned w = 0; w < depth; ++w) {
     ts.emplace_back([&, w] {
-      const auto offs = offsets_for(size, io, ranges_per_batch(io, depth), std::size_t{1} << 16, 100 + w);
+      const auto& offs = offsets[w];
       std::size_t k = 0;
       const buffer_view mine = dst.sub(w * io, io);
       while (now_s() - t0 < seconds) {
@@ -314,8 +319,14 @@ sample peer_run(const std::string& program, std::string& what, const std::filesy
   std::vector<char*> args = {const_cast<char*>(program.c_str()), const_cast<char*>(path.c_str()),
                              const_cast<char*>(io_s.c_str()), const_cast<char*>(depth_s.c_str()),
                              const_cast<char*>(seconds_s.c_str()), nullptr};
+  // Its own process group: a peer that is a script stops with everything it started.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
   pid_t pid = -1;
-  const int spawned = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, args.data(), environ);
+  const int spawned = ::posix_spawn(&pid, program.c_str(), &actions, &attr, args.data(), environ);
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&actions);
   ::close(fds[1]);
   if (spawned != 0) {
@@ -323,50 +334,69 @@ sample peer_run(const std::string& program, std::string& what, const std::filesy
     std::fprintf(stderr, "batch_bench: --peer %s: %s\n", printable(program).c_str(), std::strerror(spawned));
     return out;
   }
-  // The peer gets until the deadline to print and exit, and at most k_output_max bytes (a latency line is some
-  // 25 bytes, so a few million reads a second for SECONDS fit); past either it is stopped and its row refused.
-  constexpr std::size_t k_output_max = std::size_t{256} << 20;
+  // The peer gets until the deadline to print and exit, and a bounded output: a latency line is about 12 bytes,
+  // so 48 MiB per second of its run is some four million reads a second (at least 256 MiB, at most 4 GiB). Past
+  // either it is stopped and its row refused.
+  const std::size_t output_max = static_cast<std::size_t>(
+      std::clamp(seconds * double(48 << 20), double(std::size_t{256} << 20), double(std::size_t{4} << 30)));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  const auto past_deadline = [&] { return std::chrono::steady_clock::now() >= deadline; };
   const auto ms_left = [&] {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 1000));
   };
   std::string text;
-  const char* stopped = nullptr;  // why the peer was stopped, if it was
-  for (char chunk[1 << 16];;) {
-    pollfd p{fds[0], POLLIN, 0};
-    const int ready = ::poll(&p, 1, ms_left());
-    if (ready < 0 && errno != EINTR) break;
-    if (ready <= 0) {
-      if (std::chrono::steady_clock::now() >= deadline) {
-        stopped = "did not finish in time";
+  std::string stopped;  // why the peer was stopped, if it was
+  try {
+    for (char chunk[1 << 16];;) {
+      if (past_deadline()) {
+        stopped = "did not finish within --peer-timeout (" + std::to_string(std::lround(timeout_s)) + " s)";
         break;
       }
-      continue;
+      pollfd p{fds[0], POLLIN, 0};
+      const int ready = ::poll(&p, 1, ms_left());
+      if (ready < 0 && errno != EINTR) {
+        stopped = std::string("output could not be read: ") + std::strerror(errno);
+        break;
+      }
+      if (ready <= 0) continue;
+      const ssize_t n = ::read(fds[0], chunk, sizeof chunk);
+      if (n == 0) break;
+      if (n < 0) {
+        if (errno == EINTR || errno == EAGAIN) continue;
+        stopped = std::string("output could not be read: ") + std::strerror(errno);
+        break;
+      }
+      if (text.size() + static_cast<std::size_t>(n) > output_max) {
+        stopped = "printed more than " + format_size(output_max);
+        break;
+      }
+      text.append(chunk, static_cast<std::size_t>(n));
     }
-    const ssize_t n = ::read(fds[0], chunk, sizeof chunk);
-    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
-    if (n < 0) continue;
-    if (text.size() + static_cast<std::size_t>(n) > k_output_max) {
-      stopped = "printed more than 256 MiB";
-      break;
-    }
-    text.append(chunk, static_cast<std::size_t>(n));
+  } catch (const std::bad_alloc&) {
+    stopped = "printed more than this process could hold";
   }
   ::close(fds[0]);
   int status = 0;
   // Its output ended (or it was stopped): it gets what is left of the deadline to exit.
   for (;;) {
-    if (stopped != nullptr) ::kill(pid, SIGKILL);
-    const pid_t got = ::waitpid(pid, &status, stopped != nullptr ? 0 : WNOHANG);
+    if (!stopped.empty()) ::kill(-pid, SIGKILL);
+    const pid_t got = ::waitpid(pid, &status, stopped.empty() ? WNOHANG : 0);
     if (got == pid) break;
-    if (got < 0 && errno != EINTR) break;
-    if (got == 0 && std::chrono::steady_clock::now() >= deadline) stopped = "did not finish in time";
-    if (got == 0 && stopped == nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      // Not ours to reap (SIGCHLD ignored by whoever started this process): its exit status is unknown.
+      if (stopped.empty()) stopped = std::string("exit status unknown: ") + std::strerror(errno);
+      break;
+    }
+    if (past_deadline() && stopped.empty()) {
+      stopped = "did not finish within --peer-timeout (" + std::to_string(std::lround(timeout_s)) + " s)";
+    }
+    if (stopped.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  if (stopped != nullptr) {
-    std::fprintf(stderr, "batch_bench: --peer %s %s (limit %.0f s, --peer-timeout); stopped\n",
-                 printable(program).c_str(), stopped, timeout_s);
+  if (!stopped.empty()) {
+    std::fprintf(stderr, "batch_bench: --peer %s %s; stopped, its row refused\n", printable(program).c_str(),
+                 stopped.c_str());
     return out;
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
@@ -473,7 +503,7 @@ constexpr const char* k_usage =
     "  --peer PROGRAM adds a row run as `PROGRAM FILE IO DEPTH SECONDS` in each turn (another library's reads\n"
     "  into GPU memory: bench/peers/kvikio_random_reads, built by scripts/build-kvikio-peer.sh), and the GPU\n"
     "  batch's ratios against it. A peer that runs past --peer-timeout S (default 60 + 2 x SECONDS) or prints\n"
-    "  more than 256 MiB is stopped and its row marked ERRORS.\n";
+    "  more than 48 MiB per second of SECONDS (256 MiB..4 GiB) is stopped and its row marked ERRORS.\n";
 
 int run(int argc, char** argv) {
   const args_verdict v = check_args(argc, argv, k_usage,
@@ -604,9 +634,13 @@ int run(int argc, char** argv) {
                    printable(c).c_str(), format_size(per_batch * io).c_str());
       return 2;
     }
+    if (io > size) {
+      std::fprintf(stderr, "batch_bench: case '%s' reads more than SIZE\n", printable(c).c_str());
+      return 2;
+    }
     if (range_slots(size, io) < per_batch) {
       std::fprintf(stderr, "batch_bench: note: SIZE has room for %llu ranges of case '%s' apart, fewer than a batch's "
-                           "%zu: batches repeat some, and a batch reads a repeated range once\n",
+                           "%zu: batches repeat some (a batch into GPU memory may read a repeated range once)\n",
                    static_cast<unsigned long long>(range_slots(size, io)), printable(c).c_str(), per_batch);
     }
     todo.push_back({io, depth, per_batch});

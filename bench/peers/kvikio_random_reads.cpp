@@ -251,6 +251,7 @@ cuda_driver load_cuda_driver() {
 // reads at the same spread over the file. rng() % slots rather than std::uniform_int_distribution, whose output is
 // implementation-defined; the modulo bias is below slots / 2^64, i.e. nil.
 std::vector<std::uint64_t> random_offsets(std::uint64_t file_size, std::uint64_t io) {
+  // 20 KiB: gdskit's default coalescing gap (batch_options::coalesce_gap_bytes, 16 KiB) and a page more.
   const std::uint64_t stride = io + ((20 << 10) + io - 1) / io * io;
   std::mt19937_64 rng(kSeed);
   const std::uint64_t slots = std::max<std::uint64_t>(1, file_size / stride);

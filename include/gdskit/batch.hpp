@@ -83,7 +83,7 @@ struct batch_routes {
   std::size_t host = 0;     ///< host memory, through io_uring or the thread pool
   std::size_t staged = 0;   ///< GPU memory through pinned host slots
   std::size_t gds = 0;      ///< GPU memory through cuFile (true GDS or cuFile's compat mode)
-  std::size_t requests = 0; ///< file requests issued (after coalescing, before splitting at the request size)
+  std::size_t requests = 0; ///< file requests issued (ranges joined count once, a range split at the request size once per piece)
   /// Of `requests`, those through the page cache instead of O_DIRECT: ranges found cached, pieces O_DIRECT
   /// cannot take, files where O_DIRECT is refused or off.
   std::size_t buffered = 0;

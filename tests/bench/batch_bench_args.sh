@@ -71,20 +71,25 @@ if dd if=/dev/zero of="$d/probe" bs=4096 count=1 oflag=direct status=none 2> /de
     python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$d/$p.json" 2> /dev/null ||
       { echo "--peer: $p left a --json file that is not JSON"; fail=1; }
   done
-  # A peer that never ends, one that closes its output and goes on, and one that prints without end: each is
-  # stopped at --peer-timeout or at 256 MiB of output, its row refused, and batch_bench goes on.
+  # A peer that never ends, one that closes its output and goes on, a script whose child never ends, and one
+  # that prints without end: each is stopped at --peer-timeout or at its output limit (with everything it
+  # started), its row refused, and batch_bench goes on.
   printf '#!/bin/sh\nexec sleep 300\n' > "$d/hangpeer"
   printf '#!/bin/sh\nexec > /dev/null\nexec sleep 300\n' > "$d/mutepeer"
+  printf '#!/bin/sh\nsleep 297\n' > "$d/wrappeer"
   printf '#!/bin/sh\nexec cat /dev/zero\n' > "$d/floodpeer"
-  chmod +x "$d/hangpeer" "$d/mutepeer" "$d/floodpeer"
-  for p in hangpeer:"did not finish in time" mutepeer:"did not finish in time" floodpeer:"printed more than 256 MiB"; do
+  chmod +x "$d/hangpeer" "$d/mutepeer" "$d/wrappeer" "$d/floodpeer"
+  for p in hangpeer:2:"did not finish within --peer-timeout (2 s)" mutepeer:2:"did not finish within --peer-timeout" \
+           wrappeer:2:"did not finish within --peer-timeout" floodpeer:40:"printed more than 256"; do
+    name=${p%%:*} rest=${p#*:}
     start=$(date +%s)
-    timeout 60 "$bin" "$d/data" 8M 0.2 64K:4 --rows batch-host --peer "$d/${p%%:*}" --peer-timeout 2 > "$d/out" 2>&1
+    timeout 80 "$bin" "$d/data" 8M 0.2 64K:4 --rows batch-host --peer "$d/$name" --peer-timeout "${rest%%:*}" > "$d/out" 2>&1
     rc=$?
     took=$(( $(date +%s) - start ))
-    { [ "$rc" -eq 0 ] && grep -qE '^  peer gpu .*ERRORS' "$d/out" && grep -qF "${p#*:}" "$d/out" && [ "$took" -lt 30 ]; } ||
-      { echo "--peer: ${p%%:*} was not stopped (exit $rc, $took s):"; cat "$d/out"; fail=1; }
+    { [ "$rc" -eq 0 ] && grep -qE '^  peer gpu .*ERRORS' "$d/out" && grep -qF "${rest#*:}" "$d/out" && [ "$took" -lt 60 ]; } ||
+      { echo "--peer: $name was not stopped (exit $rc, $took s):"; cat "$d/out"; fail=1; }
   done
+  if pgrep -f "sleep 297" > /dev/null; then echo "--peer: a stopped peer's child still runs"; fail=1; fi
 else
   echo "skipped the pass of two turns: ${TMPDIR:-/tmp} has no O_DIRECT"
 fi

@@ -7,7 +7,7 @@ source "$(dirname "$0")/lib.bash" "$@"
 
 out=$(env -u GDSKIT_THREADS -u GDSKIT_DIRECT "$gdskit" version --settings 2>&1) || fail "version --settings: $out"
 for name in threads adaptive learn direct_depth chunk_bytes inline_bytes direct engine mode staging_slots \
-            cached_slot_bytes staging_slot_bytes copy_kernel registered_staging; do
+            cached_slot_bytes staging_slot_bytes copy_kernel copy_kernel_bytes registered_staging; do
   printf '%s\n' "$out" | grep -Eq "^  $name +[^ ]+ +(default|environment|code)" || fail "no line for $name: $out"
 done
 printf '%s\n' "$out" | grep -Eq '^  threads +[0-9]+ +default$' || fail "threads not from its default: $out"
