@@ -7,11 +7,11 @@
 //            and (where a GPU is usable) into GPU memory
 //   workers  gdskit bench's way before batches: DEPTH threads, each reading one range at a time
 //   batch gpu, engines  the GPU batch with its small pieces copied by the copy engines, not the copy kernel
-// Every row reads at random slots spaced more than a batch's coalescing gap apart, a batch's ranges at distinct
-// slots: a batch issues the ring's reads one for one (it says so when it joined some).
 //   peer     with --peer PROGRAM: another library's way of keeping DEPTH reads in flight into GPU memory
 //            (bench/peers/kvikio_random_reads.cpp: KvikIO's pread futures over its thread pool), run as a child
 //            process in the same turns, with the GPU batch's ratios against it
+// Every row reads at random slots spaced more than a batch's coalescing gap apart, a batch's ranges at distinct
+// slots: a batch issues the ring's reads one for one (it says so when it joined some).
 // Each prints GiB/s, IOPS, per-range p50/p99/p99.9 latency and CPU-s per GiB, and the batch's ratios against the
 // ring (rate, p99.9) and against the workers (CPU). With --turns N each case runs N turns of the ring and every row,
 // each row's figures pool its turns, and the ratios add each turn's against that turn's ring: a device whose rate
@@ -148,7 +148,7 @@ std::uint64_t range_slots(std::uint64_t file_size, std::size_t io) {
 // counts. A file with fewer slots than a window (a small file) repeats slots from one window to the next.
 std::vector<std::uint64_t> offsets_for(std::uint64_t file_size, std::size_t io, std::size_t window, std::size_t count,
                                        std::uint64_t seed) {
-  const std::uint64_t slots = range_slots(file_size, io);
+  const std::uint64_t stride = range_stride(io), slots = range_slots(file_size, io);
   window = static_cast<std::size_t>(std::min<std::uint64_t>(window, slots));
   const std::size_t n = window * std::max<std::size_t>(1, count / window);
   std::mt19937_64 rng(seed);
@@ -159,7 +159,7 @@ std::vector<std::uint64_t> offsets_for(std::uint64_t file_size, std::size_t io, 
     // A partial shuffle per window: its k-th read takes one of the slots it has not taken yet.
     const std::size_t k = i % window;
     std::swap(pool[k], pool[k + static_cast<std::size_t>(rng() % (slots - k))]);
-    out[i] = pool[k] * range_stride(io);
+    out[i] = pool[k] * stride;
   }
   return out;
 }
@@ -345,12 +345,13 @@ sample peer_run(const std::string& program, std::string& what, const std::filesy
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 1000));
   };
+  const std::string late = "did not finish within --peer-timeout (" + std::to_string(std::lround(timeout_s)) + " s)";
   std::string text;
   std::string stopped;  // why the peer was stopped, if it was
   try {
     for (char chunk[1 << 16];;) {
       if (past_deadline()) {
-        stopped = "did not finish within --peer-timeout (" + std::to_string(std::lround(timeout_s)) + " s)";
+        stopped = late;
         break;
       }
       pollfd p{fds[0], POLLIN, 0};
@@ -389,9 +390,7 @@ sample peer_run(const std::string& program, std::string& what, const std::filesy
       if (stopped.empty()) stopped = std::string("exit status unknown: ") + std::strerror(errno);
       break;
     }
-    if (past_deadline() && stopped.empty()) {
-      stopped = "did not finish within --peer-timeout (" + std::to_string(std::lround(timeout_s)) + " s)";
-    }
+    if (past_deadline() && stopped.empty()) stopped = late;
     if (stopped.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (!stopped.empty()) {
@@ -638,10 +637,10 @@ int run(int argc, char** argv) {
       std::fprintf(stderr, "batch_bench: case '%s' reads more than SIZE\n", printable(c).c_str());
       return 2;
     }
-    if (range_slots(size, io) < per_batch) {
+    if (const std::uint64_t room = range_slots(size, io); room < per_batch) {
       std::fprintf(stderr, "batch_bench: note: SIZE has room for %llu ranges of case '%s' apart, fewer than a batch's "
                            "%zu: batches repeat some (a batch into GPU memory may read a repeated range once)\n",
-                   static_cast<unsigned long long>(range_slots(size, io)), printable(c).c_str(), per_batch);
+                   static_cast<unsigned long long>(room), printable(c).c_str(), per_batch);
     }
     todo.push_back({io, depth, per_batch});
   }
