@@ -186,10 +186,10 @@ TEST_F(driver_fixture, a_driver_that_would_sleep_on_copies_arms_them) {
   fut.wait_released();
 }
 
-// A driver whose reads end every few microseconds needs no wake from its copies: the next read's wake shows
-// them landed. Each flush here holds the driver's thread for 300 us (as launches and a burst of completions
-// may), so the time between its wakes is long while reads are still due at once; arming on every such sleep
-// put a host function and a second thread's wake on each (on a GPU, 4 KiB batches fell to half the rate).
+// A driver whose reads end faster than it comes back for them needs no wake from its copies: the next read's
+// wake shows them landed. Each flush here holds the driver's thread for 300 us (as launches and a burst of
+// completions may), so its wakes are far apart while every wake finds many reads ended; arming on every such
+// sleep put a host function and a second thread's wake on each (on a GPU, 4 KiB batches fell to half the rate).
 TEST_F(driver_fixture, a_busy_driver_with_reads_due_soon_does_not_arm_every_sleep) {
   engine::transfer_core core;
   stats.on_flush = [] {

@@ -1330,7 +1330,7 @@ class driver {
       if (executor_->inflight() > 0 || copies_inflight_ > 0) {
         arm_copies();
         executor_->wait(finished);
-        note_latency(finished);
+        note_wake(finished.size());
       }
       for (request* r : finished) on_finished(*r);
       collect_landed();
@@ -1377,29 +1377,28 @@ class driver {
 
   // Before the driver sleeps on requests in flight with copy groups in flight too: the copier is asked to wake
   // it when they land (a host function, some microseconds of CPU on two threads), unless a request is due to
-  // end soon enough that its wake shows the groups landed anyway (read from the landing word on every wake).
-  // When the next request is due is the requests' latency over how many are in flight: a measure of the
-  // device, not of this thread. The time between wakes is not: it grows with the work each wake brings, so a
-  // driver busy with its completions would arm on every sleep, the host functions' wakes and locks would make
-  // it busier still, and it stayed so (4 KiB batches into GPU memory ran at 0.5-0.9 of the ring from one run to
-  // the next, the slow runs with CUDA's callback thread at a third of a core).
+  // end soon enough that its wake shows the groups landed anyway (read from the landing word on every wake):
+  // its wakes have come less than 50 us apart, or have brought two completions or more each. The time between
+  // wakes alone grows with the work each wake brings, so a driver busy with its completions armed on every
+  // sleep, the host functions' wakes and locks made it busier still, and it stayed so (4 KiB batches into GPU
+  // memory ran at 0.5-0.9 of the ring from one run to the next, the slow runs with CUDA's callback thread at a
+  // third of a core). Completions waiting at every wake show that requests end faster than the driver comes
+  // back for them: it is not the sleep that a host function shortens.
   static constexpr double k_arm_gap_s = 50e-6;
+  static constexpr double k_no_arm_per_wake = 2;
   void arm_copies() {
     if (copier_ == nullptr || copies_inflight_ == 0) return;
-    const std::size_t inflight = executor_->inflight();
-    if (inflight > 0 && latency_s_ >= 0 && latency_s_ < k_arm_gap_s * static_cast<double>(inflight)) return;
+    if (executor_->inflight() > 0 && (wake_gap_s_ < k_arm_gap_s || per_wake_ >= k_no_arm_per_wake)) return;
     copier_->arm();
   }
 
-  // The latency of the requests that just ended, smoothed over the last few dozen.
-  void note_latency(const std::vector<request*>& finished) {
-    if (finished.empty()) return;
+  // The time between the driver's wakes and the requests each brought, smoothed over the last few.
+  void note_wake(std::size_t finished) {
     const auto now = std::chrono::steady_clock::now();
-    for (const request* r : finished) {
-      if (r->issued == std::chrono::steady_clock::time_point{}) continue;
-      const double s = std::chrono::duration<double>(now - r->issued).count();
-      latency_s_ = latency_s_ < 0 ? s : latency_s_ + (s - latency_s_) / 32;
-    }
+    const double gap = std::chrono::duration<double>(now - last_wake_).count();
+    last_wake_ = now;
+    wake_gap_s_ += (gap - wake_gap_s_) / 8;
+    per_wake_ += (static_cast<double>(finished) - per_wake_) / 8;
   }
 
   // Gives up every copy group in flight with `ec`: the ranges they were to fill whole fail now (their callback
@@ -1892,7 +1891,9 @@ class driver {
   group_copier* copier_;
   driver_limits limits_;
   staging staging_;
-  double latency_s_ = -1;  // the requests' latency, smoothed; negative until measured
+  std::chrono::steady_clock::time_point last_wake_ = std::chrono::steady_clock::now();
+  double wake_gap_s_ = 1.0;  // the time between wakes, smoothed; long until measured
+  double per_wake_ = 0;      // requests finished per wake, smoothed
   posix::unique_fd wake_;
   std::thread::id thread_;  // the thread run() runs on
   std::unordered_map<const open_file*, std::uint64_t> sizes_;
