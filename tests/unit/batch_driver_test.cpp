@@ -186,39 +186,78 @@ TEST_F(driver_fixture, a_driver_that_would_sleep_on_copies_arms_them) {
   fut.wait_released();
 }
 
+// `n` reads of 4 KiB at distinct random 8 KiB slots of `f` (`data`): one request each.
+std::vector<io_range> slot_ranges(file_handle& f, const std::vector<std::uint8_t>& data, std::size_t n,
+                                  std::vector<std::vector<std::uint8_t>>& mem) {
+  std::vector<std::uint64_t> slots(data.size() / 8192);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), std::mt19937_64(9));
+  mem.assign(n, std::vector<std::uint8_t>(4096, 0xEE));
+  std::vector<io_range> ranges;
+  for (std::size_t i = 0; i < n; ++i) ranges.push_back({&f, slots[i] * 8192, fake_device(mem[i].data(), 4096)});
+  return ranges;
+}
+
+// Reads `ranges` of `data` 64 deep, none joined, into `mem`; checks that every byte landed.
+batch_result read_unjoined(engine::transfer_core& core, const std::vector<io_range>& ranges,
+                           const std::vector<std::vector<std::uint8_t>>& mem, const std::vector<std::uint8_t>& data) {
+  batch_options o;
+  o.queue_depth = 64;
+  o.coalesce_gap_bytes = 0;
+  batch_future fut = drive(core, io_direction::read, ranges, o);
+  batch_result r = fut.get();
+  if (r.ok()) driver_fixture::expect_landed(r, ranges, mem, data);
+  fut.wait_released();
+  return r;
+}
+
 // A driver whose reads end faster than it comes back for them needs no wake from its copies: the next read's
 // wake shows them landed. Each flush here holds the driver's thread for 300 us (as launches and a burst of
 // completions may), so its wakes are far apart while every wake finds many reads ended; arming on every such
 // sleep put a host function and a second thread's wake on each (on a GPU, 4 KiB batches fell to half the rate).
 TEST_F(driver_fixture, a_busy_driver_with_reads_due_soon_does_not_arm_every_sleep) {
   engine::transfer_core core;
-  stats.on_flush = [] {
-    const auto until = std::chrono::steady_clock::now() + 300us;
-    while (std::chrono::steady_clock::now() < until) {
-    }
-  };
+  stats.on_flush = [] { std::this_thread::sleep_for(300us); };
   core.install(make_fake_gpu(stats, 0ms, {}, {.word = true, .at_flush = true, .callbacks_when_armed = true}));
-  const auto data = random_bytes(8 << 20, 26);
+  const auto data = random_bytes(32 << 20, 26);
   test::write_file(dir / "f", data);
   file_handle f(dir / "f", open_mode::read);
-  // 1,000 reads of 4 KiB at distinct 8 KiB slots: one request each.
-  std::vector<std::uint64_t> slots(data.size() / 8192);
-  std::iota(slots.begin(), slots.end(), 0);
-  std::shuffle(slots.begin(), slots.end(), std::mt19937_64(9));
-  std::vector<std::vector<std::uint8_t>> mem(1000, std::vector<std::uint8_t>(4096, 0xEE));
-  std::vector<io_range> ranges;
-  for (std::size_t i = 0; i < mem.size(); ++i) ranges.push_back({&f, slots[i] * 8192, fake_device(mem[i].data(), 4096)});
-  batch_options o;
-  o.queue_depth = 64;
-  o.coalesce_gap_bytes = 0;
-  batch_future fut = drive(core, io_direction::read, ranges, o);
-  const batch_result& r = fut.get();
+  std::vector<std::vector<std::uint8_t>> mem;
+  const auto ranges = slot_ranges(f, data, 4000, mem);
+  const batch_result r = read_unjoined(core, ranges, mem, data);
   ASSERT_TRUE(r.ok());
-  expect_landed(r, ranges, mem, data);
-  ASSERT_GT(stats.groups.load(), 10);
+  ASSERT_GT(stats.groups.load(), 20);
   EXPECT_LT(stats.arms.load(), stats.groups.load() / 4)
       << "the driver armed its copies on most sleeps though reads were due at once";
-  fut.wait_released();
+}
+
+// The same busy driver, with one read held for a second: once it is the only request left, the groups that
+// landed meanwhile must end by their wake, not when that read ends (their ranges' latency shows which).
+TEST_F(driver_fixture, groups_that_landed_end_while_a_slow_read_is_left) {
+  engine::transfer_core core;
+  stats.on_flush = [] { std::this_thread::sleep_for(300us); };
+  core.install(make_fake_gpu(stats, 0ms, {}, {.word = true, .callbacks_when_armed = true}));
+  const auto data = random_bytes(16 << 20, 27);
+  test::write_file(dir / "f", data);
+  settings s;
+  s.engine = engine_kind::threads;
+  file_handle f(dir / "f", open_mode::read, {}, s);
+  std::vector<std::vector<std::uint8_t>> mem;
+  const auto ranges = slot_ranges(f, data, 1000, mem);
+  const auto held = static_cast<off_t>(ranges[0].offset_bytes);
+  posix::syscall_table t = posix::real_syscalls();
+  const auto real_pread = t.pread;
+  t.pread = [real_pread, held](int fd, void* b, std::size_t n, off_t off) -> ssize_t {
+    if (off == held) std::this_thread::sleep_for(1500ms);
+    return real_pread(fd, b, n, off);
+  };
+  posix::scoped_syscalls guard(t);
+  const batch_result r = read_unjoined(core, ranges, mem, data);
+  ASSERT_TRUE(r.ok());
+  EXPECT_GE(r.ranges[0].latency_s, 1.4);
+  double slowest = 0;
+  for (std::size_t i = 1; i < r.ranges.size(); ++i) slowest = std::max(slowest, r.ranges[i].latency_s);
+  EXPECT_LT(slowest, 0.9) << "ranges whose copies had landed waited for the slow read";
 }
 
 // A batch whose driver waits (here for slow copies into GPU memory) does not hold up batches submitted after it:

@@ -1378,27 +1378,35 @@ class driver {
   // Before the driver sleeps on requests in flight with copy groups in flight too: the copier is asked to wake
   // it when they land (a host function, some microseconds of CPU on two threads), unless a request is due to
   // end soon enough that its wake shows the groups landed anyway (read from the landing word on every wake):
-  // its wakes have come less than 50 us apart, or have brought two completions or more each. The time between
-  // wakes alone grows with the work each wake brings, so a driver busy with its completions armed on every
-  // sleep, the host functions' wakes and locks made it busier still, and it stayed so (4 KiB batches into GPU
-  // memory ran at 0.5-0.9 of the ring from one run to the next, the slow runs with CUDA's callback thread at a
-  // third of a core). Completions waiting at every wake show that requests end faster than the driver comes
-  // back for them: it is not the sleep that a host function shortens.
+  // its wakes have come less than 50 us apart, or have each brought two completions or more while more
+  // requests are in flight than a wake brings. The time between wakes alone grows with the work each wake
+  // brings, so a driver busy with its completions armed on every sleep, the host functions' wakes and locks
+  // made it busier still, and it stayed so (4 KiB batches into GPU memory ran at 0.5-0.9 of the ring from one
+  // run to the next, the slow runs with CUDA's callback thread at a third of a core): completions waiting at
+  // every wake show that requests end faster than the driver comes back for them. With fewer requests in
+  // flight than that (a batch's last ones, a slow one left), or once the batch stops (only what is in flight
+  // is waited for, and a claimed range is out of the deadline's reach), every sleep arms.
   static constexpr double k_arm_gap_s = 50e-6;
   static constexpr double k_no_arm_per_wake = 2;
   void arm_copies() {
     if (copier_ == nullptr || copies_inflight_ == 0) return;
-    if (executor_->inflight() > 0 && (wake_gap_s_ < k_arm_gap_s || per_wake_ >= k_no_arm_per_wake)) return;
+    const auto inflight = static_cast<double>(executor_->inflight());
+    if (inflight > 0 && !b_.stopping()) {
+      if (wake_gap_s_ < k_arm_gap_s) return;
+      if (per_wake_ >= k_no_arm_per_wake && inflight > per_wake_) return;
+    }
     copier_->arm();
   }
 
-  // The time between the driver's wakes and the requests each brought, smoothed over the last few.
+  // The time between the driver's wakes and the requests each brought, smoothed over the last few. A sleep far
+  // longer than they have been (a stall) starts the count of requests again from this wake's.
   void note_wake(std::size_t finished) {
     const auto now = std::chrono::steady_clock::now();
     const double gap = std::chrono::duration<double>(now - last_wake_).count();
     last_wake_ = now;
+    const auto n = static_cast<double>(finished);
+    per_wake_ = gap > 4 * wake_gap_s_ ? n : per_wake_ + (n - per_wake_) / 8;
     wake_gap_s_ += (gap - wake_gap_s_) / 8;
-    per_wake_ += (static_cast<double>(finished) - per_wake_) / 8;
   }
 
   // Gives up every copy group in flight with `ec`: the ranges they were to fill whole fail now (their callback
