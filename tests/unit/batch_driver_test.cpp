@@ -231,7 +231,7 @@ TEST_F(driver_fixture, a_busy_driver_with_reads_due_soon_does_not_arm_every_slee
       << "the driver armed its copies on most sleeps though reads were due at once";
 }
 
-// The same busy driver, with one read held for a second: once it is the only request left, the groups that
+// The same busy driver, with one read held for 1.5 s: once it is the only request left, the groups that
 // landed meanwhile must end by their wake, not when that read ends (their ranges' latency shows which).
 TEST_F(driver_fixture, groups_that_landed_end_while_a_slow_read_is_left) {
   engine::transfer_core core;
