@@ -10,7 +10,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <numeric>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -20,6 +19,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <random>
 #include <thread>
 
@@ -187,8 +187,8 @@ TEST_F(driver_fixture, a_driver_that_would_sleep_on_copies_arms_them) {
 }
 
 // `n` reads of 4 KiB at distinct random 8 KiB slots of `f` (`data`): one request each.
-std::vector<io_range> slot_ranges(file_handle& f, const std::vector<std::uint8_t>& data, std::size_t n,
-                                  std::vector<std::vector<std::uint8_t>>& mem) {
+static std::vector<io_range> slot_ranges(file_handle& f, const std::vector<std::uint8_t>& data, std::size_t n,
+                                         std::vector<std::vector<std::uint8_t>>& mem) {
   std::vector<std::uint64_t> slots(data.size() / 8192);
   std::iota(slots.begin(), slots.end(), 0);
   std::shuffle(slots.begin(), slots.end(), std::mt19937_64(9));
@@ -199,8 +199,9 @@ std::vector<io_range> slot_ranges(file_handle& f, const std::vector<std::uint8_t
 }
 
 // Reads `ranges` of `data` 64 deep, none joined, into `mem`; checks that every byte landed.
-batch_result read_unjoined(engine::transfer_core& core, const std::vector<io_range>& ranges,
-                           const std::vector<std::vector<std::uint8_t>>& mem, const std::vector<std::uint8_t>& data) {
+static batch_result read_unjoined(engine::transfer_core& core, const std::vector<io_range>& ranges,
+                                  const std::vector<std::vector<std::uint8_t>>& mem,
+                                  const std::vector<std::uint8_t>& data) {
   batch_options o;
   o.queue_depth = 64;
   o.coalesce_gap_bytes = 0;
