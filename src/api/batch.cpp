@@ -2,12 +2,12 @@
 #include <algorithm>
 #include <limits>
 #include <cerrno>
-#include <numeric>
 
 #include <fmt/format.h>
 
 #include "api/file_access.hpp"
 #include "api/routes.hpp"
+#include "common/key_sort.hpp"
 #include "engine/file_range.hpp"
 #include "engine/transfer/batch_state.hpp"
 #include "engine/thread_pool.hpp"
@@ -60,7 +60,7 @@ void check_ranges(io_direction dir, std::span<const io_range> in, const batch_op
                write ? "file opened for reading only" : "file opened for writing only");
     }
     try {
-      engine::check_file_range(op, f.path.string(), write, r.offset_bytes, n);
+      engine::check_file_range(op, f.path.native(), write, r.offset_bytes, n);
     } catch (const error& e) {
       bad_item(e.code(), i, &br, r.offset_bytes, n, "the range ends past the largest file offset (2^63 - 1)");
     }
@@ -74,31 +74,36 @@ void check_ranges(io_direction dir, std::span<const io_range> in, const batch_op
   }
   if (options.stream != nullptr && !in.empty()) need_gpu(0, &out.front(), in.front().offset_bytes, 0, 0);
 
-  std::vector<std::size_t> order(in.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::erase_if(order, [&](std::size_t i) { return in[i].memory.nbytes == 0; });
+  // Neighbours in memory (reads) or in the file (writes) found by one linear-time sort: a comparison sort of a
+  // batch of 65,536 ranges took milliseconds before the first byte moved.
+  std::vector<key_value> order;
+  order.reserve(in.size());
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    if (in[i].memory.nbytes == 0) continue;
+    order.push_back({write ? in[i].offset_bytes : static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(in[i].memory.data)), i});
+  }
+  std::vector<key_value> scratch;
+  auto overlap = [&](std::size_t p, std::size_t i, const std::string& what) {
+    const std::size_t later = std::max(p, i);
+    bad_item(errno_code(EINVAL), later, &out[later], in[later].offset_bytes, in[later].memory.nbytes,
+             fmt::format(fmt::runtime(what), std::min(p, i)));
+  };
   if (!write) {
     // Two reads into the same bytes would race: which one lands is not defined.
-    auto addr = [&](std::size_t i) { return reinterpret_cast<std::uintptr_t>(in[i].memory.data); };
-    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return addr(a) < addr(b); });
+    stable_sort_by_key(order, scratch);
     for (std::size_t k = 1; k < order.size(); ++k) {
-      const std::size_t p = order[k - 1], i = order[k];
-      if (addr(i) < addr(p) + in[p].memory.nbytes) {
-        bad_item(errno_code(EINVAL), std::max(p, i), &out[std::max(p, i)], in[std::max(p, i)].offset_bytes,
-                 in[std::max(p, i)].memory.nbytes,
-                 fmt::format("its memory overlaps that of item {}: reads need distinct destinations", std::min(p, i)));
+      const std::size_t p = order[k - 1].value, i = order[k].value;
+      if (order[k].key < order[k - 1].key + in[p].memory.nbytes) {
+        overlap(p, i, "its memory overlaps that of item {}: reads need distinct destinations");
       }
     }
   } else {
     // Two writes to the same bytes of a file would race the same way.
-    auto key = [&](std::size_t i) { return std::make_pair(out[i].file.get(), in[i].offset_bytes); };
-    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return key(a) < key(b); });
+    stable_sort_by_group_and_key(order, scratch, [&](std::uint64_t i) -> const void* { return out[i].file.get(); });
     for (std::size_t k = 1; k < order.size(); ++k) {
-      const std::size_t p = order[k - 1], i = order[k];
-      if (out[p].file == out[i].file && in[i].offset_bytes < in[p].offset_bytes + in[p].memory.nbytes) {
-        bad_item(errno_code(EINVAL), std::max(p, i), &out[std::max(p, i)], in[std::max(p, i)].offset_bytes,
-                 in[std::max(p, i)].memory.nbytes,
-                 fmt::format("it overlaps item {} in the file: writes need distinct file ranges", std::min(p, i)));
+      const std::size_t p = order[k - 1].value, i = order[k].value;
+      if (out[p].file == out[i].file && order[k].key < order[k - 1].key + in[p].memory.nbytes) {
+        overlap(p, i, "it overlaps item {} in the file: writes need distinct file ranges");
       }
     }
   }

@@ -39,7 +39,7 @@ const file_handle::impl& open_impl(const std::shared_ptr<file_handle::impl>& m, 
 // Checks a buffer_view request: the range fits in a file, the buffer exists and holds nbytes.
 void check_view(const file_handle::impl& f, bool write, const buffer_view& buf, std::size_t nbytes, std::uint64_t offset) {
   const char* op = write ? "pwrite" : "pread";
-  engine::check_file_range(op, f.path.string(), write, offset, nbytes);
+  engine::check_file_range(op, f.path.native(), write, offset, nbytes);
   if (buf.data == nullptr && nbytes > 0) {
     throw error(errno_code(EFAULT), op, f.path.string(), static_cast<std::int64_t>(offset), nbytes, "null buffer");
   }

@@ -53,7 +53,7 @@ void add_chunks(std::vector<io_task>& out, const io_task& proto, std::byte* buf,
 std::vector<io_task> open_file::plan(bool write, std::byte* buf, std::size_t nbytes,
                                              std::uint64_t offset, std::size_t chunk_bytes) const {
   std::vector<io_task> tasks;
-  check_file_range(write ? "pwrite" : "pread", path.string(), write, offset, nbytes);
+  check_file_range(write ? "pwrite" : "pread", path.native(), write, offset, nbytes);
   const std::uint64_t end = offset + nbytes;
   io_task proto;
   proto.write = write;
@@ -169,7 +169,7 @@ std::uint64_t open_file::current_size() const {
 }
 
 std::size_t open_file::read(void* buf, std::size_t nbytes, std::uint64_t offset) const {
-  check_file_range("pread", path.string(), false, offset, nbytes);
+  check_file_range("pread", path.native(), false, offset, nbytes);
   if (nbytes == 0) return 0;
   if (buf == nullptr) throw error(errno_code(EFAULT), "pread", path.string(), static_cast<std::int64_t>(offset), nbytes);
   if (mode == open_mode::write) {
@@ -184,7 +184,7 @@ std::size_t open_file::read(void* buf, std::size_t nbytes, std::uint64_t offset)
 }
 
 std::size_t open_file::write(const void* buf, std::size_t nbytes, std::uint64_t offset) const {
-  check_file_range("pwrite", path.string(), true, offset, nbytes);
+  check_file_range("pwrite", path.native(), true, offset, nbytes);
   if (nbytes == 0) return 0;
   if (buf == nullptr) throw error(errno_code(EFAULT), "pwrite", path.string(), static_cast<std::int64_t>(offset), nbytes);
   if (mode == open_mode::read) {

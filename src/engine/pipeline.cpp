@@ -328,7 +328,7 @@ void finish(transfer& t, staged_stats* stats) {
 
 std::size_t staged_read(const open_file& f, copier& cp, std::uintptr_t far, std::size_t nbytes, std::uint64_t offset,
                         const staged_options& options, staged_stats* stats) {
-  check_file_range("pread", f.path.string(), false, offset, nbytes);
+  check_file_range("pread", f.path.native(), false, offset, nbytes);
   if (nbytes == 0) return 0;
   const std::uint64_t size = f.current_size();
   if (offset >= size) return 0;
@@ -353,7 +353,7 @@ std::size_t staged_write_extents(const open_file& f, copier& cp, std::span<const
   std::size_t pieces = 0;
   const std::size_t smallest = smallest_piece(cp, options);
   for (const staged_extent& e : extents) {
-    check_file_range("pwrite", f.path.string(), true, e.offset, e.nbytes);
+    check_file_range("pwrite", f.path.native(), true, e.offset, e.nbytes);
     if (e.nbytes == 0) continue;
     cut.push_back({e.offset, e.nbytes, e.far});
     total += e.nbytes;

@@ -102,7 +102,10 @@ std::size_t batch_state::complete_rest(std::error_code ec) {
 }
 
 void batch_state::attach_files() {
-  for (const auto& r : ranges) files_.push_back(r.file);
+  // Ranges of one file mostly come side by side: a copy of the handle only where the file changes.
+  for (const auto& r : ranges) {
+    if (files_.empty() || files_.back() != r.file) files_.push_back(r.file);
+  }
   std::sort(files_.begin(), files_.end());
   files_.erase(std::unique(files_.begin(), files_.end()), files_.end());
   for (const auto& f : files_) {

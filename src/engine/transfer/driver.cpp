@@ -26,6 +26,7 @@
 
 #include "common/arith.hpp"
 #include "common/idle_pool.hpp"
+#include "common/key_sort.hpp"
 #include "common/log.hpp"
 #include "common/staging_epoch.hpp"
 #include "engine/io_engine.hpp"
@@ -1249,22 +1250,14 @@ class driver {
         }
       }
     }
-    // By file and offset: sorted as keys side by side (the ranges themselves lie far apart in memory, and a
-    // batch of 65,536 random ranges took milliseconds to sort through them with nothing in flight meanwhile).
-    struct sort_key {
-      const open_file* file;
-      std::uint64_t offset;
-      std::size_t index;
-      bool operator<(const sort_key& o) const noexcept {
-        if (file != o.file) return std::less<const open_file*>()(file, o.file);
-        return std::tie(offset, index) < std::tie(o.offset, o.index);
-      }
-    };
-    std::vector<sort_key> keys;
-    keys.reserve(ranges_.size());
-    for (std::size_t i : ranges_) keys.push_back({b_.ranges[i].file.get(), b_.ranges[i].offset, i});
-    if (!std::is_sorted(keys.begin(), keys.end())) std::sort(keys.begin(), keys.end());
-    for (std::size_t k = 0; k < keys.size(); ++k) ranges_[k] = keys[k].index;
+    // By file and offset, in linear time: a batch of 65,536 random ranges took 5 ms to sort by comparisons (a
+    // few percent of its time, with nothing in flight meanwhile), and comparing through the ranges themselves,
+    // which lie far apart in memory, took longer still. Ranges at one place keep their order.
+    std::vector<key_value> keys(ranges_.size());
+    for (std::size_t k = 0; k < ranges_.size(); ++k) keys[k] = {b_.ranges[ranges_[k]].offset, ranges_[k]};
+    std::vector<key_value> scratch;
+    stable_sort_by_group_and_key(keys, scratch, [&](std::uint64_t i) -> const void* { return b_.ranges[i].file.get(); });
+    for (std::size_t k = 0; k < keys.size(); ++k) ranges_[k] = static_cast<std::size_t>(keys[k].value);
     // Depth and bytes in flight: the batch's own depth, else the default depth within the bytes the device's
     // scheduler keeps in flight (never less than the driver's floor).
     const open_file& f0 = *b_.ranges[ranges_.front()].file;
