@@ -344,6 +344,7 @@ class cuda_group_copier final : public engine::group_copier {
     std::lock_guard lock(mutex_);
     auto it = chunks_.find(chunk);
     if (it == chunks_.end()) return nullptr;
+    if (view_.base == chunk) view_ = {};
     auto b = std::move(it->second);
     chunks_.erase(it);
     return b;
@@ -378,14 +379,18 @@ class cuda_group_copier final : public engine::group_copier {
     return true;
   }
 
-  // `host` as the device addresses it: inside a mapped chunk of this copier, else 0.
+  // `host` as the device addresses it: inside a mapped chunk of this copier, else 0. The chunk found last is
+  // looked at first, without the lock: a batch's small reads mostly share one chunk, and only the driver's
+  // thread adds copies, takes chunks and gives them back.
   CUdeviceptr device_view(std::byte* host) {
+    if (host >= view_.base && host < view_.end) return view_.device + static_cast<CUdeviceptr>(host - view_.base);
     std::lock_guard lock(mutex_);
     auto it = chunks_.upper_bound(host);
     if (it == chunks_.begin()) return 0;
     --it;
     const mapped_chunk& c = *it->second;
     if (host >= it->first + c.size() || c.device_address() == 0) return 0;
+    view_ = {it->first, it->first + c.size(), c.device_address()};
     return c.device_address() + static_cast<CUdeviceptr>(host - it->first);
   }
 
@@ -517,6 +522,12 @@ class cuda_group_copier final : public engine::group_copier {
   std::vector<kernel_piece> pieces_;
   static constexpr std::size_t k_reachable_kept = 16;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> reachable_;  // allocations proven for the kernel
+  struct chunk_view {
+    std::byte* base = nullptr;
+    std::byte* end = nullptr;
+    CUdeviceptr device = 0;
+  };
+  chunk_view view_;  // the chunk device_view() found last (the driver's thread only)
   std::mutex mutex_;
   std::map<std::byte*, std::unique_ptr<mapped_chunk>> chunks_;
   std::vector<std::unique_ptr<mapped_chunk>> tables_;  // idle piece tables

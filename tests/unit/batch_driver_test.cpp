@@ -336,15 +336,18 @@ TEST_F(driver_fixture, device_writes_read_back_equal) {
   EXPECT_EQ(disk, expect);
 }
 
-// Whether this kernel gives io_uring sparse tables of registered buffers (Linux 5.19 and later).
-bool kernel_registers_buffers() {
+// Whether this kernel gives io_uring sparse tables of registered buffers, or of files (Linux 5.19 and later).
+enum class sparse_table { buffers, files };
+bool kernel_has(sparse_table t) {
 #ifdef GDSKIT_HAVE_URING
   io_uring ring{};
   if (io_uring_queue_init(4, &ring, 0) != 0) return false;
-  const bool ok = io_uring_register_buffers_sparse(&ring, 8) == 0;
+  const bool ok = (t == sparse_table::buffers ? io_uring_register_buffers_sparse(&ring, 8)
+                                              : io_uring_register_files_sparse(&ring, 8)) == 0;
   io_uring_queue_exit(&ring);
   return ok;
 #else
+  (void)t;
   return false;
 #endif
 }
@@ -352,7 +355,7 @@ bool kernel_registers_buffers() {
 // Why registered staging cannot be seen working here (empty when it can): a kernel without sparse tables, or a
 // memory-lock limit that leaves no room for a 2 MiB chunk (registrations take at most half of it).
 std::string registration_unavailable() {
-  if (!kernel_registers_buffers()) return "this kernel has no sparse tables of registered buffers";
+  if (!kernel_has(sparse_table::buffers)) return "this kernel has no sparse tables of registered buffers";
   rlimit l{};
   if (::getrlimit(RLIMIT_MEMLOCK, &l) == 0 && l.rlim_cur != RLIM_INFINITY && l.rlim_cur < (std::size_t{8} << 20)) {
     return "the memory-lock limit (ulimit -l) is below 8 MiB: no staging chunk can be registered";
@@ -412,6 +415,72 @@ TEST_F(driver_fixture, staging_is_registered_with_the_ring_unless_switched_off) 
       EXPECT_EQ(reads, 0u) << "reads used registered staging with it switched off";
     }
   }
+}
+
+// Requests name their files by the ring's table of registered files, more files than the table holds read
+// right (the rest by descriptor), and a batch's entries leave the table when it ends: closing the handle
+// then closes the file (inotify sees the last reference go), though the ring lives on for the thread's next
+// batches.
+TEST_F(driver_fixture, files_are_registered_for_a_batch_and_let_go_when_it_ends) {
+  if (!kernel_has(sparse_table::files)) GTEST_SKIP() << "this kernel has no sparse tables of registered files";
+  test::settings_guard guard;
+  set_setting("engine", "io_uring");
+  engine::transfer_core core;
+  constexpr std::size_t nfiles = 90, file_bytes = 50'003;
+  std::vector<std::vector<std::uint8_t>> data;
+  std::vector<std::unique_ptr<file_handle>> files;
+  for (std::size_t k = 0; k < nfiles; ++k) {
+    data.push_back(random_bytes(file_bytes, 500 + k));
+    test::write_file(dir / ("m" + std::to_string(k)), data.back());
+    files.push_back(std::make_unique<file_handle>(dir / ("m" + std::to_string(k)), open_mode::read));
+  }
+  // Aligned ranges into aligned host memory (straight in, O_DIRECT) and odd ones (through staging).
+  constexpr std::size_t per_file = 6, len = 8192;
+  std::vector<std::uint8_t> host((nfiles * per_file + 1) * len);
+  auto* base = reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(host.data()) + 4095) & ~std::uintptr_t{4095});
+  std::vector<io_range> ranges;
+  std::mt19937_64 rng(77);
+  for (std::size_t k = 0; k < nfiles; ++k) {
+    for (std::size_t j = 0; j < per_file; ++j) {
+      const std::uint64_t off = j % 2 == 0 ? (rng() % ((file_bytes - len) / 4096)) * 4096 : rng() % (file_bytes - len);
+      const std::size_t at = (k * per_file + j) * len + (j % 3 == 2 ? 1 : 0);
+      ranges.push_back({files[k].get(), off, buffer_view::host(base + at, len - (j % 3 == 2 ? 1 : 0))});
+    }
+  }
+  const std::uint64_t before = engine::host_staging().fixed_file_requests;
+  batch_future fut = drive(core, io_direction::read, ranges);
+  const batch_result& res = fut.get();
+  ASSERT_TRUE(res.ok()) << res.failed;
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    const std::size_t k = i / per_file;
+    ASSERT_EQ(0, std::memcmp(ranges[i].memory.data, data[k].data() + ranges[i].offset_bytes, ranges[i].memory.nbytes)) << i;
+  }
+  fut.wait_released();
+  EXPECT_GT(engine::host_staging().fixed_file_requests, before) << "no request named its file by the table";
+
+  // The rings of the process list their registered files in /proc (fdinfo's "UserFiles"): none of the batch's
+  // is left there, though the rings live on.
+  std::size_t rings = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(e.path(), ec);
+    if (ec || target.string().find("io_uring") == std::string::npos) continue;
+    std::ifstream info("/proc/self/fdinfo/" + e.path().filename().string());
+    std::string line;
+    bool in_files = false;
+    while (std::getline(info, line)) {
+      if (line.rfind("UserFiles:", 0) == 0) {
+        in_files = true;
+        ++rings;
+        continue;
+      }
+      if (in_files && line.find(':') != std::string::npos && line.find((dir / "m").string()) != std::string::npos) {
+        ADD_FAILURE() << "a ring still holds a file of a batch that ended: " << line;
+      }
+      if (in_files && line.rfind("UserBufs:", 0) == 0) in_files = false;
+    }
+  }
+  EXPECT_GT(rings, 0u) << "no io_uring ring of the process showed its registered files";
 }
 
 // Entries of a ring's table of registered buffers outlive the batches that made them (the next batches of the

@@ -125,6 +125,7 @@ class buffer_table {
 };
 
 std::atomic<std::uint64_t> g_fixed_requests{0};  // requests through registered staging, over the process
+std::atomic<std::uint64_t> g_fixed_file_requests{0};  // requests on registered files, over the process
 
 // Slots of 4 KiB << k carved from chunks of 2 MiB (one huge page), or of one slot where slots are larger, kept
 // per size on free lists. Chunks come from the group copier (pinned, for GPU memory) or anonymous memory (host
@@ -357,6 +358,7 @@ struct request {
   std::size_t done = 0;      // bytes the kernel has moved so far
   bool split = false;        // one of several requests of a range
   bool to_device = false;    // the ranges' memory is GPU memory (copies through the group copier)
+  std::size_t active_at = SIZE_MAX;  // its place among the executor's requests in flight
   std::vector<delivery> parts;
   std::vector<copy_state> claimed;     // reads to GPU memory: where each part's copy stands
   std::vector<std::uint32_t> crcs;     // checksummed reads: each part's CRC32C
@@ -371,6 +373,39 @@ std::size_t logical_got(const request& r) {
   const std::size_t head = static_cast<std::size_t>(r.offset - r.io_offset);
   return r.done > head ? std::min(r.done - head, r.nbytes) : 0;
 }
+
+// Requests of one driver, reused: a request goes back once finished and comes out again with its lists emptied
+// but their room kept, so that a batch of a million small reads allocates no memory per read. The pool owns
+// every request it made until it goes.
+class request_pool {
+ public:
+  request& take() {
+    if (free_.empty()) {
+      all_.push_back(std::make_unique<request>());
+      return *all_.back();
+    }
+    request* r = free_.back();
+    free_.pop_back();
+    return *r;
+  }
+  void give(request& r) {
+    std::vector<delivery> parts = std::move(r.parts);
+    std::vector<copy_state> claimed = std::move(r.claimed);
+    std::vector<std::uint32_t> crcs = std::move(r.crcs);
+    r = request{};
+    parts.clear();
+    claimed.clear();
+    crcs.clear();
+    r.parts = std::move(parts);
+    r.claimed = std::move(claimed);
+    r.crcs = std::move(crcs);
+    free_.push_back(&r);
+  }
+
+ private:
+  std::vector<std::unique_ptr<request>> all_;
+  std::vector<request*> free_;
+};
 
 // ---- executors -------------------------------------------------------------------------------------------------
 
@@ -598,6 +633,12 @@ struct ring_holder final : buffer_table {
     std::uint64_t used = 0;  // when it was last entered, on `clock`
   };
   std::vector<entry> entries;
+  // A sparse table of registered files: a request on a registered file skips the kernel's lookup of the
+  // descriptor and its reference count (a twentieth of the driver thread's CPU per 4 KiB read). Each driver
+  // enters the descriptors its requests use and empties those entries when it ends.
+  static constexpr unsigned k_file_slots = 64;
+  bool files = false;
+  std::vector<unsigned> free_file_slots;
   std::size_t entered_bytes = 0;  // every entry, held or not
   std::size_t kept_bytes = 0;     // entries no driver holds
   std::uint64_t clock = 0;
@@ -617,6 +658,10 @@ struct ring_holder final : buffer_table {
       entries.reserve(k_fixed_slots);
       for (unsigned k = k_fixed_slots; k-- > 0;) free_slots.push_back(k);
       epoch_seen = staging_unmap_epoch().load(std::memory_order_seq_cst);
+    }
+    if (ok && io_uring_register_files_sparse(&ring, k_file_slots) == 0) {
+      files = true;
+      for (unsigned k = k_file_slots; k-- > 0;) free_file_slots.push_back(k);
     }
   }
   ~ring_holder() override {
@@ -738,7 +783,7 @@ ring_holder* driver_ring() {
 
 class uring_executor final : public executor {
  public:
-  uring_executor(io_uring* r, int wake_fd, int stop_fd) : r_(r), wake_fd_(wake_fd), stop_fd_(stop_fd) {
+  uring_executor(ring_holder* h, int wake_fd, int stop_fd) : h_(h), r_(&h->ring), wake_fd_(wake_fd), stop_fd_(stop_fd) {
     arm(wake_fd_, k_tag_wake);
     arm(stop_fd_, k_tag_stop);
   }
@@ -764,6 +809,15 @@ class uring_executor final : public executor {
       }
       reap(nullptr);
     }
+    // The files this driver entered leave the table (a request still in the kernel keeps its file itself).
+    for (const auto& [fd, slot] : files_) {
+      const int none = -1;
+      if (io_uring_register_files_update(r_, slot, &none, 1) != 1) {
+        tls_driver_ring.reset();  // an entry that stays would keep its file open: the ring goes instead
+        return;
+      }
+      h_->free_file_slots.push_back(slot);
+    }
   }
 
   void submit(request* r) override {
@@ -773,6 +827,7 @@ class uring_executor final : public executor {
       refused_.push_back(r);
       return;
     }
+    r->active_at = active_.size();
     active_.push_back(r);
     prep(r);
   }
@@ -863,7 +918,7 @@ class uring_executor final : public executor {
         continue;
       }
       if (!finished) r->ec = submit_error_;
-      active_.erase(std::find(active_.begin(), active_.end(), r));
+      deactivate(r);
       --inflight_;
       if (out != nullptr) out->push_back(r);
     }
@@ -875,15 +930,44 @@ class uring_executor final : public executor {
     broken_ = true;
     submit_error_ = ec;
     for (request* r : unsubmitted_) {
-      auto it = std::find(active_.begin(), active_.end(), r);
-      if (it == active_.end()) continue;
+      if (r->active_at >= active_.size() || active_[r->active_at] != r) continue;
       abandoned_ = true;  // the kernel may have taken it before the call failed
-      active_.erase(it);
+      deactivate(r);
       r->ec = ec;
       --inflight_;
       out.push_back(r);
     }
     unsubmitted_.clear();
+  }
+
+  // Takes `r` out of active_ in constant time (the last one takes its place).
+  void deactivate(request* r) {
+    request* last = active_.back();
+    active_[r->active_at] = last;
+    last->active_at = r->active_at;
+    active_.pop_back();
+    r->active_at = SIZE_MAX;
+  }
+
+  // The slot of `fd` in the ring's table of registered files, entering it at its first request; -1 where it
+  // cannot be (no table, the table full, the kernel refused).
+  int fixed_file(int fd) {
+    if (fd == last_fd_) return last_slot_;
+    int slot = -1;
+    for (const auto& [f, k] : files_) {
+      if (f == fd) slot = static_cast<int>(k);
+    }
+    if (slot < 0 && h_->files && !h_->free_file_slots.empty()) {
+      const unsigned k = h_->free_file_slots.back();
+      if (io_uring_register_files_update(r_, k, &fd, 1) == 1) {
+        h_->free_file_slots.pop_back();
+        files_.emplace_back(fd, k);
+        slot = static_cast<int>(k);
+      }
+    }
+    last_fd_ = fd;
+    last_slot_ = slot;
+    return slot;
   }
 
   // Hands the `queued` entries to the kernel and waits for `wait_nr` completions; the kernel's answer. The kernel
@@ -931,15 +1015,23 @@ class uring_executor final : public executor {
     } else {
       io_uring_prep_read(sqe, r->fd, r->buf + r->done, n, r->io_offset + r->done);
     }
+    if (const int slot = fixed_file(r->fd); slot >= 0) {
+      sqe->fd = slot;
+      sqe->flags |= IOSQE_FIXED_FILE;
+      if (r->done == 0) g_fixed_file_requests.fetch_add(1, std::memory_order_relaxed);
+    }
     // Buffered I/O would run inline in the submitting thread; the kernel's workers copy in parallel instead.
     if (!r->direct) sqe->flags |= IOSQE_ASYNC;
     io_uring_sqe_set_data64(sqe, reinterpret_cast<std::uint64_t>(r));
     unsubmitted_.push_back(r);
   }
 
+  ring_holder* h_;
   io_uring* r_;
   int wake_fd_, stop_fd_;
-  std::vector<request*> active_;       // handed to the ring, not yet finished
+  std::vector<std::pair<int, unsigned>> files_;  // descriptors this driver entered in the file table, and where
+  int last_fd_ = -1, last_slot_ = -1;            // the last descriptor looked up
+  std::vector<request*> active_;       // handed to the ring, not yet finished (each knows its place)
   std::vector<request*> unsubmitted_;  // prepared since the last successful submission
   std::vector<request*> refused_;      // submitted after the ring broke: fail at the next wait
   std::size_t inflight_ = 0;
@@ -972,8 +1064,8 @@ class planner_cursor {
   // `warm`: the files some of whose ranges were in the page cache when the batch began (see driver::plan).
   planner_cursor(detail::batch_state& b, std::vector<std::size_t> order, std::size_t max_request,
                  const std::unordered_map<const open_file*, std::uint64_t>& sizes,
-                 const std::unordered_set<const open_file*>& warm)
-      : b_(b), order_(std::move(order)), max_request_(max_request), sizes_(sizes), warm_(warm) {}
+                 const std::unordered_set<const open_file*>& warm, request_pool& pool)
+      : b_(b), order_(std::move(order)), max_request_(max_request), sizes_(sizes), warm_(warm), pool_(pool) {}
 
   bool exhausted() const { return next_ >= order_.size() && pending_.empty(); }
 
@@ -982,24 +1074,24 @@ class planner_cursor {
   void retry_separately(const request& failed) {
     for (auto it = failed.parts.rbegin(); it != failed.parts.rend(); ++it) {
       const auto& r = range(it->range);
-      request q = make(*r.file, false, r.offset, it->nbytes);
+      request& q = make(*r.file, false, r.offset, it->nbytes);
       q.parts.push_back({it->range, 0, 0, it->nbytes});
       finish_staged(q);
-      pending_.push_front(std::move(q));
+      pending_.push_front(&q);
     }
   }
 
-  // The next request, or nullopt when none is left.
-  std::optional<request> next(std::unordered_map<std::size_t, split_state>& splits) {
-    if (!plan_ahead(splits)) return std::nullopt;
-    request r = std::move(pending_.front());
+  // The next request (the pool's), or nullptr when none is left.
+  request* next(std::unordered_map<std::size_t, split_state>& splits) {
+    if (!plan_ahead(splits)) return nullptr;
+    request* r = pending_.front();
     pending_.pop_front();
     return r;
   }
   /// Bytes the kernel will be asked for by the request next() returns; nullopt when none is left.
   std::optional<std::size_t> next_io_bytes(std::unordered_map<std::size_t, split_state>& splits) {
     if (!plan_ahead(splits)) return std::nullopt;
-    return pending_.front().io_nbytes;
+    return pending_.front()->io_nbytes;
   }
 
  private:
@@ -1061,7 +1153,7 @@ class planner_cursor {
       return;
     }
     // Reads through staging: join the ranges of this file that follow within the gap and fit in one request.
-    request q = make(f, false, r0.offset, len);
+    request& q = make(f, false, r0.offset, len);
     q.parts.push_back({first, 0, 0, len});
     while (next_ < order_.size()) {
       const std::size_t i = order_[next_];
@@ -1080,11 +1172,11 @@ class planner_cursor {
       prefetch_ahead();
     }
     finish_staged(q);
-    pending_.push_back(std::move(q));
+    pending_.push_back(&q);
   }
 
-  request make(const open_file& f, bool write, std::uint64_t offset, std::size_t nbytes) {
-    request q;
+  request& make(const open_file& f, bool write, std::uint64_t offset, std::size_t nbytes) {
+    request& q = pool_.take();
     q.file = &f;
     q.write = write;
     q.offset = offset;
@@ -1105,7 +1197,7 @@ class planner_cursor {
     while (pos < end) {
       const std::uint64_t stop =
           whole ? end : std::min<std::uint64_t>(end, align_down(pos, max_request_) + max_request_);
-      request q = make(f, write, pos, static_cast<std::size_t>(stop - pos));
+      request& q = make(f, write, pos, static_cast<std::size_t>(stop - pos));
       const std::size_t at = static_cast<std::size_t>(pos - r.offset);
       q.parts.push_back({i, at, 0, q.nbytes});
       q.fd = f.direct_fd.get();
@@ -1118,7 +1210,7 @@ class planner_cursor {
       q.io_offset = pos;
       q.io_nbytes = q.nbytes;
       q.buf = static_cast<std::byte*>(r.memory.data) + at;
-      pending_.push_back(std::move(q));
+      pending_.push_back(&q);
       ++parts;
       pos = stop;
     }
@@ -1129,10 +1221,10 @@ class planner_cursor {
   // (a write that is not block-aligned goes whole through the page cache).
   void whole_staged(std::size_t i, std::size_t len, bool write) {
     const auto& r = range(i);
-    request q = make(*r.file, write, r.offset, len);
+    request& q = make(*r.file, write, r.offset, len);
     q.parts.push_back({i, 0, 0, len});
     finish_staged(q);
-    pending_.push_back(std::move(q));
+    pending_.push_back(&q);
   }
 
   // A long range, or any write: pieces of at most a request, each through staging. A write's partial blocks
@@ -1154,10 +1246,10 @@ class planner_cursor {
     }
     if (end > mid1) cuts.emplace_back(mid1, end);
     for (const auto& [from, to] : cuts) {
-      request q = make(f, write, from, static_cast<std::size_t>(to - from));
+      request& q = make(f, write, from, static_cast<std::size_t>(to - from));
       q.parts.push_back({i, static_cast<std::size_t>(from - begin), 0, q.nbytes});
       finish_staged(q);
-      pending_.push_back(std::move(q));
+      pending_.push_back(&q);
     }
     mark_split(i, cuts.size(), len, splits);
   }
@@ -1167,7 +1259,7 @@ class planner_cursor {
   void mark_split(std::size_t i, std::size_t parts, std::size_t len,
                   std::unordered_map<std::size_t, split_state>& splits) {
     if (parts <= 1) return;
-    for (std::size_t k = pending_.size() - parts; k < pending_.size(); ++k) pending_[k].split = true;
+    for (std::size_t k = pending_.size() - parts; k < pending_.size(); ++k) pending_[k]->split = true;
     splits[i].parts_left = parts;
     splits[i].eof_at = len;
   }
@@ -1206,7 +1298,8 @@ class planner_cursor {
   // of its ranges cached. A cold file is read with O_DIRECT throughout (coherent with the cache), which saves
   // a mincore per request: a third of the CPU of small random reads.
   bool cache_check(const open_file& f) const { return !f.choice.direct || warm_.count(&f) != 0; }
-  std::deque<request> pending_;
+  request_pool& pool_;
+  std::deque<request*> pending_;  // planned, not yet started (the pool's)
 };
 
 // ---- the driver ----------------------------------------------------------------------------------------------
@@ -1276,7 +1369,7 @@ class driver {
       share_.attach(f0.st_dev);  // the bytes in flight are the device's, shared with other batches on it
     }
     if (!write) sample_residency();
-    cursor_.emplace(b_, ranges_, max_request_, sizes_, warm_);
+    cursor_.emplace(b_, ranges_, max_request_, sizes_, warm_, requests_);
   }
 
   std::unique_ptr<executor> make_executor() {
@@ -1285,7 +1378,7 @@ class driver {
     if (f0.choice.engine == engine_kind::io_uring) {
       if (ring_holder* r = driver_ring()) {
         staging_.enter_into(tls_driver_ring);
-        return std::make_unique<uring_executor>(&r->ring, wake_.get(), b_.stop_fd());
+        return std::make_unique<uring_executor>(r, wake_.get(), b_.stop_fd());
       }
     }
 #endif
@@ -1438,11 +1531,11 @@ class driver {
     for (;;) {
       const std::optional<std::size_t> nbytes = cursor_->next_io_bytes(splits_);
       if (!nbytes || !room(*nbytes)) break;
-      std::optional<request> next = cursor_->next(splits_);
-      auto owned = std::make_unique<request>(std::move(*next));
-      request* r = owned.get();
-      if (!prepare(*r)) continue;  // decided meanwhile, or failed
-      live_.emplace(r, std::move(owned));
+      request* r = cursor_->next(splits_);
+      if (!prepare(*r)) {
+        release(*r);  // decided meanwhile, or failed
+        continue;
+      }
       if (r->write && r->to_device) {
         // GPU memory to write: its bytes come to staging first (one group of copies per round).
         stage_from_device(*r);
@@ -1461,7 +1554,7 @@ class driver {
   }
 
   // Gives a request its staging slot (and, for host-memory writes, its bytes). False when none of its ranges
-  // is still open, or on failure (the ranges then have their error).
+  // is still open, or on failure (the ranges then have their error): the caller then releases it.
   bool prepare(request& r) {
     bool any_open = false;
     for (const auto& p : r.parts) any_open = any_open || !b_.decided(p.range);
@@ -1478,10 +1571,7 @@ class driver {
       // under the range's claim: a range the deadline decided may already be memory the caller freed.
       if (r.write && checksummed()) {
         const delivery& p = r.parts.front();
-        if (!b_.claim(p.range)) {
-          release(r);
-          return false;
-        }
+        if (!b_.claim(p.range)) return false;
         r.crc = crc32c(r.buf, r.nbytes);
         b_.unclaim(p.range);
       }
@@ -1497,10 +1587,7 @@ class driver {
       // Host memory to write (one range per write request): copied into the slot under the range's claim; a
       // range decided meanwhile is not written.
       const delivery& p = r.parts.front();
-      if (!b_.claim(p.range)) {
-        release(r);
-        return false;
-      }
+      if (!b_.claim(p.range)) return false;
       const auto& mem = b_.ranges[p.range].memory;
       std::byte* at = r.buf + (r.offset - r.io_offset) + p.req_off;
       std::memcpy(at, static_cast<const std::byte*>(mem.data) + p.range_off, p.nbytes);
@@ -1702,7 +1789,7 @@ class driver {
 
   void release(request& r) {
     if (r.staged && r.buf != nullptr) staging_.give(r.buf, r.io_nbytes);
-    live_.erase(&r);
+    requests_.give(r);
   }
 
   // A read part that is its range's only part, delivered by a group of copies: the group's end (the copier's
@@ -1923,6 +2010,7 @@ class driver {
       first = last;
     }
   }
+  request_pool requests_;  // before cursor_, which plans into it
   std::optional<planner_cursor> cursor_;
   executor* executor_ = nullptr;
   std::size_t max_request_ = 0;
@@ -1930,7 +2018,6 @@ class driver {
   std::size_t budget_ = 0;
   device_share share_;  // bytes of requests in flight, this driver's and its device's
   std::unordered_map<std::size_t, split_state> splits_;
-  std::unordered_map<request*, std::unique_ptr<request>> live_;
   std::deque<request*> ready_writes_;
   std::vector<request*> staged_writes_;  // GPU-memory writes whose copies into staging are in flight
   std::vector<request*> group_;
@@ -2102,6 +2189,7 @@ void run_batch(const transfer_core& core, const batch_ptr& b, const driver_limit
 host_staging_counters host_staging() {
   host_staging_counters c = host_chunks::instance().counters();
   c.fixed_requests = g_fixed_requests.load(std::memory_order_relaxed);
+  c.fixed_file_requests = g_fixed_file_requests.load(std::memory_order_relaxed);
 #ifdef GDSKIT_HAVE_URING
   c.chunks_entered = g_chunks_entered.load(std::memory_order_relaxed);
   c.entries_reused = g_entries_reused.load(std::memory_order_relaxed);

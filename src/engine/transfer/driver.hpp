@@ -50,6 +50,7 @@ struct host_staging_counters {
   std::uint64_t bytes_mapped = 0;
   std::size_t idle_bytes = 0;
   std::uint64_t fixed_requests = 0;
+  std::uint64_t fixed_file_requests = 0;  // requests on files registered with the driver's ring
   std::uint64_t chunks_entered = 0;
   std::uint64_t entries_reused = 0;
   /// The most the process's registrations may take (half the memory-lock limit when it was first looked at).
