@@ -11,6 +11,7 @@
 #include <iostream>
 #include <fstream>
 #include <future>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -314,7 +315,9 @@ TEST(gpu_paths, buffer_view_async_forms_with_device_memory) {
 // device addresses, through both ways of copying small pieces (one copy kernel per group, or the copy engines),
 // and with every piece through the kernel (`kernel_bytes`: its largest piece): reads land byte-exact and leave
 // the bytes between ranges alone; writes from GPU memory put every byte in place.
-void batch_round_trip(bool kernel, const char* kernel_bytes = nullptr) {
+// `pick`, where given, draws every range's length (else a mix of sizes below).
+void batch_round_trip(bool kernel, const char* kernel_bytes = nullptr,
+                      const std::function<std::size_t(std::mt19937_64&)>& pick = {}) {
   test::settings_guard keep;
   set_setting("copy_kernel", kernel ? "on" : "off");
   if (kernel_bytes != nullptr) set_setting("copy_kernel_bytes", kernel_bytes);
@@ -329,7 +332,7 @@ void batch_round_trip(bool kernel, const char* kernel_bytes = nullptr) {
   for (std::size_t i = 0; i < n; ++i) {
     // Mostly kernel-sized pieces, some for the copy engines, some 1-byte and some 16-byte aligned.
     const std::size_t r = rng() % 100;
-    len[i] = r < 5 ? 1 : r < 85 ? 1 + rng() % 9000 : r < 95 ? 4096 * (1 + rng() % 8) : 65536 + rng() % 200000;
+    len[i] = pick ? pick(rng) : r < 5 ? 1 : r < 85 ? 1 + rng() % 9000 : r < 95 ? 4096 * (1 + rng() % 8) : 65536 + rng() % 200000;
     off[i] = rng() % (data.size() - len[i]);
     if (r >= 85 && r < 95) off[i] &= ~std::uint64_t{4095};
     total += (rng() % 40) + 1;  // a gap before each range: untouched bytes must stay as they were
@@ -376,6 +379,13 @@ TEST(gpu_paths, batches_through_the_copy_kernel) {
 TEST(gpu_paths, batches_with_every_piece_through_the_copy_kernel) {
   REQUIRE_GPU();
   batch_round_trip(true, "64M");
+}
+
+// Pieces of exactly copy_kernel_bytes go to the kernel and one byte more to the engines: both sides of the
+// bound land byte for byte, reads and writes, at 4 KiB-aligned and odd offsets.
+TEST(gpu_paths, batches_with_pieces_at_the_copy_kernels_bound) {
+  REQUIRE_GPU();
+  batch_round_trip(true, "16K", [](std::mt19937_64& rng) { return std::size_t{16384} - 1 + rng() % 3; });
 }
 
 TEST(gpu_paths, batches_through_the_copy_engines) {
