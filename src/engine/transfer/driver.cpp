@@ -788,9 +788,11 @@ class uring_executor final : public executor {
     arm(stop_fd_, k_tag_stop);
   }
   ~uring_executor() override {
-    if (broken_) {
-      // Entries the kernel refused are still queued in the ring: it must never submit them. The thread's
-      // next batch gets a fresh ring (the driver waited for every request the kernel took).
+    if (broken_ || inflight_ > 0) {
+      // Entries the kernel refused are still queued in the ring: it must never submit them; or requests are
+      // still in the kernel (a driver that failed and could not wait for them): their completions must never
+      // reach the thread's next batch. That batch gets a fresh ring; this one's requests are cancelled as it
+      // goes.
       tls_driver_ring.reset();
       return;
     }
@@ -906,6 +908,9 @@ class uring_executor final : public executor {
         continue;
       }
       auto* r = reinterpret_cast<request*>(tag);
+      // A request reported finished when the ring broke (the kernel had it after all): its memory may serve
+      // another request by now, which is not in flight on this ring (nothing is submitted to a broken ring).
+      if (r->active_at >= active_.size() || active_[r->active_at] != r) continue;
       const int seen = posix::sys().uring_result(r->write, r->fd, r->io_offset + r->done, r->io_nbytes - r->done, res);
       bool finished = true;
       if (seen == -EINTR || seen == -EAGAIN) {
