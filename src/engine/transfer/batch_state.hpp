@@ -54,10 +54,13 @@ struct batch_state {
   /// result) ahead of time: a driver goes through the ranges in file order, which is random order in memory for
   /// a batch of random ranges, and each of those was a cache miss when it got there.
   void prefetch(std::size_t i) const noexcept {
-    __builtin_prefetch(&ranges[i]);
+    prefetch_both_ends(&ranges[i], 0);
     __builtin_prefetch(&decided_[i]);
-    __builtin_prefetch(&result_.ranges[i], 1);
+    prefetch_result(i);
   }
+  /// Fetches range `i`'s result slot for writing: a driver about to decide several ranges asks for all their
+  /// slots first, so that their cache misses overlap instead of each stalling the atomic that follows its store.
+  void prefetch_result(std::size_t i) const noexcept { prefetch_both_ends(&result_.ranges[i], 1); }
   /// Whether range `i` has its outcome or is being delivered (work on it can stop).
   bool decided(std::size_t i) const noexcept {
     return decided_[i].load(std::memory_order_acquire) != k_open;
@@ -111,6 +114,18 @@ struct batch_state {
   void record(std::size_t i, std::size_t nbytes, std::error_code ec, double latency_s, std::uint32_t crc);
   void became_ready();
   void maybe_released();
+  template <typename T>
+  static void prefetch_both_ends(const T* p, int for_write) noexcept {
+    // An item that spans two cache lines is fetched whole.
+    const auto* first = reinterpret_cast<const char*>(p);
+    if (for_write != 0) {
+      __builtin_prefetch(first, 1);
+      __builtin_prefetch(first + sizeof(T) - 1, 1);
+    } else {
+      __builtin_prefetch(first);
+      __builtin_prefetch(first + sizeof(T) - 1);
+    }
+  }
 
   std::unique_ptr<std::atomic<std::uint8_t>[]> decided_;
   std::atomic<std::size_t> undecided_{0};

@@ -1423,6 +1423,9 @@ class driver {
         executor_->wait(finished);
         note_wake(finished.size());
       }
+      for (const request* r : finished) {
+        for (const auto& p : r->parts) b_.prefetch_result(p.range);
+      }
       for (request* r : finished) on_finished(*r);
       collect_landed();
     }
@@ -1905,6 +1908,7 @@ class driver {
   void copy_done(std::uint64_t token, std::error_code ec) {
     const auto landings = take_landings(token);
     if (!landings) return;
+    for (const landing& l : *landings) b_.prefetch_result(l.range);
     const auto now = std::chrono::steady_clock::now();
     for (const landing& l : *landings) {
       const double latency = l.issued == std::chrono::steady_clock::time_point{}
