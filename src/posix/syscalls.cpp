@@ -50,9 +50,15 @@ syscall_table make_real() {
     io_uring_cqe* cqe = nullptr;
     return io_uring_wait_cqe(static_cast<io_uring*>(ring), &cqe);
   };
+  t.uring_wait_for = [](void* ring, std::int64_t timeout_ns) {
+    io_uring_cqe* cqe = nullptr;
+    __kernel_timespec ts{timeout_ns / 1'000'000'000, timeout_ns % 1'000'000'000};
+    return io_uring_wait_cqe_timeout(static_cast<io_uring*>(ring), &cqe, &ts);
+  };
 #else
   t.uring_submit_and_wait = [](void*, unsigned) { return -ENOSYS; };
   t.uring_wait = [](void*) { return -ENOSYS; };
+  t.uring_wait_for = [](void*, std::int64_t) { return -ENOSYS; };
 #endif
   return t;
 }

@@ -44,6 +44,8 @@ struct syscall_table {
   std::function<int(void* ring, unsigned wait_nr)> uring_submit_and_wait;
   /// io_uring_wait_cqe on `ring` without submitting: 0 once a completion is ready, or -errno.
   std::function<int(void* ring)> uring_wait;
+  /// The same, for at most `timeout_ns` nanoseconds: -ETIME when none came in that time.
+  std::function<int(void* ring, std::int64_t timeout_ns)> uring_wait_for;
 };
 
 /// The table in force. Tables are installed whole (scoped_syscalls) and never change once installed, so a

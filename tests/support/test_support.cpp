@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <stdexcept>
+#include <thread>
 
 namespace gdskit::test {
 
@@ -102,6 +103,15 @@ std::filesystem::path direct_refusing_parent() {
   std::error_code ec;
   if (std::filesystem::is_directory("/dev/shm", ec) && !accepts_direct("/dev/shm")) return "/dev/shm";
   return {};
+}
+
+posix::syscall_table slow_preads(std::function<std::chrono::nanoseconds(off_t offset)> hold) {
+  posix::syscall_table t = posix::real_syscalls();
+  t.pread = [real = t.pread, hold = std::move(hold)](int fd, void* b, std::size_t n, off_t o) -> ssize_t {
+    std::this_thread::sleep_for(hold(o));
+    return real(fd, b, n, o);
+  };
+  return t;
 }
 
 posix::syscall_table counting_syscalls(std::atomic<int>& calls) {

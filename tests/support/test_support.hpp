@@ -2,8 +2,10 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -65,6 +67,9 @@ std::filesystem::path direct_capable_parent();
 /// The real system calls, except that every pread, pwrite, ftruncate and io_uring completion adds one to
 /// `calls` (for tests that prove a request never reached the file).
 posix::syscall_table counting_syscalls(std::atomic<int>& calls);
+/// The real system calls, except that every pread first sleeps for `hold(offset)`: a slow device, or one slow
+/// read among fast ones.
+posix::syscall_table slow_preads(std::function<std::chrono::nanoseconds(off_t offset)> hold);
 std::filesystem::path direct_refusing_parent();
 
 }  // namespace gdskit::test

@@ -212,20 +212,29 @@ static batch_result read_unjoined(engine::transfer_core& core, const std::vector
   return r;
 }
 
+// `n` reads as read_unjoined makes them, from `path` filled with `file_bytes` random bytes (seed `seed`),
+// through a fake GPU whose copies land `delay` after their group went out, as `landing` says.
+static batch_result read_slots_through_fake_gpu(test::copier_stats& stats, std::chrono::milliseconds delay,
+                                                test::fake_landing landing, const std::filesystem::path& path,
+                                                std::size_t file_bytes, unsigned seed, std::size_t n) {
+  engine::transfer_core core;
+  core.install(make_fake_gpu(stats, delay, {}, landing));
+  const auto data = random_bytes(file_bytes, seed);
+  test::write_file(path, data);
+  file_handle f(path, open_mode::read);
+  std::vector<std::vector<std::uint8_t>> mem;
+  const auto ranges = slot_ranges(f, data, n, mem);
+  return read_unjoined(core, ranges, mem, data);
+}
+
 // A driver whose reads end faster than it comes back for them needs no wake from its copies: the next read's
 // wake shows them landed. Each flush here holds the driver's thread for 300 us (as launches and a burst of
 // completions may), so its wakes are far apart while every wake finds many reads ended; arming on every such
 // sleep put a host function and a second thread's wake on each (on a GPU, 4 KiB batches fell to half the rate).
 TEST_F(driver_fixture, a_busy_driver_with_reads_due_soon_does_not_arm_every_sleep) {
-  engine::transfer_core core;
   stats.on_flush = [] { std::this_thread::sleep_for(300us); };
-  core.install(make_fake_gpu(stats, 0ms, {}, {.word = true, .at_flush = true, .callbacks_when_armed = true}));
-  const auto data = random_bytes(32 << 20, 26);
-  test::write_file(dir / "f", data);
-  file_handle f(dir / "f", open_mode::read);
-  std::vector<std::vector<std::uint8_t>> mem;
-  const auto ranges = slot_ranges(f, data, 4000, mem);
-  const batch_result r = read_unjoined(core, ranges, mem, data);
+  const batch_result r = read_slots_through_fake_gpu(
+      stats, 0ms, {.word = true, .at_flush = true, .callbacks_when_armed = true}, dir / "f", 32 << 20, 26, 4000);
   ASSERT_TRUE(r.ok());
   ASSERT_GT(stats.groups.load(), 20);
   EXPECT_LT(stats.arms.load(), stats.groups.load() / 4)
@@ -239,26 +248,47 @@ TEST_F(driver_fixture, groups_that_landed_end_while_a_slow_read_is_left) {
   stats.on_flush = [] { std::this_thread::sleep_for(300us); };
   core.install(make_fake_gpu(stats, 0ms, {}, {.word = true, .callbacks_when_armed = true}));
   const auto data = random_bytes(16 << 20, 27);
-  test::write_file(dir / "f", data);
-  settings s;
-  s.engine = engine_kind::threads;
-  file_handle f(dir / "f", open_mode::read, {}, s);
+  file_handle f = test::open_for_seam(dir / "f", data);
   std::vector<std::vector<std::uint8_t>> mem;
   const auto ranges = slot_ranges(f, data, 1000, mem);
   const auto held = static_cast<off_t>(ranges[0].offset_bytes);
-  posix::syscall_table t = posix::real_syscalls();
-  const auto real_pread = t.pread;
-  t.pread = [real_pread, held](int fd, void* b, std::size_t n, off_t off) -> ssize_t {
-    if (off == held) std::this_thread::sleep_for(1500ms);
-    return real_pread(fd, b, n, off);
-  };
-  posix::scoped_syscalls guard(t);
+  posix::scoped_syscalls guard(test::slow_preads([held](off_t off) -> std::chrono::nanoseconds {
+    return off == held ? 1500ms : 0ms;
+  }));
   const batch_result r = read_unjoined(core, ranges, mem, data);
   ASSERT_TRUE(r.ok());
   EXPECT_GE(r.ranges[0].latency_s, 1.4);
   double slowest = 0;
   for (std::size_t i = 1; i < r.ranges.size(); ++i) slowest = std::max(slowest, r.ranges[i].latency_s);
   EXPECT_LT(slowest, 0.9) << "ranges whose copies had landed waited for the slow read";
+}
+
+// Reads that end in bunches far apart (as a virtual disk completes them): a group flushed after one bunch lands
+// long before the next, and its ranges end when it lands, not with the next bunch. Every read here takes 20 ms
+// and the copies land 1 ms after their group went out, with a callback only for groups armed before the
+// driver slept. A driver that slept on the next bunch without arming or looking at the word doubled the
+// latency of every range.
+TEST_F(driver_fixture, groups_that_landed_end_between_bunches_of_slow_reads) {
+  engine::transfer_core core;
+  core.install(make_fake_gpu(stats, 1ms, {}, {.word = true, .callbacks_when_armed = true}));
+  const auto data = random_bytes(8 << 20, 28);
+  file_handle f = test::open_for_seam(dir / "f", data);
+  std::vector<std::vector<std::uint8_t>> mem;
+  const auto ranges = slot_ranges(f, data, 160, mem);
+  posix::scoped_syscalls guard(test::slow_preads([](off_t) -> std::chrono::nanoseconds { return 20ms; }));
+  batch_options o;
+  o.queue_depth = 16;
+  o.coalesce_gap_bytes = 0;
+  batch_future fut = drive(core, io_direction::read, ranges, o);
+  const batch_result& r = fut.get();
+  ASSERT_TRUE(r.ok());
+  expect_landed(r, ranges, mem, data);
+  fut.wait_released();
+  std::vector<double> latency;
+  for (const auto& x : r.ranges) latency.push_back(x.latency_s);
+  std::sort(latency.begin(), latency.end());
+  // 20 ms of read and 1 ms of copy; the next bunch comes 20 ms after the last.
+  EXPECT_LT(latency[latency.size() / 2], 0.032) << "ranges whose copies had landed waited for the next bunch of reads";
 }
 
 // A batch whose driver waits (here for slow copies into GPU memory) does not hold up batches submitted after it:
@@ -565,13 +595,7 @@ TEST_F(driver_fixture, stop_never_lets_a_copy_land_in_a_reported_range) {
   s.engine = engine_kind::threads;
   file_handle f(dir / "f", open_mode::read, {}, s);
   // A slow device: each read takes 2 ms.
-  posix::syscall_table t = posix::real_syscalls();
-  const auto real_pread = t.pread;
-  t.pread = [real_pread](int fd, void* b, std::size_t n, off_t off) -> ssize_t {
-    std::this_thread::sleep_for(2ms);
-    return real_pread(fd, b, n, off);
-  };
-  posix::scoped_syscalls guard(t);
+  posix::scoped_syscalls guard(test::slow_preads([](off_t) -> std::chrono::nanoseconds { return 2ms; }));
   constexpr std::size_t n = 512;
   std::vector<std::vector<std::uint8_t>> mem(n, std::vector<std::uint8_t>(4096, 0xEE));
   std::vector<io_range> ranges;
@@ -780,6 +804,37 @@ TEST_F(driver_fixture, reads_reach_the_kernel_before_copies_are_launched) {
   fut.wait_released();
   EXPECT_GT(flushes.load(), 20);
   EXPECT_EQ(late.load(), 0) << "copy groups were launched with issued reads still queued in the ring";
+}
+
+// The driver's sleeps with copy groups in flight are timed waits on the ring: the kernel's limit ends them
+// (-ETIME) when nothing completes. A kernel that refuses such a wait leaves the driver to its copies' callbacks:
+// it asks once, arms from then on, and every range still lands.
+TEST_F(driver_fixture, timed_waits_on_the_ring_and_a_ring_that_refuses_them) {
+  if (!io_uring_unavailable_reason().empty()) GTEST_SKIP() << io_uring_unavailable_reason();
+#ifdef GDSKIT_HAVE_URING
+  {
+    io_uring ring{};
+    ASSERT_EQ(io_uring_queue_init(4, &ring, 0), 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(posix::real_syscalls().uring_wait_for(&ring, 2'000'000), -ETIME);
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, 2ms);
+    io_uring_queue_exit(&ring);
+  }
+#endif
+  test::settings_guard settings;
+  set_setting("engine", "io_uring");
+  std::atomic<int> asked{0};
+  posix::syscall_table t = posix::real_syscalls();
+  t.uring_wait_for = [&asked](void*, std::int64_t) {
+    ++asked;
+    return -EINVAL;
+  };
+  posix::scoped_syscalls guard(t);
+  const batch_result r = read_slots_through_fake_gpu(stats, 2ms, {.word = true, .callbacks_when_armed = true},
+                                                     dir / "f", 16 << 20, 29, 1500);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(asked.load(), 1) << "the driver kept asking for timed waits the ring refused";
+  EXPECT_GT(stats.arms.load(), 0);
 }
 
 TEST_F(driver_fixture, ring_that_refuses_submissions_fails_ranges_without_hanging) {

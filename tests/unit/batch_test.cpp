@@ -479,13 +479,7 @@ TEST_F(batch_test, wait_for_the_longest_timeout_waits_until_ready) {
   settings s;
   s.engine = engine_kind::threads;
   file_handle f(dir_ / "f", open_mode::read, {}, s);
-  posix::syscall_table t = posix::real_syscalls();
-  const auto real_pread = t.pread;
-  t.pread = [real_pread](int fd, void* b, std::size_t n, off_t off) -> ssize_t {
-    std::this_thread::sleep_for(50ms);
-    return real_pread(fd, b, n, off);
-  };
-  posix::scoped_syscalls guard(t);
+  posix::scoped_syscalls guard(test::slow_preads([](off_t) -> std::chrono::nanoseconds { return 50ms; }));
   std::vector<std::uint8_t> mem(1000);
   const io_range one{&f, 7, buffer_view::host(mem.data(), mem.size())};
   batch_future fut = submit_reads(std::span(&one, 1));

@@ -418,8 +418,11 @@ class executor {
   /// Withdraws requests not yet started; asks the kernel to end those it holds.
   virtual void cancel_all() = 0;
   virtual std::size_t inflight() const = 0;
-  /// Blocks until at least one request finished or a descriptor woke it; appends finished requests to `out`.
-  virtual void wait(std::vector<request*>& out) = 0;
+  /// Blocks until at least one request finished or a descriptor woke it, or for at most `limit` when it is
+  /// not zero; appends finished requests to `out`. True when the time ran out with nothing else to report.
+  virtual bool wait(std::vector<request*>& out, std::chrono::nanoseconds limit = {}) = 0;
+  /// Whether wait() can be given a limit (false once the kernel refused a timed wait).
+  virtual bool timed_waits() const { return true; }
   /// Hands the requests submitted so far to the kernel now where the executor would do so only in wait().
   virtual void submit_now() {}
   /// True once requests were reported finished that the kernel may still hold (a ring that stopped answering).
@@ -488,7 +491,7 @@ class thread_executor final : public executor {
     st_->queue.clear();
   }
   std::size_t inflight() const override { return inflight_; }
-  void wait(std::vector<request*>& out) override {
+  bool wait(std::vector<request*>& out, std::chrono::nanoseconds limit) override {
     for (;;) {
       {
         std::unique_lock lock(st_->mutex);
@@ -496,7 +499,7 @@ class thread_executor final : public executor {
           inflight_ -= st_->finished.size();
           out.insert(out.end(), st_->finished.begin(), st_->finished.end());
           st_->finished.clear();
-          return;
+          return false;
         }
         if (st_->started == 0 && !st_->queue.empty()) {
           // The workers are jobs of the shared pool, and no thread of it has taken one yet: the drivers of other
@@ -508,22 +511,24 @@ class thread_executor final : public executor {
           run_one(*r);
           --inflight_;
           out.push_back(r);
-          return;
+          return false;
         }
       }
       // The stop descriptor stays readable once the batch stops: it wakes this wait once, then only the
       // driver's own descriptor does (requests still running, copies still landing).
       pollfd p[2] = {{wake_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-      const int n = ::poll(p, stop_seen_ ? 1 : 2, -1);
+      const timespec ts{static_cast<time_t>(limit.count() / 1'000'000'000), static_cast<long>(limit.count() % 1'000'000'000)};
+      const int n = ::ppoll(p, stop_seen_ ? 1 : 2, limit.count() > 0 ? &ts : nullptr, nullptr);
       if (n < 0 && errno != EINTR) throw error(errno_code(errno), "poll", "", -1, 0, "batch driver");
+      if (n == 0) return true;  // the time ran out (the workers wake the descriptor for each request they end)
       drain_eventfd(wake_fd_);
       if (!stop_seen_ && n > 0 && (p[1].revents & POLLIN) != 0) {
         stop_seen_ = true;
-        return;  // the batch stops: the driver decides what to withdraw
+        return false;  // the batch stops: the driver decides what to withdraw
       }
       if (n > 0 && (p[0].revents & POLLIN) != 0) {
         std::lock_guard lock(st_->mutex);
-        if (st_->finished.empty()) return;  // woken for something else (copies)
+        if (st_->finished.empty()) return false;  // woken for something else (copies)
       }
     }
   }
@@ -849,16 +854,28 @@ class uring_executor final : public executor {
     if (!broken_) submit_queued();
   }
 
-  void wait(std::vector<request*>& out) override {
+  bool wait(std::vector<request*>& out, std::chrono::nanoseconds limit) override {
     if (!refused_.empty()) {
       inflight_ -= refused_.size();
       out.insert(out.end(), refused_.begin(), refused_.end());
       refused_.clear();
-      return;
+      return false;
     }
+    bool ran_out = false;
     if (!broken_) {
       const unsigned queued = io_uring_sq_ready(r_);
-      const int w = submit(queued, 1);
+      const bool timed = limit.count() > 0 && timed_waits_;
+      const int w = submit(queued, timed ? 0 : 1);
+      if (w >= 0 && timed) {
+        // Submitted without waiting; now the wait with its limit (no entry needed: the kernel takes the time
+        // with the call, and sets a timer only if it has to sleep).
+        const int t = posix::sys().uring_wait_for(r_, limit.count());
+        if (t == -ETIME) {
+          ran_out = true;
+        } else if (t < 0 && t != -EINTR) {
+          timed_waits_ = false;  // the driver wakes by its copies' callbacks from now on
+        }
+      }
       if (w >= 0) {
         transient_ = 0;
       } else if (w == -EAGAIN || w == -EBUSY) {
@@ -871,7 +888,7 @@ class uring_executor final : public executor {
       // Only what the kernel took before the refusal is left: wait for it without submitting (a signal only
       // interrupts the wait).
       const int w = posix::sys().uring_wait(r_);
-      if (w == -EINTR) return;
+      if (w == -EINTR) return false;
       if (w < 0) {
         abandoned_ = true;
         for (request* r : active_) {
@@ -880,11 +897,14 @@ class uring_executor final : public executor {
         }
         inflight_ -= active_.size();
         active_.clear();
-        return;
+        return false;
       }
     }
+    const std::size_t before = out.size();
     reap(&out);
+    return ran_out && out.size() == before;
   }
+  bool timed_waits() const override { return timed_waits_; }
 
  private:
   void reap(std::vector<request*>* out) {
@@ -1043,6 +1063,7 @@ class uring_executor final : public executor {
   unsigned pending_control_ = 0;
   unsigned transient_ = 0;
   bool wake_armed_ = false, stop_armed_ = false;
+  bool timed_waits_ = true;
   bool broken_ = false;
   bool abandoned_ = false;  // requests reported finished while the kernel may still hold them
   std::error_code submit_error_;
@@ -1419,9 +1440,7 @@ class driver {
       finished.clear();
       if (executor_->inflight() == 0 && copies_inflight_ > 0 && !copy_landed()) continue;
       if (executor_->inflight() > 0 || copies_inflight_ > 0) {
-        arm_copies();
-        executor_->wait(finished);
-        note_wake(finished.size());
+        if (executor_->wait(finished, copy_look())) ++looks_;
       }
       for (const request* r : finished) {
         for (const auto& p : r->parts) b_.prefetch_result(p.range);
@@ -1469,38 +1488,25 @@ class driver {
     return false;
   }
 
-  // Before the driver sleeps on requests in flight with copy groups in flight too: the copier is asked to wake
-  // it when they land (a host function, some microseconds of CPU on two threads), unless a request is due to
-  // end soon enough that its wake shows the groups landed anyway (read from the landing word on every wake):
-  // its wakes have come less than 50 us apart, or have each brought two completions or more while more
-  // requests are in flight than a wake brings. The time between wakes alone grows with the work each wake
-  // brings, so a driver busy with its completions armed on every sleep, the host functions' wakes and locks
-  // made it busier still, and it stayed so (4 KiB batches into GPU memory ran at 0.5-0.9 of the ring from one
-  // run to the next, the slow runs with CUDA's callback thread at a third of a core): completions waiting at
-  // every wake show that requests end faster than the driver comes back for them. With fewer requests in
-  // flight than that (a batch's last ones, a slow one left), or once the batch stops (only what is in flight
-  // is waited for, and a claimed range is out of the deadline's reach), every sleep arms.
-  static constexpr double k_arm_gap_s = 50e-6;
-  static constexpr double k_no_arm_per_wake = 2;
-  void arm_copies() {
-    if (copier_ == nullptr || copies_inflight_ == 0) return;
-    const auto inflight = static_cast<double>(executor_->inflight());
-    if (inflight > 0 && !b_.stopping()) {
-      if (wake_gap_s_ < k_arm_gap_s) return;
-      if (per_wake_ >= k_no_arm_per_wake && inflight > per_wake_) return;
-    }
+  // Before the driver sleeps on requests in flight with copy groups in flight too. A group that lands while it
+  // sleeps would wait for the next completion to be seen (the driver reads the copier's landing word on every
+  // wake): one read's time on a device that completes reads in bunches (a virtual disk: 2 MiB ranges into GPU
+  // memory took twice the ring's latency). The copier can be asked to wake the driver when they land (arm():
+  // a host function, some microseconds of CPU on two threads, and a lock the copier also takes), but a driver
+  // busy with completions that armed on every sleep made itself busier still (4 KiB batches into GPU memory
+  // at 0.5-0.9 of the ring from one run to the next). So the driver sleeps at most 50 us, then 250 us, and
+  // looks at the word when the time runs out; a completion ends the sleep as before, and a busy driver, whose
+  // completions are already waiting, never waits out the time. Only groups still in flight after both arm,
+  // as every sleep does once the batch stops (only what is in flight is waited for, and a claimed range is
+  // out of the deadline's reach) or where the executor cannot time its waits. Returns the limit for the
+  // sleep (zero: none).
+  static constexpr std::chrono::nanoseconds k_copy_looks[] = {std::chrono::microseconds(50),
+                                                              std::chrono::microseconds(250)};
+  std::chrono::nanoseconds copy_look() {
+    if (copier_ == nullptr || copies_inflight_ == 0) return {};
+    if (!b_.stopping() && looks_ < std::size(k_copy_looks) && executor_->timed_waits()) return k_copy_looks[looks_];
     copier_->arm();
-  }
-
-  // The time between the driver's wakes and the requests each brought, smoothed over the last few. A sleep far
-  // longer than they have been (a stall) starts the count of requests again from this wake's.
-  void note_wake(std::size_t finished) {
-    const auto now = std::chrono::steady_clock::now();
-    const double gap = std::chrono::duration<double>(now - last_wake_).count();
-    last_wake_ = now;
-    const auto n = static_cast<double>(finished);
-    per_wake_ = gap > 4 * wake_gap_s_ ? n : per_wake_ + (n - per_wake_) / 8;
-    wake_gap_s_ += (gap - wake_gap_s_) / 8;
+    return {};
   }
 
   // Gives up every copy group in flight with `ec`: the ranges they were to fill whole fail now (their callback
@@ -1947,6 +1953,7 @@ class driver {
       std::vector<request*> requests = std::move(it->second);
       groups_.erase(it);
       --copies_inflight_;
+      looks_ = 0;
       for (request* r : requests) {
         if (r->write) {
           // Bytes from GPU memory are in staging: the write can go (unless the batch stopped meanwhile).
@@ -1988,9 +1995,7 @@ class driver {
   group_copier* copier_;
   driver_limits limits_;
   staging staging_;
-  std::chrono::steady_clock::time_point last_wake_ = std::chrono::steady_clock::now();
-  double wake_gap_s_ = 1.0;  // the time between wakes, smoothed; long until measured
-  double per_wake_ = 0;      // requests finished per wake, smoothed
+  std::size_t looks_ = 0;  // sleeps in a row whose time ran out with copy groups still in flight
   posix::unique_fd wake_;
   std::thread::id thread_;  // the thread run() runs on
   std::unordered_map<const open_file*, std::uint64_t> sizes_;
