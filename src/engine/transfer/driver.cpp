@@ -864,7 +864,7 @@ class uring_executor final : public executor {
     bool ran_out = false;
     if (!broken_) {
       const unsigned queued = io_uring_sq_ready(r_);
-      const bool timed = limit.count() > 0 && timed_waits_;
+      const bool timed = limit.count() > 0 && timed_waits();
       const int w = submit(queued, timed ? 0 : 1);
       if (w >= 0 && timed) {
         // Submitted without waiting; now the wait with its limit (no entry needed: the kernel takes the time
@@ -899,12 +899,19 @@ class uring_executor final : public executor {
         active_.clear();
         return false;
       }
+    } else {
+      // Nothing left in the kernel, only copies: the driver's descriptor is no longer watched by the ring, and
+      // a landing left it readable would wake every later look at once.
+      thread_executor::drain_eventfd(wake_fd_);
     }
     const std::size_t before = out.size();
     reap(&out);
     return ran_out && out.size() == before;
   }
-  bool timed_waits() const override { return timed_waits_; }
+  // Not on a broken ring (its waits take no limit), nor where the kernel cannot take a limit with the wait:
+  // liburing would then queue a timeout entry of its own, whose completion may come after the wait and end
+  // a later one with ETIME.
+  bool timed_waits() const override { return timed_waits_ && !broken_ && (r_->features & IORING_FEAT_EXT_ARG) != 0; }
 
  private:
   void reap(std::vector<request*>* out) {
@@ -1995,7 +2002,7 @@ class driver {
   group_copier* copier_;
   driver_limits limits_;
   staging staging_;
-  std::size_t looks_ = 0;  // sleeps in a row whose time ran out with copy groups still in flight
+  std::size_t looks_ = 0;  // sleeps whose time ran out since a copy group last landed
   posix::unique_fd wake_;
   std::thread::id thread_;  // the thread run() runs on
   std::unordered_map<const open_file*, std::uint64_t> sizes_;
