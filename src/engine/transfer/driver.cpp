@@ -421,7 +421,7 @@ class executor {
   /// Blocks until at least one request finished or a descriptor woke it, or for at most `limit` when it is
   /// not zero; appends finished requests to `out`. True when the time ran out with nothing else to report.
   virtual bool wait(std::vector<request*>& out, std::chrono::nanoseconds limit = {}) = 0;
-  /// Whether wait() can be given a limit (false once the kernel refused a timed wait).
+  /// Whether wait() can be given a limit (false where it cannot time its waits, or the kernel refused one).
   virtual bool timed_waits() const { return true; }
   /// Hands the requests submitted so far to the kernel now where the executor would do so only in wait().
   virtual void submit_now() {}
@@ -900,8 +900,8 @@ class uring_executor final : public executor {
         return false;
       }
     } else {
-      // Nothing left in the kernel, only copies: the driver's descriptor is no longer watched by the ring, and
-      // a landing left it readable would wake every later look at once.
+      // Nothing left in the kernel, only copies: the ring no longer watches the driver's descriptor, and a
+      // landing that left it readable would end every later look at once.
       thread_executor::drain_eventfd(wake_fd_);
     }
     const std::size_t before = out.size();
