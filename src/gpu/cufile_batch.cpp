@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "common/log.hpp"
+#include "common/timespec.hpp"
 #include "gdskit/error.hpp"
 
 namespace gdskit::gpu {
@@ -48,8 +49,7 @@ void run_cufile_batch(const cufile_api& api, std::span<const cufile_batch_entry>
   const unsigned per_batch = std::clamp(options.entries_per_batch, 1u, k_cufile_batch_max);
   std::vector<slot> slots(std::max(1u, options.batches_in_flight));
   std::vector<CUfileIOEvents_t> events(per_batch);
-  const timespec wait{static_cast<time_t>(options.poll_timeout.count() / 1000),
-                      static_cast<long>((options.poll_timeout.count() % 1000) * 1000000)};
+  const timespec wait = to_timespec(options.poll_timeout);
   std::size_t next = 0;
   bool stopping = false;
   bool cancelled = false;

@@ -15,6 +15,8 @@
 #include <mutex>
 #include <thread>
 
+#include "common/timespec.hpp"
+
 #ifdef GDSKIT_HAVE_URING
 #include <liburing.h>
 #endif
@@ -52,7 +54,8 @@ syscall_table make_real() {
   };
   t.uring_wait_for = [](void* ring, std::int64_t timeout_ns) {
     io_uring_cqe* cqe = nullptr;
-    __kernel_timespec ts{timeout_ns / 1'000'000'000, timeout_ns % 1'000'000'000};
+    const timespec t = to_timespec(std::chrono::nanoseconds(timeout_ns));
+    __kernel_timespec ts{t.tv_sec, t.tv_nsec};
     return io_uring_wait_cqe_timeout(static_cast<io_uring*>(ring), &cqe, &ts);
   };
 #else

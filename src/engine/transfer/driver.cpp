@@ -28,6 +28,7 @@
 #include "common/idle_pool.hpp"
 #include "common/key_sort.hpp"
 #include "common/log.hpp"
+#include "common/timespec.hpp"
 #include "common/staging_epoch.hpp"
 #include "engine/io_engine.hpp"
 #include "engine/residency.hpp"
@@ -517,7 +518,7 @@ class thread_executor final : public executor {
       // The stop descriptor stays readable once the batch stops: it wakes this wait once, then only the
       // driver's own descriptor does (requests still running, copies still landing).
       pollfd p[2] = {{wake_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-      const timespec ts{static_cast<time_t>(limit.count() / 1'000'000'000), static_cast<long>(limit.count() % 1'000'000'000)};
+      const timespec ts = to_timespec(limit);
       const int n = ::ppoll(p, stop_seen_ ? 1 : 2, limit.count() > 0 ? &ts : nullptr, nullptr);
       if (n < 0 && errno != EINTR) throw error(errno_code(errno), "poll", "", -1, 0, "batch driver");
       if (n == 0) return true;  // the time ran out (the workers wake the descriptor for each request they end)
