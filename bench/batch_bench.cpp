@@ -62,6 +62,7 @@ namespace {
 // What one run measured, kept raw so that several turns of a row pool into one before anything is summarized.
 struct sample {
   std::size_t nbytes = 0, ops = 0;
+  std::size_t requests = 0;  // the requests a batch made for its ops; 0 where not counted (the ring's are ops)
   double seconds = 0, cpu_seconds = 0;
   std::vector<double> latencies_s;
   bool ok = true;
@@ -78,6 +79,7 @@ struct planned_row {
 struct result {
   std::string what;
   double gib_s = 0, iops = 0, p50_us = 0, p99_us = 0, p999_us = 0, cpu_s_per_gib = 0;
+  double requests_per_op = 0;  // 0: not counted
   std::vector<double> turn_gib_s;
   bool ok = true;
 };
@@ -96,6 +98,7 @@ void add_turn(planned_row& r, sample s) {
   sample& p = r.pooled;
   p.nbytes += s.nbytes;
   p.ops += s.ops;
+  p.requests += s.requests;
   p.seconds += s.seconds;
   p.cpu_seconds += s.cpu_seconds;
   // Moved, not copied, when it is the first: one turn costs no more memory than before turns.
@@ -119,6 +122,7 @@ result summarize(planned_row& r) {
   out.p99_us = pct(p.latencies_s, 0.99);
   out.p999_us = pct(p.latencies_s, 0.999);
   out.cpu_s_per_gib = p.nbytes > 0 ? p.cpu_seconds / gib(p.nbytes) : 0;
+  out.requests_per_op = p.ops > 0 ? static_cast<double>(p.requests) / static_cast<double>(p.ops) : 0;
   out.turn_gib_s = r.turn_gib_s;
   out.ok = p.ok;
   return out;
@@ -227,7 +231,7 @@ sample raw_ring(const std::filesystem::path& path, std::uint64_t size, std::size
   io_uring_queue_exit(&ring);
   std::free(mem);
   ::close(fd);
-  return {bytes, ops, dt, cpu, std::move(lat), true};
+  return {bytes, ops, 0, dt, cpu, std::move(lat), true};
 }
 
 // Batches of `per_batch` ranges, one after another, at queue depth `depth`, into distinct slices of `dst`.
@@ -256,11 +260,13 @@ sample batches(const std::filesystem::path& path, std::uint64_t size, std::size_
   const double dt = now_s() - t0, cpu = cpu_s() - c0;
   // Ranges a batch joined into one request are reads the ring made and the batch did not: said, so that no
   // ratio hides them.
-  if (requests < ops) {
-    std::fprintf(stderr, "batch_bench: note: the batch read %zu ranges of %zu bytes with %zu requests (some joined)\n",
-                 ops, io, requests);
+  // Ranges cut into several requests (the device's request size below the range's) are said as well: the ring
+  // reads each with one.
+  if (requests != ops) {
+    std::fprintf(stderr, "batch_bench: note: the batch read %zu ranges of %zu bytes with %zu requests (%s)\n", ops, io,
+                 requests, requests < ops ? "some joined" : "some cut into several");
   }
-  return {bytes, ops, dt, cpu, std::move(lat), ok};
+  return {bytes, ops, requests, dt, cpu, std::move(lat), ok};
 }
 
 // `depth` threads, each reading one range at a time with file_handle::read into its own slice of `dst`.
@@ -299,7 +305,7 @@ sample workers(const std::filesystem::path& path, std::uint64_t size, std::size_
   const double dt = now_s() - t0, cpu = cpu_s() - c0;
   std::vector<double> lat;
   for (auto& l : lats) lat.insert(lat.end(), l.begin(), l.end());
-  return {bytes.load(), ops.load(), dt, cpu, std::move(lat), !failed};
+  return {bytes.load(), ops.load(), 0, dt, cpu, std::move(lat), !failed};
 }
 
 // One run of a peer program: `PROGRAM FILE IO DEPTH SECONDS` prints a JSON line (what, nbytes, ops, seconds,
@@ -458,6 +464,15 @@ sample peer_run(const std::string& program, std::string& what, const std::filesy
 void print(const result& r) {
   std::printf("  %-16s %8.3f GiB/s %10.0f IOPS  p50 %8.1f us  p99 %8.1f us  p99.9 %8.1f us  %.3f CPU-s/GiB%s\n",
               r.what.c_str(), r.gib_s, r.iops, r.p50_us, r.p99_us, r.p999_us, r.cpu_s_per_gib, r.ok ? "" : "  ERRORS");
+}
+
+// The JSON field of a row whose requests were counted (a batch's): requests per range, 1 where each range was
+// read with one request as the ring reads it.
+std::string json_requests(const result& r) {
+  if (r.requests_per_op <= 0) return "";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, ", \"requests_per_range\": %.4f", r.requests_per_op);
+  return buf;
 }
 
 // The JSON fields a row gets for its turns: how many, and each one's rate where there were several.
@@ -764,9 +779,9 @@ int run(int argc, char** argv) {
         std::fprintf(
             json,
             "%s  {\"io\": %zu, \"depth\": %u, \"what\": \"%s\", \"gib_s\": %.4f, \"iops\": %.0f, \"p50_us\": %.1f, "
-            "\"p99_us\": %.1f, \"p999_us\": %.1f, \"cpu_s_per_gib\": %.4f, \"ok\": %s%s}",
+            "\"p99_us\": %.1f, \"p999_us\": %.1f, \"cpu_s_per_gib\": %.4f, \"ok\": %s%s%s}",
             first_json ? "" : ",\n", io, depth, r.what.c_str(), r.gib_s, r.iops, r.p50_us, r.p99_us, r.p999_us,
-            r.cpu_s_per_gib, r.ok ? "true" : "false", json_turns(r).c_str());
+            r.cpu_s_per_gib, r.ok ? "true" : "false", json_turns(r).c_str(), json_requests(r).c_str());
         first_json = false;
       }
     }

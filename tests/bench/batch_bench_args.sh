@@ -41,10 +41,15 @@ if dd if=/dev/zero of="$d/probe" bs=4096 count=1 oflag=direct status=none 2> /de
   "$bin" "$d/data" 8M 0.2 64K:4 --turns 2 --rows batch-host --json "$d/out.json" > "$d/out" 2>&1
   rc=$?
   if [ "$rc" -ne 0 ]; then echo "--turns 2: exit $rc:"; cat "$d/out"; fail=1; fi
-  rows=$(grep -cE '"turns": 2, "turn_gib_s": \[[0-9.]+, [0-9.]+\]\}' "$d/out.json" 2> /dev/null)
+  rows=$(grep -cE '"turns": 2, "turn_gib_s": \[[0-9.]+, [0-9.]+\](, "requests_per_range": [0-9.]+)?\}' "$d/out.json" 2> /dev/null)
   if [ "${rows:-0}" -ne 2 ]; then
     echo "--turns 2: ${rows:-0} of 2 JSON rows with two turns:"; cat "$d/out.json"; fail=1
   fi
+  # The batch's requests are counted (its ranges lie apart: one request each, as the ring reads them); the
+  # ring's are not.
+  grep -qE '"what": "batch host", .*"requests_per_range": 1\.0000\}' "$d/out.json" &&
+    ! grep -qE '"what": "ring", .*requests_per_range' "$d/out.json" ||
+    { echo "--turns 2: requests per range not as expected:"; cat "$d/out.json"; fail=1; }
   grep -qE '^  batch host: [0-9.]+ of the ring.s rate \[turns [0-9.]+ [0-9.]+\], p99.9' "$d/out" ||
     { echo "--turns 2: no ratio line with each turn's:"; cat "$d/out"; fail=1; }
   # A peer row: the program is run as PROGRAM FILE IO DEPTH SECONDS in each turn and its summary and latencies
