@@ -9,7 +9,10 @@ ring, run by this script when given).
 
 The file is created once (np.lib.format.open_memmap, random bytes) and dropped from the page cache before every
 run (posix_fadvise DONTNEED after fdatasync; the resident fraction is printed). Each method runs --rounds times,
-alternating; medians are compared.
+alternating; medians are compared. With --ring the ring runs in every round too, right after the gathers of that
+round (a file of its own beside the .npy, made once): a device whose rate drifts between runs (virtual machines)
+would otherwise make one ring measurement decide the ratio; each round's ratio is against its own ring, and the
+ratio printed is the median of the rounds'.
 """
 import argparse
 import json
@@ -81,51 +84,74 @@ def main():
     results = {"gdskit": [], "numpy_mmap_then_to": []}
     cpus = {"gdskit": [], "numpy_mmap_then_to": []}
     rng = np.random.default_rng(1)
-    for rnd in range(a.rounds):
-        idx = rng.integers(0, nrows, a.rows)
-        for method in results:
-            drop(a.file)
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            c0, t0 = cpu(), time.perf_counter()
-            if method == "gdskit":
-                out = gdskit.gather_rows(a.file, idx, device=a.device, queue_depth=a.depth)
-            else:
-                host = np.load(a.file, mmap_mode="r")[idx]
-                out = torch.from_numpy(host).to(dev)
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-            results[method].append(gib / dt)
-            cpus[method].append((cpu() - c0) / gib)
-            if rnd == 0 and method == "gdskit":
-                check = np.load(a.file, mmap_mode="r")[idx[:2000]]
-                assert out[:2000].cpu().numpy().tobytes() == check.tobytes(), "gather_rows returned wrong bytes"
-            del out
     # O_DIRECT reads whole pages: a row that does not start on a page boundary (a .npy's data starts after its
     # header, 128 bytes in) costs the pages it touches, one more than its size for 4 KiB rows.
     data_offset = np.load(a.file, mmap_mode="r").offset
     cover = ((data_offset % 4096 + a.row_bytes + 4095) // 4096) * 4096
-    ring = ring_cover = None
-    if a.ring:
-        # A file of its own next to the .npy (the bench creates it with the size asked for), removed afterwards.
-        ring_file = a.file + ".ring.dat"
-        cases = f"{a.row_bytes}:{a.depth}" + (f",{cover}:{a.depth}" if cover != a.row_bytes else "")
-        ring_json = a.file + ".ring.json"
-        r = subprocess.run([a.ring, ring_file, f"{int(a.size_gib * 1024)}M", "4", cases, "--json", ring_json,
-                            "--ring-only"], capture_output=True, text=True)
-        if os.path.exists(ring_file):
+    rings, ring_covers = [], []
+    ring_file = a.file + ".ring.dat"
+    try:
+        for rnd in range(a.rounds):
+            gather_round(a, dev, gib, nrows, rng, rnd, results, cpus)
+            if a.ring:
+                ring, ring_cover = measure_ring(a, ring_file, cover)
+                rings.append(ring)
+                ring_covers.append(ring_cover)
+    finally:
+        # The ring's file is this bench's own (batch_bench makes it at the size asked for): removed afterwards.
+        if a.ring and os.path.isfile(ring_file) and not os.path.islink(ring_file):
             os.unlink(ring_file)
-        print(r.stdout.strip())
-        if r.returncode != 0:
-            sys.exit(f"gather-bench: the ring failed ({r.returncode}): {r.stderr.strip()[-500:]}")
-        with open(ring_json) as f:
-            for row in json.load(f):
-                if row["what"] == "ring" and row["io"] == a.row_bytes:
-                    ring = row["gib_s"]
-                if row["what"] == "ring" and row["io"] == cover:
-                    ring_cover = row["gib_s"]
-        os.unlink(ring_json)
+    report(a, results, cpus, rings, ring_covers, cover, data_offset)
+    return 0
+
+
+def gather_round(a, dev, gib, nrows, rng, rnd, results, cpus):
+    """One round: each method once, cold, on the same random indices."""
+    import torch
+
+    idx = rng.integers(0, nrows, a.rows)
+    for method in results:
+        drop(a.file)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        c0, t0 = cpu(), time.perf_counter()
+        if method == "gdskit":
+            out = gdskit.gather_rows(a.file, idx, device=a.device, queue_depth=a.depth)
+        else:
+            host = np.load(a.file, mmap_mode="r")[idx]
+            out = torch.from_numpy(host).to(dev)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        results[method].append(gib / dt)
+        cpus[method].append((cpu() - c0) / gib)
+        if rnd == 0 and method == "gdskit":
+            check = np.load(a.file, mmap_mode="r")[idx[:2000]]
+            assert out[:2000].cpu().numpy().tobytes() == check.tobytes(), "gather_rows returned wrong bytes"
+        del out
+
+
+def measure_ring(a, ring_file, cover):
+    """The raw ring at the row size and at the pages each row needs, 2 s each: (GiB/s, GiB/s or None)."""
+    cases = f"{a.row_bytes}:{a.depth}" + (f",{cover}:{a.depth}" if cover != a.row_bytes else "")
+    ring_json = a.file + ".ring.json"
+    r = subprocess.run([a.ring, ring_file, f"{int(a.size_gib * 1024)}M", "2", cases, "--json", ring_json,
+                        "--ring-only"], capture_output=True, text=True)
+    print(r.stdout.strip())
+    if r.returncode != 0:
+        sys.exit(f"gather-bench: the ring failed ({r.returncode}): {r.stderr.strip()[-500:]}")
+    ring = ring_cover = None
+    with open(ring_json) as f:
+        for row in json.load(f):
+            if row["what"] == "ring" and row["io"] == a.row_bytes:
+                ring = row["gib_s"]
+            if row["what"] == "ring" and row["io"] == cover:
+                ring_cover = row["gib_s"]
+    os.unlink(ring_json)
+    return ring, ring_cover
+
+
+def report(a, results, cpus, rings, ring_covers, cover, data_offset):
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"gather_rows: {a.rows} random rows of {a.row_bytes} B from {a.size_gib:g} GiB .npy into {a.device}, cold, "
           f"{a.rounds} rounds (medians):")
@@ -133,19 +159,25 @@ def main():
         print(f"  {k:22s} {med[k]:7.3f} GiB/s  ({', '.join(f'{x:.3f}' for x in results[k])})  "
               f"{statistics.median(cpus[k]):.3f} CPU-s/GiB")
     print(f"  gdskit / numpy mmap + to(): {med['gdskit'] / med['numpy_mmap_then_to']:.2f}x")
-    if ring:
-        print(f"  raw io_uring ring at {a.row_bytes} B, depth {a.depth}: {ring:.3f} GiB/s; gdskit / ring: "
-              f"{med['gdskit'] / ring:.3f}")
-    if ring_cover:
+    out = {"medians": med, "runs": results, "cpu": cpus, "row_read_bytes": cover}
+    if rings:
+        # Each round against the ring of that round; the median of those ratios.
+        ratios = [g / r for g, r in zip(results["gdskit"], rings)]
+        print(f"  raw io_uring ring at {a.row_bytes} B, depth {a.depth}: {statistics.median(rings):.3f} GiB/s "
+              f"({', '.join(f'{x:.3f}' for x in rings)}); gdskit / ring: {statistics.median(ratios):.3f} "
+              f"[rounds {' '.join(f'{x:.2f}' for x in ratios)}]")
+        out.update(ring_gib_s=rings, ratio_to_ring=ratios)
+    if ring_covers and all(ring_covers):
         # Rows per second against reads per second of the pages every row needs.
-        rows_ratio = (med["gdskit"] / a.row_bytes) / (ring_cover / cover)
+        ratios = [(g / a.row_bytes) / (r / cover) for g, r in zip(results["gdskit"], ring_covers)]
         print(f"  each row is a read of {cover} B (data at byte {data_offset} of the file): ring at {cover} B, "
-              f"depth {a.depth}: {ring_cover:.3f} GiB/s; gdskit rows/s / ring reads/s: {rows_ratio:.3f}")
+              f"depth {a.depth}: {statistics.median(ring_covers):.3f} GiB/s "
+              f"({', '.join(f'{x:.3f}' for x in ring_covers)}); gdskit rows/s / ring reads/s: "
+              f"{statistics.median(ratios):.3f} [rounds {' '.join(f'{x:.2f}' for x in ratios)}]")
+        out.update(ring_row_read_gib_s=ring_covers, rows_ratio_to_ring=ratios)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"medians": med, "runs": results, "cpu": cpus, "ring_gib_s": ring, "row_read_bytes": cover,
-                       "ring_row_read_gib_s": ring_cover}, f, indent=1)
-    return 0
+            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":
