@@ -1693,6 +1693,7 @@ class driver {
     }
     if (queued) {
       group_.push_back(&r);
+      group_bytes_ += r.nbytes;
       ++reads_awaiting_copy_;
       return;  // released once its copies have landed
     }
@@ -1829,11 +1830,19 @@ class driver {
   // costs the driver some microseconds, and a copier whose groups end by host functions alone (no landing
   // word) runs those one after another at some tens of microseconds each, which one group per completion round
   // would queue behind each other at small sizes. Each range waits for at most one round; room() bounds how
-  // many reads wait so. Reads hold one: at 64 KiB the reads of a wake come one or two at a time, and with two
-  // groups in flight nearly every one had a launch of its own (one group in flight spent 15% less CPU per GiB
-  // at the same rate; at 4 KiB and 2 MiB the two measured alike). Writes keep two: a write cannot go before
-  // its bytes have come out of GPU memory, and a second group keeps its device fed meanwhile.
-  std::size_t copy_groups_limit() const { return b_.dir == io_direction::write ? 2 : 1; }
+  // many reads wait so.
+  static constexpr std::size_t k_copy_groups_inflight = 2;
+  // A read group of fewer bytes than this waits while one is in flight. Cold 64 KiB reads complete one or two
+  // per wake, and with a second group free to go nearly each had a launch of its own: waiting spent 15% less CPU
+  // per GiB at the same rate, and 4 KiB reads alike. A larger group goes beside the one in flight, so that
+  // reads that come faster than copies land (the page cache, 2 MiB ranges) keep the copy stream fed. Writes
+  // never wait so: a write cannot go before its bytes have come out of GPU memory.
+  static constexpr std::size_t k_copy_group_alone_bytes = std::size_t{1} << 20;
+  bool hold_group() const {
+    if (b_.stopping()) return false;
+    if (copies_inflight_ >= k_copy_groups_inflight) return true;
+    return copies_inflight_ > 0 && b_.dir == io_direction::read && group_bytes_ < k_copy_group_alone_bytes;
+  }
   static constexpr std::size_t k_copy_hold_per_depth = 4;
 
   // Claims the waiting parts of the reads in group_ and queues their copies; reads none of whose parts could
@@ -1870,11 +1879,15 @@ class driver {
       }
     }
     group_.swap(kept);
+    group_bytes_ = 0;
+    for (const request* r : group_) {
+      if (!r->write) group_bytes_ += r->nbytes;
+    }
   }
 
   void flush_copies() {
     if (group_.empty()) return;
-    if (copies_inflight_ >= copy_groups_limit() && !b_.stopping()) return;
+    if (hold_group()) return;
     // The group's launches take tens of microseconds of this thread: the reads issued on this wake go to the
     // kernel first instead of waiting in the ring's queue until the driver sleeps.
     executor_->submit_now();
@@ -1901,6 +1914,7 @@ class driver {
     }
     groups_.emplace(token, std::move(group_));
     group_.clear();
+    group_bytes_ = 0;
     ++copies_inflight_;
     {
       std::lock_guard lock(done_mutex_);
@@ -2047,6 +2061,7 @@ class driver {
   std::deque<request*> ready_writes_;
   std::vector<request*> staged_writes_;  // GPU-memory writes whose copies into staging are in flight
   std::vector<request*> group_;
+  std::size_t group_bytes_ = 0;  // the bytes of the reads in group_ (their requests')
   std::map<std::uint64_t, std::vector<request*>> groups_;
   std::uint64_t next_token_ = 1;
   std::size_t copies_inflight_ = 0;
