@@ -260,11 +260,11 @@ sample batches(const std::filesystem::path& path, std::uint64_t size, std::size_
   const double dt = now_s() - t0, cpu = cpu_s() - c0;
   // Ranges a batch joined into one request are reads the ring made and the batch did not: said, so that no
   // ratio hides them.
-  // Ranges cut into several requests (the device's request size below the range's) are said as well: the ring
-  // reads each with one.
+  // More requests than ranges are said as well (ranges cut at the device's request size, or a joined request
+  // retried range by range): the ring reads each range with one.
   if (requests != ops) {
     std::fprintf(stderr, "batch_bench: note: the batch read %zu ranges of %zu bytes with %zu requests (%s)\n", ops, io,
-                 requests, requests < ops ? "some joined" : "some cut into several");
+                 requests, requests < ops ? "some joined" : "some cut into several or retried");
   }
   return {bytes, ops, requests, dt, cpu, std::move(lat), ok};
 }

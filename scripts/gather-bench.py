@@ -90,6 +90,8 @@ def main():
     cover = ((data_offset % 4096 + a.row_bytes + 4095) // 4096) * 4096
     rings, ring_covers = [], []
     ring_file = a.file + ".ring.dat"
+    # A file already there is someone's (batch_bench reuses one of the right size): it is never removed.
+    ring_file_ours = not os.path.lexists(ring_file)
     try:
         for rnd in range(a.rounds):
             gather_round(a, dev, gib, nrows, rng, rnd, results, cpus)
@@ -99,7 +101,7 @@ def main():
                 ring_covers.append(ring_cover)
     finally:
         # The ring's file is this bench's own (batch_bench makes it at the size asked for): removed afterwards.
-        if a.ring and os.path.isfile(ring_file) and not os.path.islink(ring_file):
+        if a.ring and ring_file_ours and os.path.isfile(ring_file) and not os.path.islink(ring_file):
             os.unlink(ring_file)
     report(a, results, cpus, rings, ring_covers, cover, data_offset)
     return 0
@@ -160,7 +162,7 @@ def report(a, results, cpus, rings, ring_covers, cover, data_offset):
               f"{statistics.median(cpus[k]):.3f} CPU-s/GiB")
     print(f"  gdskit / numpy mmap + to(): {med['gdskit'] / med['numpy_mmap_then_to']:.2f}x")
     out = {"medians": med, "runs": results, "cpu": cpus, "row_read_bytes": cover}
-    if rings:
+    if rings and all(rings):
         # Each round against the ring of that round; the median of those ratios.
         ratios = [g / r for g, r in zip(results["gdskit"], rings)]
         print(f"  raw io_uring ring at {a.row_bytes} B, depth {a.depth}: {statistics.median(rings):.3f} GiB/s "

@@ -69,6 +69,11 @@ class late_copier final : public engine::group_copier {
   void flush(std::uint64_t token, std::function<void(std::uint64_t, std::error_code)> done) override {
     if (queued_.empty()) return;
     if (s_.on_flush) s_.on_flush();
+    if (s_.on_group) {
+      std::size_t bytes = 0;
+      for (const auto& c : queued_) bytes += c.n;
+      s_.on_group(in_flight_.load(), bytes);
+    }
     ++s_.groups;
     s_.copies += static_cast<int>(queued_.size());
     if (static_cast<int>(queued_.size()) > s_.largest_group) s_.largest_group = static_cast<int>(queued_.size());

@@ -34,6 +34,9 @@ struct copier_stats {
   std::atomic<int> arms{0};
   /// Called by flush() on the driver's thread before it takes a group (set before the copier is used).
   std::function<void()> on_flush;
+  /// Called by flush() on the driver's thread with the groups already in flight and the bytes of the group it
+  /// takes (set before the copier is used).
+  std::function<void(int in_flight, std::size_t bytes)> on_group;
 };
 
 /// How the fake copier tells that a group landed.

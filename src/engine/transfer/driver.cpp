@@ -1832,16 +1832,19 @@ class driver {
   // would queue behind each other at small sizes. Each range waits for at most one round; room() bounds how
   // many reads wait so.
   static constexpr std::size_t k_copy_groups_inflight = 2;
-  // A read group of fewer bytes than this waits while one is in flight. Cold 64 KiB reads complete one or two
-  // per wake, and with a second group free to go nearly each had a launch of its own: waiting spent 15% less CPU
-  // per GiB at the same rate, and 4 KiB reads alike. A larger group goes beside the one in flight, so that
-  // reads that come faster than copies land (the page cache, 2 MiB ranges) keep the copy stream fed. Writes
+  // A read group of fewer bytes than this waits while one is in flight, as long as reads that may join it are
+  // in flight too. Cold 64 KiB reads complete one or two per wake, and with a second group free to go nearly
+  // each had a launch of its own: waiting spent 15% less CPU per GiB at the same rate, and 4 KiB reads alike. A
+  // larger group goes beside the one in flight, so that reads that come faster than copies land (the page
+  // cache, 2 MiB ranges) keep the copy stream fed, and so does a group nothing more can join (the batch's last
+  // reads, or reads held back by room()): waiting would only add a copy round to its ranges' latency. Writes
   // never wait so: a write cannot go before its bytes have come out of GPU memory.
   static constexpr std::size_t k_copy_group_alone_bytes = std::size_t{1} << 20;
   bool hold_group() const {
     if (b_.stopping()) return false;
     if (copies_inflight_ >= k_copy_groups_inflight) return true;
-    return copies_inflight_ > 0 && b_.dir == io_direction::read && group_bytes_ < k_copy_group_alone_bytes;
+    return copies_inflight_ > 0 && b_.dir == io_direction::read && group_bytes_ < k_copy_group_alone_bytes &&
+           executor_->inflight() > 0;
   }
   static constexpr std::size_t k_copy_hold_per_depth = 4;
 
