@@ -1882,10 +1882,6 @@ class driver {
       }
     }
     group_.swap(kept);
-    group_bytes_ = 0;
-    for (const request* r : group_) {
-      if (!r->write) group_bytes_ += r->nbytes;
-    }
   }
 
   void flush_copies() {
@@ -1895,6 +1891,7 @@ class driver {
     // kernel first instead of waiting in the ring's queue until the driver sleeps.
     executor_->submit_now();
     claim_group();
+    group_bytes_ = 0;  // the group goes now, or nothing of it is left
     if (group_.empty()) return;
     const std::uint64_t token = next_token_++;
     // The ranges a group fills whole end the moment its copies have landed, not when this thread next looks:
@@ -1917,7 +1914,6 @@ class driver {
     }
     groups_.emplace(token, std::move(group_));
     group_.clear();
-    group_bytes_ = 0;
     ++copies_inflight_;
     {
       std::lock_guard lock(done_mutex_);
